@@ -1,0 +1,96 @@
+"""Configuration of the flow-control core: capacity, TTLs and per-band policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+GIB = 1 << 30
+
+
+class Fairness(str, Enum):
+    """How a band shares dispatches between its flows."""
+
+    ROUND_ROBIN = "round-robin"
+    VTC = "vtc"
+    GLOBAL_STRICT = "global-strict"
+
+
+class Ordering(str, Enum):
+    """Which of a flow's requests goes first."""
+
+    FCFS = "fcfs"
+    EDF = "edf"
+    SLO_DEADLINE = "slo-deadline"
+
+
+@dataclass(slots=True, frozen=True)
+class BandConfig:
+    """One priority band. `max_requests`/`max_bytes` of 0 mean unlimited;
+    `ttl` of None or 0 means the band adds no TTL of its own."""
+
+    priority: int
+    max_requests: int = 5000
+    max_bytes: int = GIB
+    ttl: float | None = None
+    fairness: Fairness = Fairness.VTC
+    ordering: Ordering = Ordering.FCFS
+    input_weight: float = 1.0
+    output_weight: float = 2.0
+
+
+class GateKind(str, Enum):
+    """Which saturation signals close the gate."""
+
+    CONCURRENCY = "concurrency"
+    UTILIZATION = "utilization"
+
+
+@dataclass(slots=True, frozen=True)
+class GateConfig:
+    """The gate: any combination of kinds, all of which must be open.
+
+    `concurrency`: in-flight credits, `max_in_flight` for the pool and
+    `max_per_endpoint` for each endpoint (0 = unlimited).
+    `utilization`: scraped waiting queue and KV-cache usage against the
+    thresholds, metrics older than `metrics_staleness` count as saturated.
+    The core reads none of this; the shells build the gates from it.
+    """
+
+    kinds: frozenset[GateKind] = frozenset({GateKind.CONCURRENCY})
+    max_in_flight: int = 0
+    max_per_endpoint: int = 32
+    queue_depth_threshold: float = 5.0
+    kv_cache_threshold: float = 0.8
+    metrics_staleness: float = 0.2
+
+
+@dataclass(slots=True, frozen=True)
+class FlowControlConfig:
+    """Global limits (0 = unlimited), the default TTL (0 disables it), the
+    template for bands first seen in traffic, and the configured bands."""
+
+    max_requests: int = 0
+    max_bytes: int = 0
+    default_ttl: float = 60.0
+    default_band: BandConfig = field(default_factory=lambda: BandConfig(priority=0))
+    bands: tuple[BandConfig, ...] = ()
+    flow_idle_timeout: float = 300.0
+    gate: GateConfig = field(default_factory=GateConfig)
+
+    def band(self, priority: int) -> BandConfig:
+        """The configuration of the band for `priority`, configured or templated."""
+        for band in self.bands:
+            if band.priority == priority:
+                return band
+        return replace(self.default_band, priority=priority)
+
+
+def effective_ttl(*ttls: float | None) -> float | None:
+    """The smallest positive TTL among those given; None when none limits."""
+    best: float | None = None
+    for ttl in ttls:
+        if ttl is not None and ttl > 0 and (best is None or ttl < best):
+            best = ttl
+    return best
+

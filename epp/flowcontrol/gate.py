@@ -1,0 +1,150 @@
+"""The flow-control core's plug points for pool capacity and endpoint choice.
+
+The core asks a `Gate` whether a band may dispatch now, and a `Placer` where
+the chosen request goes. It tells the gate about every dispatch and every
+completion, so a gate that counts in-flight requests is exact at all times,
+not one scrape interval behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+
+Placement = str | Outcome | None
+"""An endpoint address ("ip:port") to dispatch to; None when no endpoint has
+room now (the request stays at the head of its queue); or an Outcome that ends
+the request at once (for example an endpoint subset that matches nothing)."""
+
+
+class Gate(Protocol):
+    def is_open(self, priority: int) -> bool:
+        """Whether a request of band `priority` may be dispatched now."""
+        ...
+
+    def on_dispatch(self, request: FlowRequest) -> None:
+        """`request` was dispatched to `request.endpoint`."""
+        ...
+
+    def on_complete(self, request: FlowRequest) -> None:
+        """`request`, dispatched earlier, no longer holds its endpoint."""
+        ...
+
+
+class Placer(Protocol):
+    def place(self, request: FlowRequest) -> Placement:
+        """Choose the endpoint for `request`; see `Placement`."""
+        ...
+
+    def has_endpoints(self) -> bool:
+        """Whether the pool has any endpoint at all."""
+        ...
+
+
+class OpenGate:
+    """A gate that never closes."""
+
+    def is_open(self, priority: int) -> bool:
+        return True
+
+    def on_dispatch(self, request: FlowRequest) -> None:
+        pass
+
+    def on_complete(self, request: FlowRequest) -> None:
+        pass
+
+
+class ConcurrencyGate:
+    """In-flight credits for the whole pool and for each endpoint.
+
+    `max_in_flight` of 0 leaves the pool unlimited; `max_per_endpoint` of 0
+    leaves endpoints unlimited. Counts change at dispatch and completion, so
+    the gate never lets more requests through than it has credits for.
+    """
+
+    __slots__ = ("_per_endpoint", "in_flight", "max_in_flight", "max_per_endpoint")
+
+    def __init__(self, max_in_flight: int = 0, max_per_endpoint: int = 0) -> None:
+        self.max_in_flight = max_in_flight
+        self.max_per_endpoint = max_per_endpoint
+        self.in_flight = 0
+        self._per_endpoint: dict[str, int] = {}
+
+    def is_open(self, priority: int) -> bool:
+        return self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
+
+    def has_room(self, endpoint: str) -> bool:
+        return self.max_per_endpoint <= 0 or (
+            self._per_endpoint.get(endpoint, 0) < self.max_per_endpoint
+        )
+
+    def in_flight_at(self, endpoint: str) -> int:
+        return self._per_endpoint.get(endpoint, 0)
+
+    def on_dispatch(self, request: FlowRequest) -> None:
+        self.in_flight += 1
+        endpoint = request.endpoint
+        if endpoint is not None:
+            self._per_endpoint[endpoint] = self._per_endpoint.get(endpoint, 0) + 1
+
+    def on_complete(self, request: FlowRequest) -> None:
+        self.in_flight -= 1
+        endpoint = request.endpoint
+        if endpoint is not None:
+            left = self._per_endpoint[endpoint] - 1
+            if left:
+                self._per_endpoint[endpoint] = left
+            else:
+                del self._per_endpoint[endpoint]
+
+
+class AllGates:
+    """Open only when every gate is open; tells each of them everything."""
+
+    __slots__ = ("gates",)
+
+    def __init__(self, gates: Iterable[Gate]) -> None:
+        self.gates = tuple(gates)
+
+    def is_open(self, priority: int) -> bool:
+        return all(gate.is_open(priority) for gate in self.gates)
+
+    def on_dispatch(self, request: FlowRequest) -> None:
+        for gate in self.gates:
+            gate.on_dispatch(request)
+
+    def on_complete(self, request: FlowRequest) -> None:
+        for gate in self.gates:
+            gate.on_complete(request)
+
+
+class LeastLoadedPlacer:
+    """The simplest useful placer: the endpoint with the fewest in-flight
+    requests that still has room in `gate`; ties go to the first listed.
+
+    The scheduler (`epp.scheduling`) replaces it with filters and scorers.
+    """
+
+    __slots__ = ("_endpoints", "_gate")
+
+    def __init__(self, endpoints: Callable[[], list[str]], gate: ConcurrencyGate) -> None:
+        self._endpoints = endpoints
+        self._gate = gate
+
+    def place(self, request: FlowRequest) -> Placement:
+        best: str | None = None
+        best_load = 0
+        gate = self._gate
+        for endpoint in self._endpoints():
+            if not gate.has_room(endpoint):
+                continue
+            load = gate.in_flight_at(endpoint)
+            if best is None or load < best_load:
+                best, best_load = endpoint, load
+        return best
+
+    def has_endpoints(self) -> bool:
+        return bool(self._endpoints())

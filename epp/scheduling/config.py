@@ -1,0 +1,35 @@
+"""Configuration of the scheduler: which scorers, their weights, the picker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class ScorerConfig:
+    """A scorer by its plugin name (the reference EPP's names, e.g.
+    `queue-scorer`) with its weight; unset weights are 1.0."""
+
+    name: str
+    weight: float = 1.0
+
+
+DEFAULT_SCORERS = (
+    ScorerConfig("queue-scorer", 2.0),
+    ScorerConfig("kv-cache-utilization-scorer", 2.0),
+    ScorerConfig("prefix-cache-scorer", 3.0),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulingConfig:
+    """Scorers and picker (`max-score-picker`, `weighted-random-picker`,
+    `random-picker`). Prefix-cache blocks are `prefix_block_chars` characters
+    (16 tokens x 4 characters, as the reference EPP), at most
+    `prefix_max_blocks` per prompt, `prefix_lru_capacity` hashes per endpoint."""
+
+    scorers: tuple[ScorerConfig, ...] = DEFAULT_SCORERS
+    picker: str = "max-score-picker"
+    prefix_block_chars: int = 64
+    prefix_max_blocks: int = 256
+    prefix_lru_capacity: int = 31_250

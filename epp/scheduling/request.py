@@ -1,0 +1,27 @@
+"""What the scheduler knows about a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """The parsed inference request, as the scheduler needs it.
+
+    The live shell builds it from the HTTP request (`epp.extproc`), the
+    simulator from its workload; it travels in `FlowRequest.payload`.
+
+    `model` is what the client asked for, `target_model` what the model server
+    will be asked for (they differ when the model name is rewritten; a LoRA
+    adapter name is a target model). `prompt` is the text used for prefix-cache
+    affinity. `subset` holds the endpoint IPs of Envoy's subset hint, or None
+    when Envoy sent no hint (every endpoint is a candidate).
+    """
+
+    model: str
+    target_model: str
+    prompt: str = ""
+    stream: bool = False
+    max_tokens: int | None = None
+    subset: frozenset[str] | None = None
