@@ -93,4 +93,3 @@ def effective_ttl(*ttls: float | None) -> float | None:
         if ttl is not None and ttl > 0 and (best is None or ttl < best):
             best = ttl
     return best
-

@@ -1,0 +1,182 @@
+"""The queue core's hot path, measured in one process.
+
+`python -m bench.queue_core [--json]` runs a fixed matrix and reports the
+median cost of an enqueue+dispatch pair against a plain `heapq` push+pop pair
+measured in the same run, how that cost scales with queue depth and flow
+count, full async admit round trips per second, and memory per queued request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import heapq
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+
+from bench.harness import OnePlacer, Setup, build
+from epp.admission import AdmissionController
+from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.gate import OpenGate
+from epp.flowcontrol.request import FlowRequest
+
+TARGETS = {
+    "ratio": ("<=", 2.0),
+    "ratio_vtc": ("<=", 3.0),
+    "scaling_queued": ("<=", 1.3),
+    "scaling_flows": ("<=", 1.5),
+    "admit_per_s": (">=", 100_000),
+    "bytes_per_queued": ("<=", 1000),
+}
+PAIRS = 20_000
+REPEATS = 7
+
+
+def pair_us(setup: Setup) -> float:
+    """Median microseconds per enqueue + dispatch with `setup.queued` queued."""
+    controller, gate, factory = build(setup)
+    enqueue = controller.enqueue
+    dispatch = controller.dispatch
+    samples = []
+    for _ in range(REPEATS):
+        requests = factory.batch(PAIRS, 1.0)
+        gc.collect()
+        start = time.perf_counter()
+        for request in requests:
+            enqueue(request, 1.0)
+            gate.credits = 1
+            dispatch(1.0)
+        samples.append((time.perf_counter() - start) / PAIRS * 1e6)
+    assert controller.queued_requests == setup.queued
+    return statistics.median(samples)
+
+
+def heapq_pair_us(size: int = 100_000) -> float:
+    """Median microseconds per heappush + heappop of (float, int) on a heap of `size`."""
+    rng = random.Random(1)
+    heap = [(rng.random(), i) for i in range(size)]
+    heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
+    samples = []
+    for _ in range(REPEATS):
+        items = [(rng.random(), i) for i in range(PAIRS)]
+        gc.collect()
+        start = time.perf_counter()
+        for item in items:
+            push(heap, item)
+            pop(heap)
+        samples.append((time.perf_counter() - start) / PAIRS * 1e6)
+    return statistics.median(samples)
+
+
+def admit_per_s(count: int = 200_000) -> float:
+    """Admit-to-dispatched round trips per second through the asyncio
+    controller, with an open gate and completion right after dispatch."""
+    config = FlowControlConfig(default_band=BandConfig(priority=0))
+    core = FlowController(config, OpenGate(), OnePlacer())
+    requests = [
+        FlowRequest(f"req-{i}", f"tenant-{i % 100}", 0, 0.0, 1024, 256) for i in range(count)
+    ]
+
+    async def run() -> float:
+        admission = AdmissionController(core)
+        admit, complete = admission.admit, admission.complete
+        start = time.perf_counter()
+        for request in requests:
+            await admit(request)
+            complete(request, None, 10)
+        return count / (time.perf_counter() - start)
+
+    gc.collect()
+    return asyncio.run(run())
+
+
+def bytes_per_queued(count: int = 1_000_000) -> float:
+    """Memory per queued request at `count` queued, request objects included."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    controller, _, _ = build(Setup(queued=count, flows=5_000))
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert controller.queued_requests == count
+    return (after - before) / count
+
+
+def run_matrix(progress) -> dict:
+    results: dict = {}
+    progress("heapq baseline")
+    results["heapq_pair_us"] = heapq_pair_us()
+    progress("8 bands x 5,000 flows x 100k queued, round-robin")
+    results["pair_us"] = pair_us(Setup(queued=100_000, flows=5_000))
+    progress("same, vtc")
+    results["pair_us_vtc"] = pair_us(Setup(queued=100_000, flows=5_000, fairness=Fairness.VTC))
+    progress("same, global-strict")
+    results["pair_us_global_strict"] = pair_us(
+        Setup(queued=100_000, flows=5_000, fairness=Fairness.GLOBAL_STRICT)
+    )
+    progress("queue depth 1k and 1M")
+    results["pair_us_1k_queued"] = pair_us(Setup(queued=1_000, flows=100))
+    results["pair_us_1m_queued"] = pair_us(Setup(queued=1_000_000, flows=100))
+    progress("10 and 100k flows, vtc")
+    results["pair_us_10_flows"] = pair_us(
+        Setup(queued=200_000, flows=10, bands=1, fairness=Fairness.VTC)
+    )
+    results["pair_us_100k_flows"] = pair_us(
+        Setup(queued=200_000, flows=100_000, bands=1, fairness=Fairness.VTC)
+    )
+    progress("admit round trips")
+    results["admit_per_s"] = admit_per_s()
+    progress("memory at 1M queued")
+    results["bytes_per_queued"] = bytes_per_queued()
+
+    base = results["heapq_pair_us"]
+    results["ratio"] = results["pair_us"] / base
+    results["ratio_vtc"] = results["pair_us_vtc"] / base
+    results["scaling_queued"] = results["pair_us_1m_queued"] / results["pair_us_1k_queued"]
+    results["scaling_flows"] = results["pair_us_100k_flows"] / results["pair_us_10_flows"]
+    results["targets"] = {
+        name: {"target": f"{op} {limit}", "met": _meets(results[name], op, limit)}
+        for name, (op, limit) in TARGETS.items()
+    }
+    results["all_targets_met"] = all(t["met"] for t in results["targets"].values())
+    return results
+
+
+def _meets(value: float, op: str, limit: float) -> bool:
+    return value <= limit if op == "<=" else value >= limit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    def progress(step: str) -> None:
+        print(f"  {step} ...", file=sys.stderr, flush=True)
+
+    results = run_matrix(progress)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0 if results["all_targets_met"] else 1
+    print(f"{'metric':<26}{'value':>14}  target")
+    for name, value in results.items():
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            target = TARGETS.get(name)
+            mark = ""
+            if target:
+                mark = f"{target[0]} {target[1]}  " + (
+                    "met" if results["targets"][name]["met"] else "MISSED"
+                )
+            print(f"{name:<26}{value:>14.3f}  {mark}")
+    return 0 if results["all_targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The live shell's asyncio adapter over the flow-control core.
+
+`admit` queues a request and returns its outcome when it is dispatched or
+ended. Everything that can free room (an enqueue, a completion, a gate change
+announced through `poke`, an expired TTL) runs a dispatch pass at once: there
+is no polling tick, so a backlog drains as fast as the pool takes it.
+
+A request dispatched in the pass that its own `admit` started returns without
+waiting for anything; only requests that really queue create a future.
+Cancelling the task that awaits `admit` removes a queued request at once, or
+hands back the endpoint credit of a request dispatched a moment earlier.
+
+TTL expiry is a timer set for the exact next deadline, re-armed whenever an
+earlier one appears; idle flows are collected by a timer of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.flow import FlowKey
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+
+OutcomeListener = Callable[[FlowRequest, float], None]
+"""Told of every admitted request's outcome, with the time it was decided."""
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        core: FlowController,
+        clock: Callable[[], float] = time.monotonic,
+        on_outcome: OutcomeListener | None = None,
+        on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
+    ) -> None:
+        self.core = core
+        self._clock = clock
+        self._on_outcome = on_outcome
+        self._on_flows_collected = on_flows_collected
+        self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
+        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._ttl_timer_at = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._drained = asyncio.Event()
+        self._closing = False
+
+    @property
+    def queued(self) -> int:
+        return self.core.queued_requests
+
+    @property
+    def in_flight(self) -> int:
+        return self.core.in_flight
+
+    async def admit(self, request: FlowRequest) -> Outcome:
+        """Queue `request` and return its outcome. When it is DISPATCHED the
+        request holds an endpoint credit until `complete` is called."""
+        core = self.core
+        now = self._clock()
+        outcome = core.enqueue(request, now)
+        if outcome is not None:
+            self._report(request, now)
+            return outcome
+        self._dispatch(now)
+        if request.outcome is not None:
+            return request.outcome
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[request] = future
+        self._arm_ttl_timer()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiters.pop(request, None)
+            now = self._clock()
+            if core.cancel(request, now):
+                self._report(request, now)
+                self._after_queue_change()
+            elif request.state is State.DISPATCHED:
+                self.complete(request)
+            raise
+
+    def complete(
+        self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0
+    ) -> None:
+        """A dispatched request is finished (or its stream closed early):
+        release its endpoint credit, correct its fairness charge, and let the
+        next requests go."""
+        now = self._clock()
+        if self.core.complete(request, now, input_tokens, output_tokens):
+            self._dispatch(now)
+            if self._idle_timer is None:
+                self._arm_idle_timer()
+
+    def poke(self) -> None:
+        """Something outside the core may have freed room (new metrics, new
+        endpoints): dispatch what can go now."""
+        self._dispatch(self._clock())
+
+    async def shutdown(self, grace: float) -> None:
+        """Admit nothing more; let the queue drain for up to `grace` seconds,
+        then end what is left with rejected-shutting-down."""
+        self._closing = True
+        self.core.close()
+        if self.core.queued_requests:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace)
+            except TimeoutError:
+                pass
+        now = self._clock()
+        for request in self.core.drain(Outcome.REJECTED_SHUTTING_DOWN, now):
+            self._resolve(request, now)
+        for timer in (self._ttl_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ttl_timer = self._idle_timer = None
+
+    # -- internals -------------------------------------------------------------
+
+    def _dispatch(self, now: float) -> None:
+        for request in self.core.dispatch(now):
+            self._resolve(request, now)
+        if self._closing and not self.core.queued_requests:
+            self._drained.set()
+
+    def _resolve(self, request: FlowRequest, now: float) -> None:
+        future = self._waiters.pop(request, None)
+        if future is not None and not future.done():
+            future.set_result(request.outcome)
+        self._report(request, now)
+
+    def _report(self, request: FlowRequest, now: float) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(request, now)
+
+    def _after_queue_change(self) -> None:
+        self._dispatch(self._clock())
+        if self._idle_timer is None:
+            self._arm_idle_timer()
+
+    def _arm_ttl_timer(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline is None:
+            return
+        if self._ttl_timer is not None:
+            if self._ttl_timer_at <= deadline:
+                return
+            self._ttl_timer.cancel()
+        self._ttl_timer_at = deadline
+        delay = max(0.0, deadline - self._clock())
+        self._ttl_timer = asyncio.get_running_loop().call_later(delay, self._on_ttl_timer)
+
+    def _on_ttl_timer(self) -> None:
+        self._ttl_timer = None
+        now = self._clock()
+        for request in self.core.expire(now):
+            self._resolve(request, now)
+        self._after_queue_change()
+        self._arm_ttl_timer()
+
+    def _arm_idle_timer(self) -> None:
+        when = self.core.next_idle_check()
+        if when is None:
+            return
+        delay = max(0.0, when - self._clock())
+        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        self._idle_timer = None
+        collected = self.core.collect_idle(self._clock())
+        if collected and self._on_flows_collected is not None:
+            self._on_flows_collected(collected)
+        self._arm_idle_timer()

@@ -1,0 +1,324 @@
+"""The flow controller: the one owner of every queue.
+
+Synchronous and clock-free: every call takes `now` from its caller. The live
+shell (`epp.admission`) and the simulator (`epp.sim`) drive the same object.
+
+Dispatch is strict priority. Bands are visited from the highest priority
+down; a band dispatches while the gate is open for it and the placer finds an
+endpoint; the first closed gate, or a request no endpoint has room for, ends
+the pass, so no lower band ever overtakes a waiting higher one. Inside a band
+the fairness policy chooses the flow and the flow's ordering its request.
+
+TTLs expire on their exact deadline: a heap of (deadline, sequence, request)
+tells the caller when the next one falls due (`next_deadline`), and `expire`
+ends every request whose deadline has passed. Requests that leave their queue
+earlier leave a dead heap entry behind, which is skipped and, when the dead
+outnumber the living, swept out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from heapq import heapify, heappop, heappush
+from math import inf
+
+from epp.flowcontrol.band import Band
+from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.flow import Flow, FlowKey
+from epp.flowcontrol.gate import Gate, Placer
+from epp.flowcontrol.ordering import order_key
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+
+NEW = State.NEW
+QUEUED = State.QUEUED
+DISPATCHED = State.DISPATCHED
+DISPATCHED_OUTCOME = Outcome.DISPATCHED
+
+
+class FlowController:
+    def __init__(self, config: FlowControlConfig, gate: Gate, placer: Placer) -> None:
+        self.gate = gate
+        self.placer = placer
+        self._apply(config)
+        self._bands: dict[int, Band] = {}
+        self._bands_desc: list[Band] = []
+        self._deadlines: list[tuple[float, int, FlowRequest]] = []
+        self._deadlines_live = 0
+        self._idle: list[tuple[float, int, Flow]] = []
+        self._seq = 0
+        self._closed = False
+        self.queued_requests = 0
+        self.queued_bytes = 0
+        self.in_flight = 0
+        for band_config in config.bands:
+            self._add_band(band_config.priority, keep=True)
+
+    # -- configuration -----------------------------------------------------
+
+    def reconfigure(self, config: FlowControlConfig) -> None:
+        """Apply new limits and band policies; queued requests stay queued."""
+        self._apply(config)
+        configured = {b.priority for b in config.bands}
+        for priority, band in self._bands.items():
+            band.reconfigure(config.band(priority), config.default_ttl)
+            band.keep = band.keep or priority in configured
+        for priority in configured - self._bands.keys():
+            self._add_band(priority, keep=True)
+
+    def _apply(self, config: FlowControlConfig) -> None:
+        self.config = config
+        self._max_requests = config.max_requests or inf
+        self._max_bytes = config.max_bytes or inf
+
+    def ensure_bands(self, priorities: Iterable[int]) -> None:
+        """Make sure these bands exist (the priorities of the known objectives)."""
+        for priority in priorities:
+            band = self._bands.get(priority)
+            if band is None:
+                self._add_band(priority, keep=True)
+            else:
+                band.keep = True
+
+    def _add_band(self, priority: int, keep: bool) -> Band:
+        band = self._bands[priority] = Band(
+            self.config.band(priority), self.config.default_ttl, keep
+        )
+        self._bands_desc = sorted(self._bands.values(), key=lambda b: -b.priority)
+        return band
+
+    # -- the request's life ------------------------------------------------
+
+    def enqueue(self, request: FlowRequest, now: float) -> Outcome | None:
+        """Queue `request`. Returns None when queued, or the outcome that ended
+        it at once (capacity reached, shutting down)."""
+        if request.state is not NEW:
+            raise ValueError(f"request {request.request_id} was already enqueued")
+        if self._closed:
+            return self._drop_new(request, Outcome.REJECTED_SHUTTING_DOWN)
+        band = self._bands.get(request.priority) or self._add_band(request.priority, keep=False)
+        size = request.byte_size
+        if (
+            band.count >= band.max_requests
+            or band.bytes + size > band.max_bytes
+            or self.queued_requests >= self._max_requests
+            or self.queued_bytes + size > self._max_bytes
+        ):
+            return self._drop_new(request, Outcome.REJECTED_SATURATED)
+
+        self._seq = seq = self._seq + 1
+        request.seq = seq
+        ttl = request.ttl
+        if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
+            ttl = band.ttl
+        if ttl is not None:
+            request.deadline = deadline = request.arrival + ttl
+            heappush(self._deadlines, (deadline, seq, request))
+            self._deadlines_live += 1
+            if len(self._deadlines) > 2 * self._deadlines_live + 1024:
+                self._sweep_deadlines()
+        if not band.fcfs:
+            request.order_key = order_key(band.config.ordering, request)
+        flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
+        request.flow = flow
+        request.state = QUEUED
+        flow.count += 1
+        flow.bytes += size
+        band.count += 1
+        band.bytes += size
+        self.queued_requests += 1
+        self.queued_bytes += size
+        band.policy.push(request, flow)
+        return None
+
+    def dispatch(self, now: float) -> list[FlowRequest]:
+        """Dispatch everything the gate and the placer allow now, highest band
+        first. Returns the requests that left their queue: dispatched (with
+        `endpoint` set), or ended by the placer (outcome set)."""
+        done: list[FlowRequest] = []
+        if not self.queued_requests:
+            return done
+        gate = self.gate
+        place = self.placer.place
+        for band in self._bands_desc:
+            if not band.count:
+                continue
+            priority = band.priority
+            policy = band.policy
+            while band.count:
+                if not gate.is_open(priority):
+                    return done
+                request = policy.peek()
+                placement = place(request)
+                if placement is None:
+                    return done
+                flow = request.flow
+                flow.count -= 1
+                flow.bytes -= request.byte_size
+                band.count -= 1
+                band.bytes -= request.byte_size
+                self.queued_requests -= 1
+                self.queued_bytes -= request.byte_size
+                if request.deadline != inf:
+                    self._deadlines_live -= 1
+                if placement.__class__ is str:
+                    policy.take(request, flow)
+                    request.state = DISPATCHED
+                    request.outcome = DISPATCHED_OUTCOME
+                    request.endpoint = placement
+                    request.dispatched_at = now
+                    flow.in_flight += 1
+                    self.in_flight += 1
+                    gate.on_dispatch(request)
+                else:
+                    request.state = State.DROPPED
+                    request.outcome = placement
+                    policy.discard(request, flow)
+                    self._note_if_idle(flow, now)
+                done.append(request)
+        return done
+
+    def complete(
+        self,
+        request: FlowRequest,
+        now: float,
+        input_tokens: int | None = None,
+        output_tokens: int = 0,
+    ) -> bool:
+        """`request`, dispatched, is finished: its endpoint credit returns and
+        its fairness charge is corrected to the real usage. Returns False (and
+        changes nothing) when the request was not in flight."""
+        if request.state is not DISPATCHED:
+            return False
+        request.state = State.COMPLETED
+        flow: Flow = request.flow
+        self._bands[flow.priority].policy.on_complete(request, flow, input_tokens, output_tokens)
+        flow.in_flight -= 1
+        self.in_flight -= 1
+        self.gate.on_complete(request)
+        self._note_if_idle(flow, now)
+        return True
+
+    def cancel(self, request: FlowRequest, now: float) -> bool:
+        """Remove a queued request (its client went away). Returns False when
+        it was not queued (already dispatched or ended)."""
+        if request.state is not QUEUED:
+            return False
+        self._remove(request, Outcome.CANCELLED, now)
+        return True
+
+    def expire(self, now: float) -> list[FlowRequest]:
+        """End every queued request whose deadline is at or before `now`."""
+        expired: list[FlowRequest] = []
+        heap = self._deadlines
+        outcome = (
+            Outcome.REJECTED_TTL_EXPIRED
+            if self.placer.has_endpoints()
+            else Outcome.REJECTED_NO_ENDPOINTS
+        )
+        while heap and heap[0][0] <= now:
+            request = heappop(heap)[2]
+            if request.state is QUEUED:
+                self._remove(request, outcome, now)
+                expired.append(request)
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """When the next queued request expires, or None."""
+        heap = self._deadlines
+        while heap and heap[0][2].state is not QUEUED:
+            heappop(heap)
+        return heap[0][0] if heap else None
+
+    def close(self) -> None:
+        """Admit nothing more: every later enqueue is rejected-shutting-down."""
+        self._closed = True
+
+    def drain(self, outcome: Outcome, now: float) -> list[FlowRequest]:
+        """End every queued request with `outcome` (at shutdown)."""
+        ended = [r for band in self._bands_desc for r in band.policy.requests()]
+        for request in ended:
+            self._remove(request, outcome, now)
+        return ended
+
+    # -- idle flows ----------------------------------------------------------
+
+    def collect_idle(self, now: float) -> list[FlowKey]:
+        """Forget flows idle (nothing queued or in flight) for at least the
+        configured idle time, and bands that were neither configured nor
+        announced once their last flow is gone. Returns the forgotten flows."""
+        timeout = self.config.flow_idle_timeout
+        heap = self._idle
+        collected: list[FlowKey] = []
+        while heap and heap[0][0] <= now:
+            _, _, flow = heappop(heap)
+            if not flow.is_idle:
+                flow.idle_tracked = False
+            elif flow.idle_since + timeout > now:
+                self._seq += 1
+                heappush(heap, (flow.idle_since + timeout, self._seq, flow))
+            else:
+                flow.idle_tracked = False
+                band = self._bands.get(flow.priority)
+                if band is None or band.flows.get(flow.fairness_id) is not flow:
+                    continue
+                del band.flows[flow.fairness_id]
+                collected.append(flow.key)
+                if not band.flows and not band.keep:
+                    del self._bands[band.priority]
+                    self._bands_desc.remove(band)
+        return collected
+
+    def next_idle_check(self) -> float | None:
+        """When `collect_idle` next has something to look at, or None."""
+        return self._idle[0][0] if self._idle else None
+
+    # -- statistics ------------------------------------------------------------
+
+    @property
+    def priorities(self) -> list[int]:
+        """The bands, highest priority first."""
+        return [band.priority for band in self._bands_desc]
+
+    def band(self, priority: int) -> Band | None:
+        return self._bands.get(priority)
+
+    def bands(self) -> list[Band]:
+        return list(self._bands_desc)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _drop_new(self, request: FlowRequest, outcome: Outcome) -> Outcome:
+        request.state = State.DROPPED
+        request.outcome = outcome
+        return outcome
+
+    def _remove(self, request: FlowRequest, outcome: Outcome, now: float) -> None:
+        flow: Flow = request.flow
+        band = self._bands[flow.priority]
+        size = request.byte_size
+        request.state = State.DROPPED
+        request.outcome = outcome
+        flow.count -= 1
+        flow.bytes -= size
+        band.count -= 1
+        band.bytes -= size
+        self.queued_requests -= 1
+        self.queued_bytes -= size
+        if request.deadline != inf:
+            self._deadlines_live -= 1
+        band.policy.discard(request, flow)
+        self._note_if_idle(flow, now)
+
+    def _note_if_idle(self, flow: Flow, now: float) -> None:
+        if flow.count or flow.in_flight:
+            return
+        flow.idle_since = now
+        if not flow.idle_tracked:
+            flow.idle_tracked = True
+            self._seq += 1
+            heappush(self._idle, (now + self.config.flow_idle_timeout, self._seq, flow))
+
+    def _sweep_deadlines(self) -> None:
+        self._deadlines = [e for e in self._deadlines if e[2].state is QUEUED]
+        heapify(self._deadlines)

@@ -1,0 +1,256 @@
+"""Fair sharing between the flows of one priority band.
+
+A policy owns the band's queues and decides which queued request is next.
+The band keeps the counts; a policy sees a flow's `count` already updated
+when it is told of a push (count includes the new request) or a take (count
+excludes the taken request).
+
+`round-robin`: dispatch turns. Backlogged flows stand in a ring; the flow at
+the front dispatches one request and goes to the back if it still has any.
+Between two continuously backlogged flows the number of dispatches differs by
+at most one. Cheap, but blind to request size: a tenant of long prompts gets
+as many turns as one of short prompts.
+
+`vtc`: the Virtual Token Counter of Sheng et al., "Fairness in Serving Large
+Language Models" (OSDI 2024). Each flow has a counter of the service it has
+received, in weighted tokens: at dispatch it is charged input_weight x the
+estimated input tokens; at completion it is charged output_weight x the output
+tokens and the input charge is corrected to the real count. The backlogged
+flow with the smallest counter goes next. A flow that becomes backlogged is
+lifted to the smallest counter among the backlogged flows (or, when none is
+backlogged, to the counter of the flow served last), so idleness banks no
+credit. Between two continuously backlogged flows the counters differ by at
+most 2U, U the largest single-request charge, which is the paper's bound.
+Backlogged flows sit in a binary heap keyed by counter: O(log F) per dispatch.
+
+`global-strict`: no fairness. The band's requests share one queue, so the
+best head across all flows (the oldest under FCFS) goes next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from heapq import heapify, heappop, heappush, heapreplace
+from typing import Protocol
+
+from epp.flowcontrol.config import BandConfig, Fairness, Ordering
+from epp.flowcontrol.flow import Flow
+from epp.flowcontrol.ordering import RequestQueue, make_queue
+from epp.flowcontrol.request import FlowRequest
+
+
+class FairnessPolicy(Protocol):
+    def new_queue(self) -> RequestQueue | None:
+        """The queue of a new flow (None when the policy keeps one band queue)."""
+        ...
+
+    def push(self, request: FlowRequest, flow: Flow) -> None: ...
+
+    def peek(self) -> FlowRequest | None:
+        """The request that goes next, or None when nothing is queued."""
+        ...
+
+    def take(self, request: FlowRequest, flow: Flow) -> None:
+        """Dispatch `request`, the one `peek` just returned."""
+        ...
+
+    def discard(self, request: FlowRequest, flow: Flow) -> None:
+        """`request` left the queue without dispatch (cancelled, expired)."""
+        ...
+
+    def on_complete(
+        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        """A dispatched request of `flow` finished with the given real usage."""
+        ...
+
+    def requests(self) -> list[FlowRequest]:
+        """Every queued request, in arrival order within each flow."""
+        ...
+
+
+class RoundRobin:
+    __slots__ = ("_ordering", "_ring")
+
+    def __init__(self, ordering: Ordering) -> None:
+        self._ordering = ordering
+        self._ring: deque[Flow] = deque()
+
+    def new_queue(self) -> RequestQueue:
+        return make_queue(self._ordering)
+
+    def push(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.push(request)
+        if not flow.ring_member:
+            flow.ring_member = True
+            self._ring.append(flow)
+
+    def peek(self) -> FlowRequest | None:
+        ring = self._ring
+        while ring:
+            flow = ring[0]
+            if flow.count:
+                return flow.queue.peek()
+            ring.popleft()
+            flow.ring_member = False
+        return None
+
+    def take(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.pop_head()
+        ring = self._ring
+        ring.popleft()
+        if flow.count:
+            ring.append(flow)
+        else:
+            flow.ring_member = False
+
+    def discard(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.discard(request)
+
+    def on_complete(
+        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        pass
+
+    def requests(self) -> list[FlowRequest]:
+        return _flow_requests(self._ring)
+
+
+class VirtualTokenCounter:
+    __slots__ = (
+        "_backlogged",
+        "_floor",
+        "_heap",
+        "_ordering",
+        "_seq",
+        "input_weight",
+        "output_weight",
+    )
+
+    def __init__(self, ordering: Ordering, input_weight: float, output_weight: float) -> None:
+        self._ordering = ordering
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self._heap: list[tuple[float, int, Flow]] = []
+        self._seq = 0
+        self._floor = 0.0
+        self._backlogged = 0
+
+    def new_queue(self) -> RequestQueue:
+        return make_queue(self._ordering)
+
+    def _enter(self, flow: Flow) -> None:
+        self._seq += 1
+        flow.heap_seq = self._seq
+        heappush(self._heap, (flow.counter, self._seq, flow))
+        if len(self._heap) > 2 * self._backlogged + 64:
+            self._heap = [e for e in self._heap if e[2].count and e[1] == e[2].heap_seq]
+            heapify(self._heap)
+
+    def _front(self) -> Flow | None:
+        heap = self._heap
+        while heap:
+            _, seq, flow = heap[0]
+            if flow.count and seq == flow.heap_seq:
+                return flow
+            heappop(heap)
+        return None
+
+    def push(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.push(request)
+        if flow.count == 1:
+            front = self._front()
+            floor = front.counter if front is not None else self._floor
+            if flow.counter < floor:
+                flow.counter = floor
+            self._backlogged += 1
+            self._enter(flow)
+
+    def peek(self) -> FlowRequest | None:
+        heap = self._heap
+        while heap:
+            _, seq, flow = heap[0]
+            if flow.count and seq == flow.heap_seq:
+                return flow.queue.peek()
+            heappop(heap)
+        return None
+
+    def take(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.pop_head()
+        self._floor = flow.counter
+        charge = self.input_weight * request.input_tokens
+        request.charged_input = charge
+        flow.counter += charge
+        if flow.count:
+            self._seq += 1
+            flow.heap_seq = self._seq
+            heapreplace(self._heap, (flow.counter, self._seq, flow))
+        else:
+            heappop(self._heap)
+            self._backlogged -= 1
+
+    def discard(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.discard(request)
+        if not flow.count:
+            self._backlogged -= 1
+
+    def on_complete(
+        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        charge = self.output_weight * output_tokens
+        if input_tokens is not None:
+            charge += self.input_weight * input_tokens - request.charged_input
+        if charge:
+            flow.counter += charge
+            if flow.count:
+                self._enter(flow)
+
+    def requests(self) -> list[FlowRequest]:
+        flows = [e[2] for e in self._heap if e[2].count and e[1] == e[2].heap_seq]
+        return _flow_requests(flows)
+
+
+class GlobalStrict:
+    __slots__ = ("_queue",)
+
+    def __init__(self, ordering: Ordering) -> None:
+        self._queue = make_queue(ordering)
+
+    def new_queue(self) -> None:
+        return None
+
+    def push(self, request: FlowRequest, flow: Flow) -> None:
+        self._queue.push(request)
+
+    def peek(self) -> FlowRequest | None:
+        return self._queue.peek()
+
+    def take(self, request: FlowRequest, flow: Flow) -> None:
+        self._queue.pop_head()
+
+    def discard(self, request: FlowRequest, flow: Flow) -> None:
+        self._queue.discard(request)
+
+    def on_complete(
+        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        pass
+
+    def requests(self) -> list[FlowRequest]:
+        return sorted(self._queue.queued(), key=lambda r: r.seq)
+
+
+def _flow_requests(flows) -> list[FlowRequest]:
+    out: list[FlowRequest] = []
+    for flow in flows:
+        if flow.count:
+            out.extend(sorted(flow.queue.queued(), key=lambda r: r.seq))
+    return out
+
+
+def make_policy(config: BandConfig) -> FairnessPolicy:
+    if config.fairness is Fairness.ROUND_ROBIN:
+        return RoundRobin(config.ordering)
+    if config.fairness is Fairness.VTC:
+        return VirtualTokenCounter(config.ordering, config.input_weight, config.output_weight)
+    return GlobalStrict(config.ordering)
