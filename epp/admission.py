@@ -17,6 +17,7 @@ earlier one appears; idle flows are collected by a timer of their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -107,10 +108,8 @@ class AdmissionController:
         self.core.close()
         if self.core.queued_requests:
             self._drained.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), grace)
-            except TimeoutError:
-                pass
         now = self._clock()
         for request in self.core.drain(Outcome.REJECTED_SHUTTING_DOWN, now):
             self._resolve(request, now)

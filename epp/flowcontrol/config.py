@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 GIB = 1 << 30
 
 
-class Fairness(str, Enum):
+class Fairness(StrEnum):
     """How a band shares dispatches between its flows."""
 
     ROUND_ROBIN = "round-robin"
@@ -16,7 +16,7 @@ class Fairness(str, Enum):
     GLOBAL_STRICT = "global-strict"
 
 
-class Ordering(str, Enum):
+class Ordering(StrEnum):
     """Which of a flow's requests goes first."""
 
     FCFS = "fcfs"
@@ -39,7 +39,7 @@ class BandConfig:
     output_weight: float = 2.0
 
 
-class GateKind(str, Enum):
+class GateKind(StrEnum):
     """Which saturation signals close the gate."""
 
     CONCURRENCY = "concurrency"
