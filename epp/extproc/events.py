@@ -1,0 +1,49 @@
+"""What the ext_proc stream machine hands out besides the ProcessingResponses to send."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.extproc.messages import ProcessingResponse
+from epp.flowcontrol.request import FlowRequest
+
+
+@dataclass(slots=True)
+class AdmissionNeeded:
+    """The request is complete: ask flow control, then feed the outcome back.
+
+    The adapter awaits `AdmissionController.admit(request)` and calls
+    `ExtProcStream.admitted(outcome)` (or `admission_failed()` if it raised).
+    If the stream goes away meanwhile, the adapter cancels the admission.
+    """
+
+    request: FlowRequest
+
+
+@dataclass(slots=True)
+class Release:
+    """The dispatched request is over: return its credit, report real usage.
+
+    `input_tokens` is None when the response reported no usage (flow control
+    then keeps its estimate); `output_tokens` is 0 then.
+    """
+
+    request: FlowRequest
+    input_tokens: int | None
+    output_tokens: int
+
+
+@dataclass(slots=True)
+class Rejected:
+    """The request was answered locally with an error (already in the replies).
+
+    `request` is None when it failed before a FlowRequest existed (400, 413).
+    """
+
+    http_status: int
+    reason: str
+    request: FlowRequest | None
+
+
+Event = ProcessingResponse | AdmissionNeeded | Release | Rejected
+"""A ProcessingResponse means: send it to Envoy, in the order given."""

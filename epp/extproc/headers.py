@@ -1,0 +1,112 @@
+"""The HTTP headers the EPP reads, writes and strips, and how their values parse.
+
+Names follow the reference EPP (llm-d Router); each canonical name has the
+GIE alias where one exists, and the canonical name wins when both are sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+OBJECTIVE = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+FAIRNESS_ID = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+MODEL_REWRITE = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
+TTL = ("x-llm-d-inference-ttl",)
+TTFT_SLO_MS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+
+CONTROL_HEADERS = (*OBJECTIVE, *FAIRNESS_ID, *TTL, *TTFT_SLO_MS)
+"""Read by the EPP and removed before the request goes upstream."""
+
+REQUEST_ID = "x-request-id"
+DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
+DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
+LB_NAMESPACE = "envoy.lb"
+PATH = ":path"
+CONTENT_LENGTH = "content-length"
+CONTENT_TYPE = "content-type"
+EVENT_STREAM = "text/event-stream"
+
+
+class BadHeader(ValueError):
+    """A control header holds a value the EPP cannot use (HTTP 400)."""
+
+
+def first(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` present (canonical name first)."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+_GO_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,  # Go accepts both micro signs
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_GO_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go duration ("1m30s", "250ms") or a plain number of seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    position, total = 0, 0.0
+    for match in _GO_TERM.finditer(text):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+def parse_ttl(value: str) -> float:
+    """The request's queue TTL in seconds; must be positive."""
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise BadHeader(f"{TTL[0]}: not a duration: {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise BadHeader(f"{TTL[0]}: must be a positive duration, got {value!r}")
+    return seconds
+
+
+def parse_ttft_slo(value: str) -> float:
+    """The TTFT target in seconds, from milliseconds; must be positive."""
+    try:
+        milliseconds = float(value)
+    except ValueError:
+        raise BadHeader(f"{TTFT_SLO_MS[0]}: not a number of milliseconds: {value!r}") from None
+    if not milliseconds > 0 or milliseconds == float("inf"):
+        raise BadHeader(f"{TTFT_SLO_MS[0]}: must be positive, got {value!r}")
+    return milliseconds / 1000.0
+
+
+def format_endpoint(endpoint: str) -> str:
+    """`host:port` with an IPv6 host in brackets, as Envoy's ORIGINAL_DST expects."""
+    if endpoint.startswith("[") or endpoint.count(":") <= 1:
+        return endpoint
+    host, _, port = endpoint.rpartition(":")
+    return f"[{host}]:{port}"
+
+
+def endpoint_ip(endpoint: str) -> str:
+    """The IP of an `ip:port` subset entry (`[v6]:port`, `v4:port` or a bare IP)."""
+    if endpoint.startswith("["):
+        return endpoint[1 : endpoint.index("]")]
+    if endpoint.count(":") == 1:
+        return endpoint.split(":", 1)[0]
+    return endpoint

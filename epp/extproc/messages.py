@@ -1,0 +1,117 @@
+"""Building and reading ext_proc messages with the generated protobuf classes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from epp.extproc.gen.envoy.config.core.v3 import base_pb2
+from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+ProcessingRequest = pb.ProcessingRequest
+ProcessingResponse = pb.ProcessingResponse
+HttpHeaders = pb.HttpHeaders
+
+OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+CHUNK_BYTES = 62_000
+"""Largest body chunk sent back to Envoy (the reference EPP's size; Envoy advises <= 64 KiB)."""
+
+
+def header_dict(headers: pb.HttpHeaders | pb.HttpTrailers) -> dict[str, str]:
+    """Header name -> value; `raw_value` when set, else `value`. Later duplicates win."""
+    header_map = headers.headers if isinstance(headers, pb.HttpHeaders) else headers.trailers
+    return {
+        h.key: h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        for h in header_map.headers
+    }
+
+
+def _set_headers(mutation: pb.HeaderMutation, values: Iterable[tuple[str, str]]) -> None:
+    for key, value in values:
+        option = mutation.set_headers.add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = OVERWRITE
+
+
+def request_headers_reply(
+    set_headers: Iterable[tuple[str, str]],
+    remove_headers: Iterable[str],
+    lb_metadata: dict[str, str],
+) -> ProcessingResponse:
+    """The answer to the request headers of a dispatched request."""
+    response = ProcessingResponse()
+    common = response.request_headers.response
+    common.clear_route_cache = True
+    _set_headers(common.header_mutation, set_headers)
+    common.header_mutation.remove_headers.extend(remove_headers)
+    response.dynamic_metadata.fields["envoy.lb"].struct_value.update(lb_metadata)
+    return response
+
+
+def body_chunks(
+    body: bytes, end_of_stream: bool, *, response: bool = False
+) -> list[ProcessingResponse]:
+    """`body` as streamed body replies of at most CHUNK_BYTES, EoS on the last."""
+    starts = range(0, len(body), CHUNK_BYTES) if body else range(1)
+    last = starts[-1]
+    replies = []
+    for start in starts:
+        reply = ProcessingResponse()
+        target = reply.response_body if response else reply.request_body
+        streamed = target.response.body_mutation.streamed_response
+        streamed.body = body[start : start + CHUNK_BYTES]
+        streamed.end_of_stream = end_of_stream and start == last
+        replies.append(reply)
+    return replies
+
+
+def response_body_reply(chunk: bytes, end_of_stream: bool) -> ProcessingResponse:
+    """One response body chunk echoed as it came (at most CHUNK_BYTES)."""
+    reply = ProcessingResponse()
+    streamed = reply.response_body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
+    return reply
+
+
+def response_headers_reply() -> ProcessingResponse:
+    reply = ProcessingResponse()
+    reply.response_headers.response.SetInParent()
+    return reply
+
+
+def trailers_reply(*, response: bool) -> ProcessingResponse:
+    reply = ProcessingResponse()
+    (reply.response_trailers if response else reply.request_trailers).SetInParent()
+    return reply
+
+
+def immediate_response(
+    status: int, body: str, headers: Iterable[tuple[str, str]] = (), details: str = ""
+) -> ProcessingResponse:
+    """A local reply: Envoy answers the client with `status` and `body` (text/plain).
+
+    `details` (no whitespace) shows in Envoy's `%RESPONSE_CODE_DETAILS%`.
+    """
+    reply = ProcessingResponse()
+    immediate = reply.immediate_response
+    immediate.status.code = status
+    immediate.body = body.encode()
+    immediate.details = details
+    _set_headers(immediate.headers, headers)
+    return reply
+
+
+def lb_subset(request: ProcessingRequest) -> list[str] | None:
+    """Envoy's subset hint, `envoy.lb` / `x-gateway-destination-endpoint-subset`, if sent."""
+    if not request.HasField("metadata_context"):
+        return None
+    namespace = request.metadata_context.filter_metadata.get("envoy.lb")
+    if namespace is None or "x-gateway-destination-endpoint-subset" not in namespace.fields:
+        return None
+    value = namespace.fields["x-gateway-destination-endpoint-subset"]
+    if value.HasField("list_value"):
+        return [item.string_value for item in value.list_value.values]
+    if value.HasField("string_value"):
+        return [part.strip() for part in value.string_value.split(",") if part.strip()]
+    return []

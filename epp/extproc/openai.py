@@ -1,0 +1,189 @@
+"""OpenAI-style request bodies: what the EPP needs from them, and the model rewrite.
+
+The API is chosen by the suffix of `:path` (query string ignored), as the
+reference EPP's openai-parser does; an unknown path is read as
+`/v1/completions`. Each API has one required prompt field:
+
+    /chat/completions  messages (non-empty list of message objects)
+    /completions       prompt   (string, list of strings, or token ids)
+    /responses         input    (string or list of items)
+    /embeddings        input    (string, list of strings, or token ids)
+
+Input tokens are estimated as characters / 4 (rounded up), token-id arrays
+count one per id. Anything malformed raises `BadRequest` (HTTP 400).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+
+CHARS_PER_TOKEN = 4
+
+
+class Api(Enum):
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat-completions"
+    RESPONSES = "responses"
+    EMBEDDINGS = "embeddings"
+
+
+PROMPT_FIELD = {
+    Api.COMPLETIONS: "prompt",
+    Api.CHAT_COMPLETIONS: "messages",
+    Api.RESPONSES: "input",
+    Api.EMBEDDINGS: "input",
+}
+MAX_TOKENS_FIELDS = {
+    Api.COMPLETIONS: ("max_tokens",),
+    Api.CHAT_COMPLETIONS: ("max_completion_tokens", "max_tokens"),
+    Api.RESPONSES: ("max_output_tokens",),
+    Api.EMBEDDINGS: (),
+}
+
+
+class BadRequest(ValueError):
+    """The request body cannot be served; the message says why (HTTP 400)."""
+
+
+@dataclass(slots=True)
+class ParsedBody:
+    """What the EPP reads from a request body.
+
+    `body` is what goes upstream: the original bytes, or the re-serialised
+    JSON when the model name was rewritten (then `target_model != model`).
+    """
+
+    api: Api
+    model: str
+    target_model: str
+    prompt: str
+    stream: bool
+    max_tokens: int | None
+    input_tokens: int
+    body: bytes
+
+
+def api_for_path(path: str) -> Api:
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        return Api.CHAT_COMPLETIONS
+    if path.endswith("/responses"):
+        return Api.RESPONSES
+    if path.endswith("/embeddings"):
+        return Api.EMBEDDINGS
+    return Api.COMPLETIONS
+
+
+def parse_body(path: str, body: bytes, rewrite_to: str | None = None) -> ParsedBody:
+    """Parse and validate `body` for the API named by `path`.
+
+    `rewrite_to` is the model-rewrite target from the request headers; when it
+    differs from the body's `model`, the body is re-serialised with it.
+    """
+    api = api_for_path(path)
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise BadRequest("body must be a JSON object")
+    model = document.get("model")
+    if model is None:
+        raise BadRequest("missing required field 'model'")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("field 'model' must be a non-empty string")
+    field = PROMPT_FIELD[api]
+    if field not in document:
+        raise BadRequest(f"missing required field '{field}'")
+    prompt, tokens = _read_prompt(api, field, document[field])
+    stream = document.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("field 'stream' must be a boolean")
+    max_tokens = _read_max_tokens(api, document)
+    target = model
+    if rewrite_to and rewrite_to != model:
+        target = rewrite_to
+        document["model"] = target
+        body = orjson.dumps(document)
+    return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body)
+
+
+def _read_max_tokens(api: Api, document: dict[str, Any]) -> int | None:
+    for name in MAX_TOKENS_FIELDS[api]:
+        value = document.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"field '{name}' must be a non-negative integer")
+        return value
+    return None
+
+
+def _estimate(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def _read_prompt(api: Api, field: str, value: Any) -> tuple[str, int]:
+    """Return (prompt text, estimated input tokens) or raise BadRequest."""
+    if api is Api.CHAT_COMPLETIONS:
+        if not isinstance(value, list) or not value:
+            raise BadRequest("field 'messages' must be a non-empty list")
+        text = "".join(_message_text(message) for message in value)
+        return text, _estimate(len(text))
+    if api is Api.RESPONSES:
+        if isinstance(value, str):
+            return value, _estimate(len(value))
+        if not isinstance(value, list):
+            raise BadRequest("field 'input' must be a string or a list")
+        text = "".join(_message_text(item) for item in value)
+        return text, _estimate(len(text))
+    return _read_text_or_tokens(field, value)
+
+
+def _read_text_or_tokens(field: str, value: Any) -> tuple[str, int]:
+    """A string, a list of strings, a list of token ids, or a list of those lists."""
+    if isinstance(value, str):
+        return value, _estimate(len(value))
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"field '{field}' must be a string or a non-empty list")
+    if all(isinstance(item, str) for item in value):
+        text = "".join(value)
+        return text, _estimate(len(text))
+    if _is_token_ids(value):
+        return "", len(value)
+    if all(isinstance(item, list) and _is_token_ids(item) for item in value):
+        return "", sum(len(item) for item in value)
+    raise BadRequest(f"field '{field}' must hold strings or token ids")
+
+
+def _is_token_ids(items: list[Any]) -> bool:
+    return all(isinstance(item, int) and not isinstance(item, bool) for item in items)
+
+
+def _message_text(message: Any) -> str:
+    """The text of one chat message or Responses input item: `role: content`, one line."""
+    if isinstance(message, str):
+        return message
+    if not isinstance(message, dict):
+        raise BadRequest("each message must be a JSON object")
+    content = message.get("content")
+    role = message.get("role", "")
+    if not isinstance(role, str):
+        raise BadRequest("field 'role' must be a string")
+    if content is None or isinstance(content, str):
+        return f"{role}: {content or ''}\n"
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return f"{role}: {''.join(parts)}\n"
+    raise BadRequest("field 'content' must be a string or a list of parts")

@@ -1,0 +1,373 @@
+"""One ext_proc `Process` stream as a sans-I/O state machine.
+
+ProcessingRequests go in (`receive`), events come out: ProcessingResponses to
+send in order, `AdmissionNeeded` when the request is complete, `Release` when
+a dispatched request is over, `Rejected` when it was answered with an error.
+The machine never awaits anything; the adapter resolves `AdmissionNeeded` and
+feeds the outcome back with `admitted`.
+
+Phases (Envoy: headers SEND, bodies FULL_DUPLEX_STREAMED, trailers SEND):
+
+    REQUEST_HEADERS --headers--> REQUEST_BODY --body EoS / trailers--> ADMITTING
+    ADMITTING --dispatched--> UPSTREAM --response headers--> RESPONSE_BODY
+    RESPONSE_BODY --body EoS / trailers--> DONE (Release)
+    any phase before dispatch --error--> DONE (ImmediateResponse, Rejected)
+
+Choices:
+- A request whose headers carry end_of_stream (no body) gets 400: inference
+  requests need a body.
+- A body over `max_body_bytes` (by Content-Length or as it arrives) gets 413
+  at once; the rest is not buffered.
+- Request headers, body and trailers get no reply until admission decides;
+  then the header reply, the body in chunks of <= 62,000 bytes (EoS on the
+  last unless the request ended with trailers) and the trailers reply go out
+  together, in that order.
+- A message out of order before dispatch is answered with 500; after dispatch
+  it is ignored. Messages after the end are ignored. Nothing raises.
+- Non-streamed responses are echoed chunk by chunk and a copy (up to
+  `max_body_bytes`) is kept for usage, except when the model name was
+  rewritten: then the body is held to the end so `"model"` can be restored in
+  one piece. SSE responses are always echoed at once.
+- `close()` (stream ended, for any reason) releases a dispatched request that
+  was not released yet, with the usage seen so far.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from epp.extproc import headers as h
+from epp.extproc import messages
+from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
+from epp.extproc.messages import ProcessingRequest
+from epp.extproc.openai import BadRequest, parse_body
+from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.request import InferenceRequest
+
+PriorityResolver = Callable[[Mapping[str, str]], int]
+"""Request headers -> priority (the objective registry's lookup)."""
+
+
+@dataclass(slots=True, frozen=True)
+class StreamSettings:
+    max_body_bytes: int = 16 * 1024 * 1024
+    default_fairness_id: str = "default-flow"
+
+
+class Phase(Enum):
+    REQUEST_HEADERS = "request-headers"
+    REQUEST_BODY = "request-body"
+    ADMITTING = "admitting"
+    UPSTREAM = "upstream"
+    RESPONSE_BODY = "response-body"
+    DONE = "done"
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ExtProcStream:
+    """The EPP side of one HTTP request's ext_proc stream."""
+
+    __slots__ = (
+        "_body",
+        "_body_size",
+        "_held",
+        "_new_request_id",
+        "_priority_of",
+        "_released",
+        "_request_trailers",
+        "_response_copy",
+        "_response_copy_size",
+        "_restorer",
+        "_settings",
+        "_sse",
+        "_subset",
+        "_ttft_slo",
+        "_ttl",
+        "_upstream_body",
+        "headers",
+        "phase",
+        "request",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        priority_of: PriorityResolver,
+        settings: StreamSettings | None = None,
+        new_request_id: Callable[[], str] = _new_request_id,
+    ) -> None:
+        self._priority_of = priority_of
+        self._settings = settings or StreamSettings()
+        self._new_request_id = new_request_id
+        self.phase = Phase.REQUEST_HEADERS
+        self.headers: dict[str, str] = {}
+        self.request: FlowRequest | None = None
+        self.usage: Usage | None = None
+        self._subset: frozenset[str] | None = None
+        self._ttl: float | None = None
+        self._ttft_slo: float | None = None
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._request_trailers = False
+        self._upstream_body = b""
+        self._released = False
+        self._sse: SseUsageReader | None = None
+        self._restorer: ModelNameRestorer | None = None
+        self._response_copy: list[bytes] | None = []
+        self._response_copy_size = 0
+        self._held: list[bytes] | None = None
+
+    # ---- input -------------------------------------------------------------
+
+    def receive(self, message: ProcessingRequest, now: float) -> list[Event]:
+        """Feed one message from Envoy; `now` is the caller's clock, in seconds."""
+        kind = message.WhichOneof("request")
+        phase = self.phase
+        if phase is Phase.DONE or kind is None:
+            return []
+        if kind == "request_headers" and phase is Phase.REQUEST_HEADERS:
+            return self._on_request_headers(message)
+        if kind == "request_body" and phase is Phase.REQUEST_BODY:
+            body = message.request_body
+            return self._on_request_body(body.body, body.end_of_stream, now)
+        if kind == "request_trailers" and phase is Phase.REQUEST_BODY:
+            self._request_trailers = True
+            return self._on_request_body(b"", True, now)
+        if phase is Phase.UPSTREAM or phase is Phase.RESPONSE_BODY:
+            if kind == "response_body":
+                body = message.response_body
+                return self._on_response_body(body.body, body.end_of_stream)
+            if kind == "response_headers" and phase is Phase.UPSTREAM:
+                return self._on_response_headers(message.response_headers)
+            if kind == "response_trailers":
+                return self._on_response_trailers()
+            return []
+        return self._reject(500, "protocol-error", f"unexpected {kind} in phase {phase.value}")
+
+    def admitted(self, outcome: Outcome) -> list[Event]:
+        """Feed the admission outcome for the request of `AdmissionNeeded`."""
+        request = self.request
+        if request is None:
+            return []
+        if self.phase is not Phase.ADMITTING:
+            if outcome.is_dispatched:
+                return self._release()
+            return []
+        if not outcome.is_dispatched:
+            return self._reject(
+                outcome.http_status,
+                outcome.reason,
+                f"request dropped: {outcome.reason}",
+                headers=((h.DROPPED_REASON, outcome.reason),),
+            )
+        if not request.endpoint:
+            return [*self._reject(500, "internal-error", "no endpoint chosen"), *self._release()]
+        return self._forward(request)
+
+    def admission_failed(self) -> list[Event]:
+        """The admission raised instead of returning an outcome: answer 500."""
+        if self.phase is not Phase.ADMITTING:
+            return []
+        return self._reject(500, "internal-error", "admission failed")
+
+    def close(self) -> list[Event]:
+        """The stream ended (cleanly or not). Releases a dispatched request once."""
+        was = self.phase
+        self.phase = Phase.DONE
+        if was is Phase.UPSTREAM or was is Phase.RESPONSE_BODY:
+            self._finish_usage()
+            return self._release()
+        return []
+
+    # ---- request path ------------------------------------------------------
+
+    def _on_request_headers(self, message: ProcessingRequest) -> list[Event]:
+        http_headers = message.request_headers
+        self.headers = headers = messages.header_dict(http_headers)
+        if http_headers.end_of_stream:
+            return self._reject(400, "bad-request", "bad request: a request body is required")
+        length = headers.get(h.CONTENT_LENGTH)
+        if length is not None and length.isdigit() and int(length) > self._settings.max_body_bytes:
+            return self._too_large()
+        try:
+            ttl = h.first(headers, h.TTL)
+            self._ttl = h.parse_ttl(ttl) if ttl is not None else None
+            ttft = h.first(headers, h.TTFT_SLO_MS)
+            self._ttft_slo = h.parse_ttft_slo(ttft) if ttft is not None else None
+        except h.BadHeader as error:
+            return self._reject(400, "bad-request", f"bad request: {error}")
+        subset = messages.lb_subset(message)
+        if subset is not None:
+            self._subset = frozenset(h.endpoint_ip(endpoint) for endpoint in subset)
+        self.phase = Phase.REQUEST_BODY
+        return []
+
+    def _on_request_body(self, chunk: bytes, end_of_stream: bool, now: float) -> list[Event]:
+        if chunk:
+            self._body_size += len(chunk)
+            if self._body_size > self._settings.max_body_bytes:
+                self._body.clear()
+                return self._too_large()
+            self._body.append(chunk)
+        if not end_of_stream:
+            return []
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        return self._admit(body, now)
+
+    def _admit(self, body: bytes, now: float) -> list[Event]:
+        headers = self.headers
+        try:
+            parsed = parse_body(headers.get(h.PATH, ""), body, h.first(headers, h.MODEL_REWRITE))
+        except BadRequest as error:
+            return self._reject(400, "bad-request", f"bad request: {error}")
+        self._upstream_body = parsed.body
+        if parsed.target_model != parsed.model:
+            self._restorer = ModelNameRestorer(parsed.model, parsed.target_model)
+        self.request = FlowRequest(
+            request_id=headers.get(h.REQUEST_ID) or self._new_request_id(),
+            fairness_id=h.first(headers, h.FAIRNESS_ID) or self._settings.default_fairness_id,
+            priority=self._priority_of(headers),
+            arrival=now,
+            byte_size=len(body),
+            input_tokens=parsed.input_tokens,
+            ttl=self._ttl,
+            ttft_slo=self._ttft_slo,
+            payload=InferenceRequest(
+                model=parsed.model,
+                target_model=parsed.target_model,
+                prompt=parsed.prompt,
+                stream=parsed.stream,
+                max_tokens=parsed.max_tokens,
+                subset=self._subset,
+            ),
+        )
+        self.phase = Phase.ADMITTING
+        return [AdmissionNeeded(self.request)]
+
+    def _forward(self, request: FlowRequest) -> list[Event]:
+        endpoint = h.format_endpoint(request.endpoint or "")
+        body = self._upstream_body
+        self._upstream_body = b""
+        set_headers = [(h.DESTINATION_ENDPOINT, endpoint), (h.CONTENT_LENGTH, str(len(body)))]
+        if h.REQUEST_ID not in self.headers:
+            set_headers.append((h.REQUEST_ID, request.request_id))
+        remove = [name for name in h.CONTROL_HEADERS if name in self.headers]
+        replies: list[Event] = [
+            messages.request_headers_reply(set_headers, remove, {h.DESTINATION_ENDPOINT: endpoint})
+        ]
+        replies.extend(messages.body_chunks(body, not self._request_trailers))
+        if self._request_trailers:
+            replies.append(messages.trailers_reply(response=False))
+        self.phase = Phase.UPSTREAM
+        return replies
+
+    # ---- response path -----------------------------------------------------
+
+    def _on_response_headers(self, http_headers: messages.HttpHeaders) -> list[Event]:
+        response_headers = messages.header_dict(http_headers)
+        if h.EVENT_STREAM in response_headers.get(h.CONTENT_TYPE, ""):
+            self._sse = SseUsageReader()
+            self._response_copy = None
+        elif self._restorer is not None:
+            self._held = []
+        replies: list[Event] = [messages.response_headers_reply()]
+        if http_headers.end_of_stream:
+            self.phase = Phase.DONE
+            replies.extend(self._release())
+        else:
+            self.phase = Phase.RESPONSE_BODY
+        return replies
+
+    def _on_response_body(self, chunk: bytes, end_of_stream: bool) -> list[Event]:
+        self.phase = Phase.RESPONSE_BODY
+        if self._sse is not None:
+            self._sse.feed(chunk)
+        else:
+            self._copy_for_usage(chunk)
+        if self._held is not None:
+            self._held.append(chunk)
+            if not end_of_stream:
+                return []
+            chunk = b"".join(self._held)
+            self._held = None
+        if self._restorer is not None:
+            chunk = self._restorer.restore(chunk)
+        if len(chunk) > messages.CHUNK_BYTES:
+            replies: list[Event] = list(messages.body_chunks(chunk, end_of_stream, response=True))
+        else:
+            replies = [messages.response_body_reply(chunk, end_of_stream)]
+        if end_of_stream:
+            self.phase = Phase.DONE
+            self._finish_usage()
+            replies.extend(self._release())
+        return replies
+
+    def _on_response_trailers(self) -> list[Event]:
+        replies: list[Event] = []
+        if self._held:
+            body = b"".join(self._held)
+            if self._restorer is not None:
+                body = self._restorer.restore(body)
+            replies.extend(messages.body_chunks(body, False, response=True))
+        self._held = None
+        replies.append(messages.trailers_reply(response=True))
+        self.phase = Phase.DONE
+        self._finish_usage()
+        replies.extend(self._release())
+        return replies
+
+    def _copy_for_usage(self, chunk: bytes) -> None:
+        copy = self._response_copy
+        if copy is None:
+            return
+        self._response_copy_size += len(chunk)
+        if self._response_copy_size > self._settings.max_body_bytes:
+            self._response_copy = None
+        else:
+            copy.append(chunk)
+
+    def _finish_usage(self) -> None:
+        if self.usage is not None:
+            return
+        if self._sse is not None:
+            self._sse.finish()
+            self.usage = self._sse.usage
+        elif self._response_copy:
+            self.usage = usage_from_json(b"".join(self._response_copy))
+            self._response_copy = None
+
+    # ---- endings -----------------------------------------------------------
+
+    def _release(self) -> list[Event]:
+        if self._released or self.request is None:
+            return []
+        self._released = True
+        usage = self.usage
+        if usage is None:
+            return [Release(self.request, None, 0)]
+        return [Release(self.request, usage.input_tokens, usage.output_tokens)]
+
+    def _too_large(self) -> list[Event]:
+        limit = self._settings.max_body_bytes
+        return self._reject(413, "request-too-large", f"request body larger than {limit} bytes")
+
+    def _reject(
+        self,
+        status: int,
+        reason: str,
+        text: str,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> list[Event]:
+        self.phase = Phase.DONE
+        self._body = []
+        reply = messages.immediate_response(status, text + "\n", headers, details=reason)
+        return [reply, Rejected(status, reason, self.request)]

@@ -1,0 +1,105 @@
+"""Token usage reported by the model server, read from a JSON or SSE response body.
+
+Chat/Completions report `usage.prompt_tokens` / `usage.completion_tokens`;
+the Responses API reports `usage.input_tokens` / `usage.output_tokens`, in
+SSE inside the `response.completed` event's `response` object. In SSE the
+first event carrying a usage object wins (with
+`stream_options.include_usage`, the other chunks carry `"usage": null`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+
+def usage_from_document(document: Any) -> Usage | None:
+    """Usage from one decoded JSON response object or SSE event, if it has one."""
+    if not isinstance(document, dict):
+        return None
+    usage = document.get("usage")
+    if not isinstance(usage, dict):
+        response = document.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if not isinstance(usage, dict):
+            return None
+    input_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+    output_tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    if not _is_count(input_tokens) or not _is_count(output_tokens):
+        return None
+    return Usage(input_tokens, output_tokens)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def usage_from_json(body: bytes) -> Usage | None:
+    try:
+        return usage_from_document(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return None
+
+
+class SseUsageReader:
+    """Feeds SSE chunks as they pass; keeps only the unfinished last line."""
+
+    __slots__ = ("_partial", "usage")
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.usage: Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.usage is not None:
+            return
+        data = self._partial + chunk if self._partial else chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if self._read_line(line):
+                return
+
+    def finish(self) -> None:
+        """The body ended: read a last line that had no newline."""
+        if self.usage is None and self._partial:
+            self._read_line(self._partial)
+        self._partial = b""
+
+    def _read_line(self, line: bytes) -> bool:
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            return False
+        try:
+            self.usage = usage_from_document(orjson.loads(line[5:]))
+        except orjson.JSONDecodeError:
+            return False
+        return self.usage is not None
+
+
+class ModelNameRestorer:
+    """Puts the client's model name back where the server answered with the target's.
+
+    Works per chunk: a `"model": "<target>"` pair split across two chunks is
+    left as is (the reference EPP rewrites per chunk too).
+    """
+
+    __slots__ = ("_pattern", "_replacement")
+
+    def __init__(self, client_model: str, target_model: str) -> None:
+        target = re.escape(orjson.dumps(target_model))
+        self._pattern = re.compile(rb'("model"\s*:\s*)' + target)
+        self._replacement = rb"\g<1>" + orjson.dumps(client_model).replace(b"\\", b"\\\\")
+
+    def restore(self, chunk: bytes) -> bytes:
+        if b'"model"' not in chunk:
+            return chunk
+        return self._pattern.sub(self._replacement, chunk)

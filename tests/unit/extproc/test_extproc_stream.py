@@ -1,0 +1,366 @@
+"""The ext_proc stream state machine, driven without gRPC."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from extproc_wire import (
+    request_body,
+    request_headers,
+    request_trailers,
+    response_body,
+    response_headers,
+    response_trailers,
+    set_headers,
+    streamed,
+)
+
+from epp.extproc.events import AdmissionNeeded, Rejected, Release
+from epp.extproc.messages import CHUNK_BYTES, ProcessingResponse
+from epp.extproc.stream import ExtProcStream, Phase, StreamSettings
+from epp.flowcontrol.outcome import Outcome
+
+CHAT = {":path": "/v1/chat/completions", ":method": "POST"}
+BODY = json.dumps(
+    {"model": "llama", "messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 7}
+).encode()
+
+
+def machine(priority: int = 0, **settings) -> ExtProcStream:
+    return ExtProcStream(lambda headers: priority, StreamSettings(**settings), lambda: "generated")
+
+
+def admit(stream: ExtProcStream, headers=None, body: bytes = BODY, **kwargs) -> AdmissionNeeded:
+    assert stream.receive(request_headers({**CHAT, **(headers or {})}, **kwargs), 0.0) == []
+    events = stream.receive(request_body(body), 5.0)
+    assert len(events) == 1 and isinstance(events[0], AdmissionNeeded)
+    return events[0]
+
+
+def dispatch(stream: ExtProcStream, endpoint: str = "10.0.0.1:8000", **kwargs):
+    needed = admit(stream, **kwargs)
+    needed.request.endpoint = endpoint
+    return stream.admitted(Outcome.DISPATCHED)
+
+
+def immediate_status(events) -> int:
+    reply = events[0]
+    assert isinstance(reply, ProcessingResponse) and reply.HasField("immediate_response")
+    return reply.immediate_response.status.code
+
+
+def test_complete_request_asks_for_admission_with_parsed_fields():
+    stream = machine(priority=5)
+    needed = admit(stream, headers={"x-request-id": "r-1", "x-llm-d-inference-fairness-id": "t"})
+    request = needed.request
+    assert (request.request_id, request.fairness_id, request.priority) == ("r-1", "t", 5)
+    assert (request.arrival, request.byte_size) == (5.0, len(BODY))
+    assert request.input_tokens == len("user: " + "x" * 40 + "\n") // 4 + 1
+    assert (request.payload.model, request.payload.target_model) == ("llama", "llama")
+    assert request.payload.max_tokens == 7 and request.payload.subset is None
+    assert stream.phase is Phase.ADMITTING
+
+
+def test_request_id_is_generated_and_fairness_defaults_when_headers_absent():
+    request = admit(machine()).request
+    assert (request.request_id, request.fairness_id) == ("generated", "default-flow")
+
+
+def test_canonical_fairness_header_wins_over_alias():
+    headers = {"x-gateway-inference-fairness-id": "alias", "x-llm-d-inference-fairness-id": "main"}
+    assert admit(machine(), headers=headers).request.fairness_id == "main"
+
+
+def test_fairness_alias_is_read_when_canonical_absent():
+    headers = {"x-gateway-inference-fairness-id": "alias"}
+    assert admit(machine(), headers=headers).request.fairness_id == "alias"
+
+
+def test_priority_resolver_sees_request_headers():
+    seen = {}
+    stream = ExtProcStream(lambda headers: seen.update(headers) or 3)
+    assert admit(stream, headers={"x-llm-d-inference-objective": "gold"}).request.priority == 3
+    assert seen["x-llm-d-inference-objective"] == "gold"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("30s", 30.0), ("1m30s", 90.0), ("2.5", 2.5)])
+def test_ttl_header_accepts_go_durations_and_plain_seconds(value, seconds):
+    headers = {"x-llm-d-inference-ttl": value}
+    assert admit(machine(), headers=headers).request.ttl == seconds
+
+
+def test_ttft_slo_header_is_milliseconds():
+    assert admit(machine(), headers={"x-llm-d-slo-ttft-ms": "250"}).request.ttft_slo == 0.25
+
+
+@pytest.mark.parametrize("header", ["x-llm-d-inference-ttl", "x-llm-d-slo-ttft-ms"])
+def test_unusable_ttl_or_ttft_value_is_400(header):
+    stream = machine()
+    events = stream.receive(request_headers({**CHAT, header: "soon"}), 0.0)
+    assert immediate_status(events) == 400
+    assert isinstance(events[1], Rejected) and events[1].reason == "bad-request"
+
+
+def test_subset_hint_becomes_ip_set():
+    needed = admit(machine(), subset=["10.0.0.1:8000", "[fd00::2]:8000"])
+    assert needed.request.payload.subset == frozenset({"10.0.0.1", "fd00::2"})
+
+
+def test_empty_subset_hint_is_kept_as_empty_set():
+    assert admit(machine(), subset=[]).request.payload.subset == frozenset()
+
+
+def test_body_in_many_chunks_is_joined():
+    stream = machine()
+    stream.receive(request_headers(CHAT), 0.0)
+    assert stream.receive(request_body(BODY[:10], end_of_stream=False), 0.0) == []
+    events = stream.receive(request_body(BODY[10:]), 0.0)
+    assert events[0].request.byte_size == len(BODY)
+
+
+def test_dispatch_replies_headers_then_body_with_endpoint_and_metadata():
+    headers = {"x-llm-d-inference-objective": "o", "x-gateway-inference-fairness-id": "f"}
+    events = dispatch(machine(), headers=headers)
+    header_reply = events[0].request_headers.response
+    assert header_reply.clear_route_cache
+    assert set_headers(events[0]) == {
+        "x-gateway-destination-endpoint": "10.0.0.1:8000",
+        "content-length": str(len(BODY)),
+        "x-request-id": "generated",
+    }
+    assert list(header_reply.header_mutation.remove_headers) == [
+        "x-llm-d-inference-objective",
+        "x-gateway-inference-fairness-id",
+    ]
+    lb = events[0].dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-gateway-destination-endpoint"].string_value == "10.0.0.1:8000"
+    assert [streamed(reply) for reply in events[1:]] == [(BODY, True)]
+
+
+def test_ipv6_endpoint_is_bracketed():
+    events = dispatch(machine(), endpoint="fd00::1:8000")
+    assert set_headers(events[0])["x-gateway-destination-endpoint"] == "[fd00::1]:8000"
+
+
+def test_large_body_goes_back_in_chunks_of_at_most_62000_bytes():
+    body = json.dumps({"model": "m", "prompt": "p" * 150_000}).encode()
+    events = dispatch(machine(), headers={":path": "/v1/completions"}, body=body)
+    chunks = [streamed(reply) for reply in events[1:]]
+    assert [len(chunk) for chunk, _ in chunks] == [CHUNK_BYTES, CHUNK_BYTES, len(body) - 124_000]
+    assert [eos for _, eos in chunks] == [False, False, True]
+    assert b"".join(chunk for chunk, _ in chunks) == body
+
+
+def test_model_rewrite_changes_body_model_and_content_length():
+    events = dispatch(machine(), headers={"x-llm-d-model-name-rewrite": "llama-lora"})
+    body = b"".join(streamed(reply)[0] for reply in events[1:])
+    assert json.loads(body)["model"] == "llama-lora"
+    assert set_headers(events[0])["content-length"] == str(len(body))
+
+
+def test_model_rewrite_alias_header_is_honoured():
+    needed = admit(machine(), headers={"x-gateway-model-name-rewrite": "other"})
+    assert needed.request.payload.target_model == "other"
+
+
+def test_rejected_outcome_is_immediate_response_with_reason_header():
+    stream = machine()
+    admit(stream)
+    events = stream.admitted(Outcome.REJECTED_SATURATED)
+    immediate = events[0].immediate_response
+    assert immediate.status.code == 429
+    assert [(o.header.key, o.header.raw_value) for o in immediate.headers.set_headers] == [
+        ("x-llm-d-request-dropped-reason", b"rejected-saturated")
+    ]
+    assert b"rejected-saturated" in immediate.body
+    assert events[1] == Rejected(429, "rejected-saturated", stream.request)
+    assert stream.close() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[1]", b'{"messages": []}', b'{"model": "m"}', b'{"model": 3, "messages": []}'],
+)
+def test_unparseable_request_body_is_400(body):
+    stream = machine()
+    stream.receive(request_headers(CHAT), 0.0)
+    events = stream.receive(request_body(body), 0.0)
+    assert immediate_status(events) == 400
+    assert stream.request is None
+
+
+def test_headers_without_body_are_400():
+    events = machine().receive(request_headers(CHAT, end_of_stream=True), 0.0)
+    assert immediate_status(events) == 400
+
+
+def test_declared_content_length_over_limit_is_413_at_headers():
+    stream = machine(max_body_bytes=100)
+    events = stream.receive(request_headers({**CHAT, "content-length": "101"}), 0.0)
+    assert immediate_status(events) == 413
+
+
+def test_body_growing_over_limit_is_413_and_the_rest_is_ignored():
+    stream = machine(max_body_bytes=100)
+    stream.receive(request_headers(CHAT), 0.0)
+    assert stream.receive(request_body(b"x" * 60, end_of_stream=False), 0.0) == []
+    assert (
+        immediate_status(stream.receive(request_body(b"x" * 60, end_of_stream=False), 0.0)) == 413
+    )
+    assert stream.receive(request_body(b"x" * 60), 0.0) == []
+    assert stream._body == []
+
+
+def test_request_trailers_end_the_request_and_keep_body_open_for_them():
+    stream = machine()
+    stream.receive(request_headers(CHAT), 0.0)
+    stream.receive(request_body(BODY, end_of_stream=False), 0.0)
+    needed = stream.receive(request_trailers(), 0.0)[0]
+    needed.request.endpoint = "10.0.0.1:8000"
+    events = stream.admitted(Outcome.DISPATCHED)
+    assert streamed(events[1]) == (BODY, False)
+    assert events[2].HasField("request_trailers")
+
+
+def test_streamed_response_is_echoed_chunk_by_chunk_and_usage_read_from_sse():
+    stream = machine()
+    dispatch(stream)
+    assert stream.receive(response_headers({"content-type": "text/event-stream"}), 0.0)[0].HasField(
+        "response_headers"
+    )
+    first = b'data: {"choices":[{"text":"a"}],"usage":null}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":3}}\n\n'
+    assert [streamed(r) for r in stream.receive(response_body(first), 0.0)] == [(first, False)]
+    assert [streamed(r) for r in stream.receive(response_body(usage[:20]), 0.0)] == [
+        (usage[:20], False)
+    ]
+    assert [streamed(r) for r in stream.receive(response_body(usage[20:]), 0.0)] == [
+        (usage[20:], False)
+    ]
+    events = stream.receive(response_body(b"data: [DONE]\n\n", end_of_stream=True), 0.0)
+    assert streamed(events[0]) == (b"data: [DONE]\n\n", True)
+    assert events[1] == Release(stream.request, 11, 3)
+
+
+def test_json_response_usage_is_reported_at_end():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 0.0)
+    body = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4}}'
+    assert streamed(stream.receive(response_body(body[:10]), 0.0)[0]) == (body[:10], False)
+    events = stream.receive(response_body(body[10:], end_of_stream=True), 0.0)
+    assert events[1] == Release(stream.request, 9, 4)
+
+
+def test_responses_api_usage_is_read_from_completed_event():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "text/event-stream"}), 0.0)
+    usage = b'{"usage":{"input_tokens":5,"output_tokens":6}}'
+    event = b'data: {"type":"response.completed","response":' + usage + b"}\n"
+    events = stream.receive(response_body(event, end_of_stream=True), 0.0)
+    assert events[1] == Release(stream.request, 5, 6)
+
+
+def test_response_without_usage_releases_with_unknown_input_tokens():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 0.0)
+    events = stream.receive(response_body(b"{}", end_of_stream=True), 0.0)
+    assert events[1] == Release(stream.request, None, 0)
+
+
+def test_rewritten_model_name_is_restored_in_held_json_response():
+    stream = machine()
+    dispatch(stream, headers={"x-llm-d-model-name-rewrite": "target"})
+    stream.receive(response_headers({"content-type": "application/json"}), 0.0)
+    assert stream.receive(response_body(b'{"model": "tar'), 0.0) == []
+    events = stream.receive(response_body(b'get", "id": 1}', end_of_stream=True), 0.0)
+    assert streamed(events[0]) == (b'{"model": "llama", "id": 1}', True)
+
+
+def test_rewritten_model_name_is_restored_in_each_sse_chunk():
+    stream = machine()
+    dispatch(stream, headers={"x-llm-d-model-name-rewrite": "target"})
+    stream.receive(response_headers({"content-type": "text/event-stream"}), 0.0)
+    events = stream.receive(response_body(b'data: {"model":"target"}\n\n'), 0.0)
+    assert streamed(events[0]) == (b'data: {"model":"llama"}\n\n', False)
+
+
+def test_response_trailers_get_trailers_reply_and_release():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 0.0)
+    stream.receive(response_body(b"{}"), 0.0)
+    events = stream.receive(response_trailers(), 0.0)
+    assert events[0].HasField("response_trailers")
+    assert events[1] == Release(stream.request, None, 0)
+
+
+def test_response_headers_with_end_of_stream_release_at_once():
+    stream = machine()
+    dispatch(stream)
+    events = stream.receive(response_headers({}, end_of_stream=True), 0.0)
+    assert events[1] == Release(stream.request, None, 0)
+    assert stream.close() == []
+
+
+def test_close_after_dispatch_releases_once_with_usage_seen_so_far():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "text/event-stream"}), 0.0)
+    stream.receive(
+        response_body(b'data: {"usage":{"prompt_tokens":1,"completion_tokens":2}}\n'), 0.0
+    )
+    assert stream.close() == [Release(stream.request, 1, 2)]
+    assert stream.close() == []
+
+
+def test_close_while_admitting_emits_nothing_and_late_dispatch_is_released():
+    stream = machine()
+    needed = admit(stream)
+    assert stream.close() == []
+    needed.request.endpoint = "10.0.0.1:8000"
+    assert stream.admitted(Outcome.DISPATCHED) == [Release(needed.request, None, 0)]
+
+
+def test_admission_failure_is_500():
+    stream = machine()
+    admit(stream)
+    assert immediate_status(stream.admission_failed()) == 500
+
+
+def test_dispatch_without_endpoint_is_500_and_releases():
+    stream = machine()
+    admit(stream)
+    events = stream.admitted(Outcome.DISPATCHED)
+    assert immediate_status(events) == 500
+    assert events[-1] == Release(stream.request, None, 0)
+
+
+def test_body_before_headers_is_protocol_error_500():
+    events = machine().receive(request_body(BODY), 0.0)
+    assert immediate_status(events) == 500
+    assert events[1].reason == "protocol-error"
+
+
+def test_response_before_dispatch_is_protocol_error_500():
+    stream = machine()
+    stream.receive(request_headers(CHAT), 0.0)
+    assert immediate_status(stream.receive(response_headers({}), 0.0)) == 500
+
+
+def test_messages_after_the_end_are_ignored():
+    stream = machine()
+    stream.receive(request_headers(CHAT, end_of_stream=True), 0.0)
+    assert stream.receive(request_body(BODY), 0.0) == []
+    assert stream.receive(response_headers({}), 0.0) == []
+    assert stream.close() == []
+
+
+def test_request_messages_after_dispatch_are_ignored():
+    stream = machine()
+    dispatch(stream)
+    assert stream.receive(request_body(BODY), 0.0) == []
+    assert stream.phase is Phase.UPSTREAM
