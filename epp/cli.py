@@ -11,7 +11,9 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("epp.validate_command", "validate manifests and configuration files"),
+}
 """name -> (module, one-line help)."""
 
 
