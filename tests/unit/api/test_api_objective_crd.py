@@ -64,7 +64,8 @@ SPEC_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "priority above int32",
         {**REF, "priority": 2**31},
-        'spec.priority: Invalid value: 2147483648: spec.priority in body must be of type int32: "2147483648"',
+        "spec.priority: Invalid value: 2147483648: "
+        'spec.priority in body must be of type int32: "2147483648"',
     ),
     ("priority below int32", {**REF, "priority": -(2**31) - 1}, "must be of type int32"),
     (
@@ -104,7 +105,8 @@ SPEC_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "poolRefs name empty",
         refs(name=""),
-        'spec.poolRefs[0].name: Invalid value: "": spec.poolRefs[0].name in body should be at least 1 chars long',
+        'spec.poolRefs[0].name: Invalid value: "": '
+        "spec.poolRefs[0].name in body should be at least 1 chars long",
     ),
     ("poolRefs name 253", refs(name="n" * 253), None),
     (
@@ -332,7 +334,8 @@ STATUS_CASES: list[tuple[str, list[dict], str | None]] = [
     (
         "status not in enum",
         [condition(status="Maybe")],
-        'status.conditions[0].status: Unsupported value: "Maybe": supported values: "True", "False", "Unknown"',
+        'status.conditions[0].status: Unsupported value: "Maybe": '
+        'supported values: "True", "False", "Unknown"',
     ),
     ("type with domain", [condition(type="example.com/Ready")], None),
     ("type bad pattern", [condition(type="-Ready")], "type in body should match"),

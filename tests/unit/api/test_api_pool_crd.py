@@ -73,7 +73,8 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "service without port",
         pool(endpointPickerRef={"name": "epp"}),
-        "spec.endpointPickerRef: Invalid value: \"object\": port is required when kind is 'Service'",
+        'spec.endpointPickerRef: Invalid value: "object": '
+        "port is required when kind is 'Service'",
     ),
     (
         "other kind without port",
