@@ -26,10 +26,17 @@ class SchedulingConfig:
     """Scorers and picker (`max-score-picker`, `weighted-random-picker`,
     `random-picker`). Prefix-cache blocks are `prefix_block_chars` characters
     (16 tokens x 4 characters, as the reference EPP), at most
-    `prefix_max_blocks` per prompt, `prefix_lru_capacity` hashes per endpoint."""
+    `prefix_max_blocks` per prompt, `prefix_lru_capacity` hashes per endpoint.
+
+    Before scoring, endpoints whose metrics are older than `metrics_staleness`
+    seconds, or whose waiting queue reaches `saturation_queue_depth` or KV-cache
+    usage `saturation_kv_cache`, are dropped, unless that would drop them all."""
 
     scorers: tuple[ScorerConfig, ...] = DEFAULT_SCORERS
     picker: str = "max-score-picker"
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250
+    metrics_staleness: float = 0.2
+    saturation_queue_depth: float = 5.0
+    saturation_kv_cache: float = 0.8

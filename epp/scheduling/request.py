@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -17,6 +17,9 @@ class InferenceRequest:
     adapter name is a target model). `prompt` is the text used for prefix-cache
     affinity. `subset` holds the endpoint IPs of Envoy's subset hint, or None
     when Envoy sent no hint (every endpoint is a candidate).
+
+    `prefix_hashes` is the scheduler's cache of the prompt's block hashes, as
+    (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
     """
 
     model: str
@@ -25,3 +28,6 @@ class InferenceRequest:
     stream: bool = False
     max_tokens: int | None = None
     subset: frozenset[str] | None = None
+    prefix_hashes: tuple[int, int, tuple[int, ...]] | None = field(
+        default=None, repr=False, compare=False
+    )

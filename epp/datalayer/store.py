@@ -1,0 +1,140 @@
+"""The endpoint store: the one owner of the pool's endpoints and their metrics.
+
+Sources (pod watch, static list) add, update and remove endpoints; the
+scraper (live) or the simulator writes metrics. Readers take a `PoolSnapshot`,
+an immutable tuple rebuilt only on the first read after a change, so taking
+one costs nothing while nothing changed. The store does no I/O, so the
+simulator uses it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from epp.datalayer.endpoints import EndpointSpec
+from epp.scheduling.endpoint import EMPTY_POOL, Endpoint, EndpointMetrics, PoolSnapshot
+
+
+class EndpointStore:
+    """Endpoints by address, with metrics; see the module docstring.
+
+    Listeners added with `on_membership_change` are called (synchronously,
+    without arguments) whenever endpoints join or leave.
+    """
+
+    __slots__ = ("_dirty", "_endpoints", "_listeners", "_membership", "_snapshot", "_version")
+
+    def __init__(self, specs: Iterable[EndpointSpec] = ()) -> None:
+        self._endpoints: dict[str, Endpoint] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._snapshot = EMPTY_POOL
+        self._version = 0
+        self._membership = 0
+        self._dirty = False
+        self.replace_all(specs)
+
+    def on_membership_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool now (the same object until something changes)."""
+        if self._dirty:
+            self._snapshot = PoolSnapshot(
+                endpoints=tuple(self._endpoints.values()),
+                version=self._version,
+                membership=self._membership,
+            )
+            self._dirty = False
+        return self._snapshot
+
+    def get(self, address: str) -> Endpoint | None:
+        return self._endpoints.get(address)
+
+    def addresses(self) -> list[str]:
+        return list(self._endpoints)
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def upsert(self, spec: EndpointSpec) -> bool:
+        """Add the endpoint, or update its name and labels (keeping its
+        metrics). Returns whether anything changed."""
+        current = self._endpoints.get(spec.address)
+        if current is None:
+            self._endpoints[spec.address] = Endpoint(spec.name, spec.address, dict(spec.labels))
+            self._changed(membership=True)
+            self._notify()
+            return True
+        if current.name == spec.name and current.labels == spec.labels:
+            return False
+        self._endpoints[spec.address] = Endpoint(
+            spec.name, spec.address, dict(spec.labels), current.metrics
+        )
+        self._changed(membership=False)
+        return True
+
+    def remove(self, address: str) -> bool:
+        """Remove the endpoint at `address`; returns whether it was there."""
+        if self._endpoints.pop(address, None) is None:
+            return False
+        self._changed(membership=True)
+        self._notify()
+        return True
+
+    def replace_all(self, specs: Iterable[EndpointSpec]) -> bool:
+        """Make the pool exactly `specs` (a full resync from a source);
+        endpoints that stay keep their metrics. Returns whether anything changed."""
+        wanted = {spec.address: spec for spec in specs}
+        gone = [address for address in self._endpoints if address not in wanted]
+        joined = [address for address in wanted if address not in self._endpoints]
+        changed = False
+        for address in gone:
+            del self._endpoints[address]
+        for spec in wanted.values():
+            current = self._endpoints.get(spec.address)
+            if current is None or current.name != spec.name or current.labels != spec.labels:
+                metrics = current.metrics if current is not None else EndpointMetrics()
+                self._endpoints[spec.address] = Endpoint(
+                    spec.name, spec.address, dict(spec.labels), metrics
+                )
+                changed = True
+        if gone or joined:
+            self._changed(membership=True)
+            self._notify()
+            return True
+        if changed:
+            self._changed(membership=False)
+        return changed
+
+    def set_metrics(self, address: str, metrics: EndpointMetrics) -> bool:
+        """Record fresh metrics for `address` (ignored if it left the pool).
+        Returns whether any value differs from the previous read, or the
+        endpoint had no good read before."""
+        current = self._endpoints.get(address)
+        if current is None:
+            return False
+        previous = current.metrics
+        self._endpoints[address] = replace(current, metrics=metrics)
+        self._changed(membership=False)
+        return previous.updated_at is None or not previous.same_values(metrics)
+
+    def mark_failing(self, address: str) -> bool:
+        """The latest read of `address` failed: its metrics turn stale at once
+        (the last values stay). Returns whether it was not failing before."""
+        current = self._endpoints.get(address)
+        if current is None or current.metrics.failing:
+            return False
+        self._endpoints[address] = replace(current, metrics=replace(current.metrics, failing=True))
+        self._changed(membership=False)
+        return True
+
+    def _changed(self, membership: bool) -> None:
+        self._version += 1
+        if membership:
+            self._membership += 1
+        self._dirty = True
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()

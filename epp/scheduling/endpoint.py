@@ -1,0 +1,112 @@
+"""What the scheduler knows about the pool: immutable endpoint snapshots.
+
+The data layer (live: scraped over HTTP; simulator: fed directly) owns the
+endpoints and hands out a `PoolSnapshot`; the scheduler and the utilization
+gate only read it. Staleness is not stored: it depends on when you ask, so it
+is computed against a `now` the caller passes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
+DEFAULT_ENGINE = "vllm"
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointMetrics:
+    """The latest model-server metrics of one endpoint.
+
+    `kv_usage` is a fraction in [0, 1]. `lora_max` of 0 means the server
+    reported no LoRA information. `updated_at` is when these values were
+    read (None: never); `failing` is set when the latest read failed, which
+    makes the endpoint stale at once while its last values stay visible.
+    """
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
+    lora_max: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    updated_at: float | None = None
+    failing: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.kv_usage <= 1.0:
+            raise ValueError(f"KV-cache usage must be a fraction in [0, 1], got {self.kv_usage}")
+        if self.waiting < 0 or self.running < 0:
+            raise ValueError(
+                f"request counts must not be negative, got waiting {self.waiting}, "
+                f"running {self.running}"
+            )
+
+    def is_stale(self, now: float, staleness: float) -> bool:
+        """Whether these values are missing, failed, or older than `staleness` at `now`."""
+        return self.failing or self.updated_at is None or self.updated_at < now - staleness
+
+    def same_values(self, other: EndpointMetrics) -> bool:
+        """Equal apart from `updated_at` (a fresh read of an unchanged server)."""
+        return (
+            self.waiting == other.waiting
+            and self.running == other.running
+            and self.kv_usage == other.kv_usage
+            and self.lora_running == other.lora_running
+            and self.lora_waiting == other.lora_waiting
+            and self.lora_max == other.lora_max
+            and self.block_size == other.block_size
+            and self.num_gpu_blocks == other.num_gpu_blocks
+            and self.failing == other.failing
+        )
+
+
+NO_METRICS = EndpointMetrics()
+
+
+def address_ip(address: str) -> str:
+    """The IP of an `ip:port` address (IPv6 in brackets: `[::1]:8000`)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"endpoint address {address!r} is not ip:port")
+    if host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
+
+
+@dataclass(slots=True, frozen=True, eq=False)
+class Endpoint:
+    """One model-server endpoint (one target port of one pod), as observed
+    for one snapshot. Endpoints compare by identity: the data layer makes a
+    new one whenever anything about it changes, so scorers can key what they
+    learn since an observation on the object itself."""
+
+    name: str
+    address: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics: EndpointMetrics = NO_METRICS
+    ip: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ip", address_ip(self.address))
+
+    @property
+    def engine(self) -> str:
+        return self.labels.get(ENGINE_TYPE_LABEL, DEFAULT_ENGINE)
+
+
+@dataclass(slots=True, frozen=True)
+class PoolSnapshot:
+    """The pool at one moment. `version` grows with every change (metrics
+    included), `membership` only when endpoints join or leave, so readers can
+    cache what they derive from a snapshot until the matching number moves."""
+
+    endpoints: tuple[Endpoint, ...] = ()
+    version: int = 0
+    membership: int = 0
+
+
+EMPTY_POOL = PoolSnapshot()

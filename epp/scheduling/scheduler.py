@@ -1,0 +1,148 @@
+"""The scheduler: filter, score, pick. It is the flow-control core's `Placer`.
+
+For each request it takes the current pool snapshot and narrows it:
+1. Envoy's subset hint, if any (no match: the request ends with
+   `rejected-no-endpoints`);
+2. endpoints with an in-flight credit left in the concurrency gate, if one
+   is given (none: the request waits at the head of its queue until a
+   completion frees a credit);
+3. endpoints with fresh metrics below the saturation thresholds, failing
+   open to all of step 2 when none qualifies.
+Then every configured scorer rates the candidates in [0, 1], the weighted
+scores are summed, the picker chooses, and the scorers are told where the
+request went (the prefix scorer records the prompt's blocks there).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import add, mul
+
+from epp.flowcontrol.gate import ConcurrencyGate, Placement
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.endpoint import Endpoint, PoolSnapshot
+from epp.scheduling.filters import fresh_unsaturated, in_subset, with_room
+from epp.scheduling.pickers import build_picker
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scorers import Scorer, build_scorer
+
+
+class Scheduler:
+    """Chooses the endpoint for each request; see the module docstring.
+
+    `pool` returns the latest snapshot, `clock` the current time (seconds,
+    same clock as the snapshot's `updated_at`), `rng` drives every random
+    choice, and `concurrency`, when given, is the gate whose per-endpoint
+    credits bound where a request may go.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_concurrency",
+        "_config",
+        "_healthy",
+        "_healthy_until",
+        "_healthy_version",
+        "_known",
+        "_membership",
+        "_picker",
+        "_pool",
+        "scorers",
+    )
+
+    def __init__(
+        self,
+        config: SchedulingConfig,
+        pool: Callable[[], PoolSnapshot],
+        clock: Callable[[], float],
+        rng: random.Random,
+        concurrency: ConcurrencyGate | None = None,
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._clock = clock
+        self._concurrency = concurrency
+        self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
+            (scorer.weight, build_scorer(scorer.name, config)) for scorer in config.scorers
+        )
+        self._picker = build_picker(config.picker, rng)
+        self._membership = -1
+        self._known: frozenset[str] = frozenset()
+        self._healthy: list[Endpoint] = []
+        self._healthy_version = -1
+        self._healthy_until = float("-inf")
+
+    def has_endpoints(self) -> bool:
+        return bool(self._pool().endpoints)
+
+    def place(self, request: FlowRequest) -> Placement:
+        payload = request.payload
+        if payload is None:
+            payload = request.payload = InferenceRequest(model="", target_model="")
+        chosen = self.choose(payload)
+        if isinstance(chosen, Endpoint):
+            return chosen.address
+        return chosen
+
+    def choose(self, request: InferenceRequest) -> Endpoint | Outcome | None:
+        """The endpoint for `request`, an Outcome that ends it, or None to wait."""
+        pool = self._pool()
+        if pool.membership != self._membership:
+            self._forget_departed(pool)
+        endpoints: Sequence[Endpoint] = pool.endpoints
+        healthy: Sequence[Endpoint] = self._fresh_unsaturated(pool)
+        if request.subset is not None:
+            endpoints = in_subset(endpoints, request.subset)
+            if not endpoints:
+                return Outcome.REJECTED_NO_ENDPOINTS
+            healthy = in_subset(healthy, request.subset)
+        gate = self._concurrency
+        if gate is not None:
+            healthy = with_room(healthy, gate)
+            if not healthy:
+                endpoints = with_room(endpoints, gate)
+        candidates = healthy or endpoints
+        if not candidates:
+            return None
+        chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
+        for _, scorer in self.scorers:
+            scorer.picked(request, chosen)
+        return chosen
+
+    def total_scores(
+        self, request: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> list[float]:
+        """The weighted sum of every scorer's scores, one per candidate."""
+        totals: list[float] | None = None
+        for weight, scorer in self.scorers:
+            weighted = map(mul, scorer.score(request, candidates), repeat(weight))
+            totals = list(weighted) if totals is None else list(map(add, totals, weighted))
+        return totals if totals is not None else [0.0] * len(candidates)
+
+    def _fresh_unsaturated(self, pool: PoolSnapshot) -> list[Endpoint]:
+        """The pool's endpoints with fresh, unsaturated metrics, recomputed
+        only when the snapshot changes or one of them turns stale."""
+        now = self._clock()
+        if pool.version != self._healthy_version or now > self._healthy_until:
+            config = self._config
+            self._healthy, self._healthy_until = fresh_unsaturated(
+                pool.endpoints,
+                now,
+                config.metrics_staleness,
+                config.saturation_queue_depth,
+                config.saturation_kv_cache,
+            )
+            self._healthy_version = pool.version
+        return self._healthy
+
+    def _forget_departed(self, pool: PoolSnapshot) -> None:
+        current = frozenset(endpoint.address for endpoint in pool.endpoints)
+        for address in self._known - current:
+            for _, scorer in self.scorers:
+                scorer.forget(address)
+        self._known = current
+        self._membership = pool.membership

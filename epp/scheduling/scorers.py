@@ -1,0 +1,202 @@
+"""Scorers: each rates every candidate endpoint in [0, 1], higher is better.
+
+The scheduler multiplies each score by its scorer's weight and sums them.
+A scorer sees all candidates at once, because the load scorers normalise
+over the candidate set (min-max, as the reference EPP): the least loaded
+candidate scores 1, the most loaded 0, and equal loads all score 1.
+
+Scorers may keep state: `picked` tells them where a request went (the prefix
+scorer remembers the prompt's blocks there), `forget` that an endpoint left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.endpoint import Endpoint
+from epp.scheduling.prefix import PrefixIndex, block_hashes
+from epp.scheduling.request import InferenceRequest
+
+
+class Scorer(Protocol):
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        """One score in [0, 1] per endpoint, in the same order."""
+        ...
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """`request` was sent to `endpoint`."""
+        ...
+
+    def forget(self, address: str) -> None:
+        """The endpoint at `address` left the pool."""
+        ...
+
+
+def lower_is_better(values: Sequence[float]) -> list[float]:
+    """(max - v) / (max - min) for each value; all 1.0 when they are equal."""
+    high = max(values)
+    low = min(values)
+    if high == low:
+        return [1.0] * len(values)
+    scale = 1.0 / (high - low)
+    return [(high - value) * scale for value in values]
+
+
+class StatelessScorer:
+    """A scorer that depends only on the snapshot it is shown."""
+
+    __slots__ = ()
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        pass
+
+    def forget(self, address: str) -> None:
+        pass
+
+
+class QueueScorer:
+    """Shorter waiting queue is better.
+
+    The queue of an endpoint is its scraped waiting count plus the requests
+    this scheduler sent it since that scrape: without them, every request
+    placed between two scrapes would see the same queues and pile onto the
+    same endpoint. Counts are keyed by the observed `Endpoint` object, which
+    the data layer replaces at every scrape, so a scrape resets them.
+    """
+
+    __slots__ = ("_latest", "_sent")
+
+    def __init__(self) -> None:
+        self._sent: dict[Endpoint, int] = {}
+        self._latest: dict[str, Endpoint] = {}
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        sent = self._sent.get
+        return lower_is_better(
+            [endpoint.metrics.waiting + sent(endpoint, 0) for endpoint in endpoints]
+        )
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        previous = self._latest.get(endpoint.address)
+        if previous is not endpoint:
+            if previous is not None:
+                del self._sent[previous]
+            self._latest[endpoint.address] = endpoint
+        self._sent[endpoint] = self._sent.get(endpoint, 0) + 1
+
+    def forget(self, address: str) -> None:
+        previous = self._latest.pop(address, None)
+        if previous is not None:
+            del self._sent[previous]
+
+
+class KVCacheScorer(StatelessScorer):
+    """More free KV cache is better: 1 - usage."""
+
+    __slots__ = ()
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        return [1.0 - endpoint.metrics.kv_usage for endpoint in endpoints]
+
+
+class RunningRequestsScorer(StatelessScorer):
+    """Fewer running requests is better."""
+
+    __slots__ = ()
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        return lower_is_better([endpoint.metrics.running for endpoint in endpoints])
+
+
+class LoraAffinityScorer(StatelessScorer):
+    """Where the target adapter is active 1.0; where an adapter slot is free
+    0.8; where the adapter is waiting to load 0.6; elsewhere 0."""
+
+    __slots__ = ()
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        target = request.target_model
+        scores = []
+        for endpoint in endpoints:
+            metrics = endpoint.metrics
+            if target in metrics.lora_running:
+                scores.append(1.0)
+            elif len(metrics.lora_running) < metrics.lora_max:
+                scores.append(0.8)
+            elif target in metrics.lora_waiting:
+                scores.append(0.6)
+            else:
+                scores.append(0.0)
+        return scores
+
+
+class PrefixCacheScorer:
+    """Matched leading prompt blocks / all prompt blocks (see `prefix`).
+
+    A prompt shorter than one block scores 0 everywhere. The prompt's hashes
+    are cached on the request, so placing it again does not rehash it.
+    """
+
+    __slots__ = ("_index", "block_chars", "max_blocks")
+
+    def __init__(self, block_chars: int, max_blocks: int, lru_capacity: int) -> None:
+        if block_chars <= 0 or max_blocks <= 0:
+            raise ValueError(
+                f"prefix blocks need positive size and count, got {block_chars} x {max_blocks}"
+            )
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self._index = PrefixIndex(lru_capacity)
+
+    def hashes(self, request: InferenceRequest) -> tuple[int, ...]:
+        cached = request.prefix_hashes
+        if cached is not None and cached[0] == self.block_chars and cached[1] == self.max_blocks:
+            return cached[2]
+        hashes = block_hashes(
+            request.prompt, request.target_model, self.block_chars, self.max_blocks
+        )
+        request.prefix_hashes = (self.block_chars, self.max_blocks, hashes)
+        return hashes
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        hashes = self.hashes(request)
+        matched = self._index.matches(hashes) if hashes else None
+        if not matched:
+            return [0.0] * len(endpoints)
+        held = matched.get
+        scale = 1.0 / len(hashes)
+        return [held(endpoint.address, 0) * scale for endpoint in endpoints]
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        self._index.record(endpoint.address, self.hashes(request))
+
+    def forget(self, address: str) -> None:
+        self._index.remove_endpoint(address)
+
+
+SCORER_NAMES = (
+    "queue-scorer",
+    "kv-cache-utilization-scorer",
+    "prefix-cache-scorer",
+    "lora-affinity-scorer",
+    "running-requests-size-scorer",
+)
+
+
+def build_scorer(name: str, config: SchedulingConfig) -> Scorer:
+    """The scorer called `name` (the reference EPP's plugin names)."""
+    if name == "queue-scorer":
+        return QueueScorer()
+    if name == "kv-cache-utilization-scorer":
+        return KVCacheScorer()
+    if name == "prefix-cache-scorer":
+        return PrefixCacheScorer(
+            config.prefix_block_chars, config.prefix_max_blocks, config.prefix_lru_capacity
+        )
+    if name == "lora-affinity-scorer":
+        return LoraAffinityScorer()
+    if name == "running-requests-size-scorer":
+        return RunningRequestsScorer()
+    raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")

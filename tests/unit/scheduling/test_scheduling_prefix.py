@@ -1,0 +1,79 @@
+from xxhash import xxh64_intdigest
+
+from epp.scheduling.prefix import PrefixIndex, block_hashes
+
+BLOCK = 4
+
+
+def test_first_block_hash_chains_on_the_model_seed():
+    seed = xxh64_intdigest(b"model-a")
+    expected = xxh64_intdigest(b"abcd" + seed.to_bytes(8, "little"))
+    assert block_hashes("abcdefgh", "model-a", BLOCK, 10)[0] == expected
+
+
+def test_each_block_hash_chains_on_the_previous_one():
+    hashes = block_hashes("abcdefgh", "m", BLOCK, 10)
+    assert hashes[1] == xxh64_intdigest(b"efgh" + hashes[0].to_bytes(8, "little"))
+
+
+def test_prompts_sharing_leading_blocks_share_leading_hashes():
+    one = block_hashes("aaaabbbbcccc", "m", BLOCK, 10)
+    two = block_hashes("aaaabbbbdddd", "m", BLOCK, 10)
+    assert one[:2] == two[:2]
+    assert one[2] != two[2]
+
+
+def test_the_same_prompt_for_another_model_shares_no_hash():
+    assert not set(block_hashes("aaaabbbb", "m1", BLOCK, 10)) & set(
+        block_hashes("aaaabbbb", "m2", BLOCK, 10)
+    )
+
+
+def test_a_trailing_partial_block_is_not_hashed():
+    assert len(block_hashes("aaaabbbbcc", "m", BLOCK, 10)) == 2
+
+
+def test_a_prompt_shorter_than_one_block_has_no_hashes():
+    assert block_hashes("abc", "m", BLOCK, 10) == ()
+
+
+def test_blocks_beyond_the_maximum_are_not_hashed():
+    assert len(block_hashes("a" * 40, "m", BLOCK, 3)) == 3
+
+
+def test_a_recorded_prompt_matches_all_its_blocks():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2, 3))
+    assert index.matches((1, 2, 3)) == {"e1": 3}
+
+
+def test_matching_stops_at_the_first_missing_block():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2, 3))
+    index.record("e2", (1, 9))
+    assert index.matches((1, 2, 3, 4)) == {"e1": 3, "e2": 1}
+
+
+def test_an_unknown_first_block_matches_nothing():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2))
+    assert index.matches((7, 1, 2)) == {}
+
+
+def test_the_least_recently_used_block_is_evicted_beyond_capacity():
+    index = PrefixIndex(capacity=3)
+    index.record("e1", (1, 2, 3))
+    index.record("e1", (1,))
+    index.record("e1", (4,))
+    assert index.size("e1") == 3
+    assert index.matches((2,)) == {}
+    assert index.matches((1,)) == {"e1": 1}
+
+
+def test_a_removed_endpoint_matches_nothing():
+    index = PrefixIndex(capacity=10)
+    index.record("e1", (1, 2))
+    index.record("e2", (1, 2))
+    index.remove_endpoint("e1")
+    assert index.matches((1, 2)) == {"e2": 2}
+    assert index.endpoints() == {"e2"}

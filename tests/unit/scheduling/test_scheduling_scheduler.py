@@ -1,0 +1,163 @@
+import random
+
+import pytest
+
+from epp.flowcontrol.gate import ConcurrencyGate
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.config import SchedulingConfig, ScorerConfig
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+
+NOW = 100.0
+PROMPT = "You are a helpful assistant. " * 20
+
+
+def endpoint(index: int, **metrics) -> Endpoint:
+    metrics.setdefault("updated_at", NOW)
+    return Endpoint(f"e{index}", f"10.0.0.{index}:8000", metrics=EndpointMetrics(**metrics))
+
+
+def pool_of(*endpoints: Endpoint, membership: int = 1) -> PoolSnapshot:
+    return PoolSnapshot(endpoints=endpoints, version=membership, membership=membership)
+
+
+DEFAULT = SchedulingConfig()
+
+
+def scheduler(pool, config=DEFAULT, gate=None, seed=1) -> Scheduler:
+    return Scheduler(config, lambda: pool, lambda: NOW, random.Random(seed), gate)
+
+
+def flow_request(prompt: str = PROMPT, subset=None, request_id: str = "r") -> FlowRequest:
+    return FlowRequest(
+        request_id=request_id,
+        fairness_id="f",
+        priority=0,
+        arrival=NOW,
+        payload=InferenceRequest("m", "m", prompt=prompt, subset=subset),
+    )
+
+
+def test_places_on_the_least_loaded_endpoint():
+    pool = pool_of(endpoint(1, waiting=3, kv_usage=0.5), endpoint(2, waiting=0, kv_usage=0.1))
+    assert scheduler(pool).place(flow_request()) == "10.0.0.2:8000"
+
+
+def test_a_repeated_prompt_goes_to_the_same_endpoint():
+    pool = pool_of(*(endpoint(index) for index in range(1, 9)))
+    placer = scheduler(pool)
+    first = placer.place(flow_request(request_id="a"))
+    assert all(placer.place(flow_request(request_id=str(n))) == first for n in range(10))
+
+
+def test_different_prompts_spread_over_idle_endpoints():
+    pool = pool_of(*(endpoint(index) for index in range(1, 9)))
+    placer = scheduler(pool)
+    chosen = {placer.place(flow_request(prompt=f"{n:04d}" * 100)) for n in range(16)}
+    assert len(chosen) > 1
+
+
+def test_a_stale_endpoint_is_avoided():
+    pool = pool_of(endpoint(1, updated_at=NOW - 5.0), endpoint(2, waiting=4, kv_usage=0.7))
+    assert {scheduler(pool, seed=s).place(flow_request()) for s in range(20)} == {"10.0.0.2:8000"}
+
+
+def test_a_failing_endpoint_is_avoided():
+    pool = pool_of(endpoint(1, failing=True), endpoint(2, waiting=4))
+    assert {scheduler(pool, seed=s).place(flow_request()) for s in range(20)} == {"10.0.0.2:8000"}
+
+
+def test_a_saturated_endpoint_is_avoided():
+    pool = pool_of(endpoint(1, kv_usage=0.9), endpoint(2, waiting=4, kv_usage=0.5))
+    assert {scheduler(pool, seed=s).place(flow_request()) for s in range(20)} == {"10.0.0.2:8000"}
+
+
+def test_when_every_endpoint_is_stale_all_stay_candidates():
+    pool = pool_of(endpoint(1, updated_at=None), endpoint(2, updated_at=NOW - 9.0, waiting=2))
+    assert scheduler(pool).place(flow_request()) == "10.0.0.1:8000"
+
+
+def test_the_subset_hint_keeps_only_listed_ips():
+    pool = pool_of(endpoint(1), endpoint(2, waiting=4), endpoint(3))
+    placed = {
+        scheduler(pool, seed=s).place(flow_request(subset=frozenset({"10.0.0.2"})))
+        for s in range(10)
+    }
+    assert placed == {"10.0.0.2:8000"}
+
+
+def test_a_subset_hint_matching_nothing_rejects_with_no_endpoints():
+    pool = pool_of(endpoint(1))
+    placement = scheduler(pool).place(flow_request(subset=frozenset({"10.9.9.9"})))
+    assert placement is Outcome.REJECTED_NO_ENDPOINTS
+
+
+def test_an_empty_subset_hint_rejects_with_no_endpoints():
+    pool = pool_of(endpoint(1))
+    assert scheduler(pool).place(flow_request(subset=frozenset())) is Outcome.REJECTED_NO_ENDPOINTS
+
+
+def full_gate(*addresses: str, limit: int = 1) -> ConcurrencyGate:
+    gate = ConcurrencyGate(max_per_endpoint=limit)
+    for index, address in enumerate(addresses):
+        held = FlowRequest(f"held-{index}", "f", 0, NOW)
+        held.endpoint = address
+        gate.on_dispatch(held)
+    return gate
+
+
+def test_an_endpoint_without_credits_is_not_chosen():
+    pool = pool_of(endpoint(1), endpoint(2, waiting=4, kv_usage=0.7))
+    gate = full_gate("10.0.0.1:8000")
+    assert scheduler(pool, gate=gate).place(flow_request()) == "10.0.0.2:8000"
+
+
+def test_no_credits_anywhere_makes_the_request_wait():
+    pool = pool_of(endpoint(1), endpoint(2))
+    gate = full_gate("10.0.0.1:8000", "10.0.0.2:8000")
+    assert scheduler(pool, gate=gate).place(flow_request()) is None
+
+
+def test_credits_bound_a_stale_pool_too():
+    pool = pool_of(endpoint(1, updated_at=None), endpoint(2, updated_at=None))
+    gate = full_gate("10.0.0.1:8000")
+    assert scheduler(pool, gate=gate).place(flow_request()) == "10.0.0.2:8000"
+
+
+def test_an_empty_pool_makes_the_request_wait():
+    placer = scheduler(pool_of())
+    assert placer.place(flow_request()) is None
+    assert not placer.has_endpoints()
+
+
+def test_a_request_without_payload_is_placed():
+    request = FlowRequest("r", "f", 0, NOW)
+    assert scheduler(pool_of(endpoint(1))).place(request) == "10.0.0.1:8000"
+
+
+def test_scores_are_weighted_and_summed():
+    config = SchedulingConfig(
+        scorers=(ScorerConfig("queue-scorer", 2.0), ScorerConfig("kv-cache-utilization-scorer"))
+    )
+    pool = pool_of(endpoint(1, waiting=0, kv_usage=0.5), endpoint(2, waiting=4, kv_usage=0.0))
+    placer = scheduler(pool, config=config)
+    assert placer.total_scores(InferenceRequest("m", "m"), pool.endpoints) == [2.5, 1.0]
+
+
+def test_prefixes_of_an_endpoint_that_left_are_forgotten():
+    first = pool_of(endpoint(1), endpoint(2), membership=1)
+    current = [first]
+    placer = Scheduler(SchedulingConfig(), lambda: current[0], lambda: NOW, random.Random(1))
+    chosen = placer.place(flow_request())
+    remaining = [e for e in first.endpoints if e.address != chosen]
+    current[0] = pool_of(*remaining, membership=2)
+    placer.place(flow_request(prompt="x" * 10))
+    prefix = placer.scorers[2][1]
+    assert prefix.score(InferenceRequest("m", "m", prompt=PROMPT), first.endpoints) == [0.0, 0.0]
+
+
+def test_an_unknown_picker_in_the_config_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown picker"):
+        scheduler(pool_of(), config=SchedulingConfig(picker="nope"))
