@@ -552,6 +552,8 @@ def parse_config(document: Any) -> EppConfig:
     """An EppConfig from a parsed document; ConfigError lists every problem."""
     if document is None:
         return EppConfig()
+    if not isinstance(document, Mapping):
+        raise ConfigError([f"<document>: must be a mapping, got {type(document).__name__}"])
     reader = _Reader()
     fields = reader.mapping(
         document, "", {"apiVersion", "kind", "plugins", "schedulingProfiles", "flowControl"}

@@ -49,11 +49,19 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
+def _describe(error: yaml.YAMLError) -> str:
+    """A YAML error on one line, with its position when known."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
+
+
 def parse_documents(text: str, source: Path) -> Iterator[Manifest]:
     try:
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as error:
-        raise ManifestError(f"{source}: invalid YAML: {error}") from None
+        raise ManifestError(f"{source}: invalid YAML: {_describe(error)}") from None
     for index, document in enumerate(documents):
         if document is None:
             continue

@@ -1,0 +1,295 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp.config import ConfigError, EppConfig, load_config, parse_config, parse_duration
+from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
+from epp.scheduling.config import ScorerConfig
+
+ROOT = Path(__file__).parents[2]
+HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+
+
+def config(**fields: Any) -> dict[str, Any]:
+    return {**HEAD, **fields}
+
+
+def errors_of(document: Any) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(document)
+    return raised.value.errors
+
+
+def test_default_file_is_the_defaults() -> None:
+    assert load_config(ROOT / "config" / "epp" / "default.yaml") == EppConfig()
+
+
+def test_empty_document_is_the_defaults() -> None:
+    assert parse_config(config()) == EppConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("60s", 60.0),
+        ("500ms", 0.5),
+        ("0s", 0.0),
+        ("0", 0.0),
+        ("1m30s", 90.0),
+        ("1.5h", 5400.0),
+        ("250us", 0.00025),
+        (3, 3.0),
+        (0.25, 0.25),
+    ],
+)
+def test_durations_are_go_strings_or_seconds(text: Any, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["60", "5x", "s", "1m 30s", "", True])
+def test_bad_durations_are_refused(text: Any) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_flow_control_fields_are_read() -> None:
+    parsed = parse_config(
+        config(
+            flowControl={
+                "maxRequests": 100,
+                "maxBytes": "10Mi",
+                "defaultRequestTTL": "30s",
+                "flowIdleTimeout": "1m",
+                "defaultPriorityBand": {
+                    "maxRequests": 50,
+                    "ttl": "10s",
+                    "orderingPolicyRef": "edf",
+                },
+                "priorityBands": [
+                    {
+                        "priority": -5,
+                        "maxBytes": 1000,
+                        "fairnessPolicyRef": "round-robin-fairness-policy",
+                    },
+                    {"priority": 10, "ttl": "2s"},
+                ],
+            }
+        )
+    ).flow_control
+    template = BandConfig(priority=0, max_requests=50, ttl=10.0, ordering=Ordering.EDF)
+    assert parsed == FlowControlConfig(
+        max_requests=100,
+        max_bytes=10 << 20,
+        default_ttl=30.0,
+        flow_idle_timeout=60.0,
+        default_band=template,
+        bands=(
+            BandConfig(priority=10, max_requests=50, ttl=2.0, ordering=Ordering.EDF),
+            BandConfig(
+                priority=-5,
+                max_requests=50,
+                max_bytes=1000,
+                ttl=10.0,
+                ordering=Ordering.EDF,
+                fairness=Fairness.ROUND_ROBIN,
+            ),
+        ),
+    )
+
+
+def test_vtc_weights_come_from_the_referenced_plugin() -> None:
+    parsed = parse_config(
+        config(
+            plugins=[
+                {
+                    "type": "vtc-fairness-policy",
+                    "name": "heavy-output",
+                    "parameters": {"inputTokenWeight": 1, "outputTokenWeight": 4},
+                }
+            ],
+            flowControl={"priorityBands": [{"priority": 1, "fairnessPolicyRef": "heavy-output"}]},
+        )
+    )
+    band = parsed.flow_control.band(1)
+    assert (band.fairness, band.input_weight, band.output_weight) == (Fairness.VTC, 1.0, 4.0)
+
+
+def test_gate_fields_are_read() -> None:
+    gate = parse_config(
+        config(
+            flowControl={
+                "gate": {
+                    "kinds": ["concurrency", "utilization"],
+                    "maxInFlight": 64,
+                    "maxPerEndpoint": 8,
+                    "queueDepthThreshold": 3,
+                    "kvCacheUtilThreshold": 0.9,
+                    "metricsStalenessThreshold": "1s",
+                }
+            }
+        )
+    ).flow_control.gate
+    assert gate.kinds == {GateKind.CONCURRENCY, GateKind.UTILIZATION}
+    assert (gate.max_in_flight, gate.max_per_endpoint) == (64, 8)
+    assert (gate.queue_depth_threshold, gate.kv_cache_threshold, gate.metrics_staleness) == (
+        3,
+        0.9,
+        1.0,
+    )
+
+
+def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
+    scheduling = parse_config(
+        config(
+            plugins=[
+                {"type": "queue-scorer"},
+                {
+                    "type": "prefix-cache-scorer",
+                    "name": "prefix",
+                    "parameters": {"hashBlockSize": 32},
+                },
+                {"type": "weighted-random-picker"},
+            ],
+            schedulingProfiles=[
+                {
+                    "name": "default",
+                    "plugins": [
+                        {"pluginRef": "queue-scorer"},
+                        {"pluginRef": "prefix", "weight": 5},
+                        {"pluginRef": "weighted-random-picker"},
+                    ],
+                }
+            ],
+        )
+    ).scheduling
+    assert scheduling.scorers == (
+        ScorerConfig("queue-scorer", 1.0),
+        ScorerConfig("prefix-cache-scorer", 5.0),
+    )
+    assert scheduling.picker == "weighted-random-picker"
+    assert scheduling.prefix_block_chars == 32
+
+
+@pytest.mark.parametrize(
+    ("document", "error"),
+    [
+        (config(extra=1), "extra: unknown field"),
+        ({"kind": "EndpointPickerConfig"}, "apiVersion: must be 'llm-d.ai/v1alpha1', got None"),
+        (config(kind="Other"), "kind: must be 'EndpointPickerConfig'"),
+        (config(flowControl={"maxRequest": 1}), "flowControl.maxRequest: unknown field"),
+        (config(flowControl={"maxRequests": -1}), "flowControl.maxRequests: must be at least 0"),
+        (
+            config(flowControl={"maxRequests": "many"}),
+            "flowControl.maxRequests: must be an integer",
+        ),
+        (config(flowControl={"maxBytes": "1GB"}), "flowControl.maxBytes: must be a byte count"),
+        (
+            config(flowControl={"defaultRequestTTL": "soon"}),
+            "flowControl.defaultRequestTTL: invalid duration",
+        ),
+        (
+            config(flowControl={"defaultRequestTTL": "-1s"}),
+            "flowControl.defaultRequestTTL: must not be negative",
+        ),
+        (config(flowControl={"priorityBands": {}}), "flowControl.priorityBands: must be a list"),
+        (
+            config(flowControl={"priorityBands": [{"maxRequests": 1}]}),
+            "flowControl.priorityBands[0].priority: required",
+        ),
+        (
+            config(flowControl={"priorityBands": [{"priority": 1}, {"priority": 1}]}),
+            "flowControl.priorityBands[1].priority: duplicate band for priority 1",
+        ),
+        (
+            config(flowControl={"priorityBands": [{"priority": 1, "ttl": "x"}]}),
+            "flowControl.priorityBands[0].ttl: invalid duration",
+        ),
+        (
+            config(flowControl={"defaultPriorityBand": {"fairnessPolicyRef": "fair"}}),
+            "flowControl.defaultPriorityBand.fairnessPolicyRef: no plugin named 'fair'",
+        ),
+        (
+            config(flowControl={"defaultPriorityBand": {"orderingPolicyRef": "vtc"}}),
+            "flowControl.defaultPriorityBand.orderingPolicyRef: "
+            "vtc-fairness-policy is not an ordering policy",
+        ),
+        (
+            config(flowControl={"gate": {"kinds": ["magic"]}}),
+            "flowControl.gate.kinds[0]: unknown gate 'magic'",
+        ),
+        (
+            config(flowControl={"gate": {"kvCacheUtilThreshold": 2}}),
+            "flowControl.gate.kvCacheUtilThreshold: must be between",
+        ),
+        (config(plugins=[{"type": "nope"}]), "plugins[0].type: unknown plugin type 'nope'"),
+        (config(plugins=[{"name": "x"}]), "plugins[0].type: must be a non-empty string"),
+        (
+            config(plugins=[{"type": "queue-scorer"}, {"type": "queue-scorer"}]),
+            "plugins[1].name: duplicate plugin name",
+        ),
+        (
+            config(plugins=[{"type": "queue-scorer", "parameters": {"depth": 1}}]),
+            "plugins[0].parameters.depth: unknown field",
+        ),
+        (
+            config(plugins=[{"type": "prefix-cache-scorer", "parameters": {"hashBlockSize": 0}}]),
+            "plugins[0].parameters.hashBlockSize: must be at least 1",
+        ),
+        (
+            config(schedulingProfiles=[{"name": "d", "plugins": [{"pluginRef": "queue-scorer"}]}]),
+            "schedulingProfiles[0].plugins[0].pluginRef: no plugin named 'queue-scorer' in plugins",
+        ),
+        (
+            config(
+                plugins=[{"type": "queue-scorer"}],
+                schedulingProfiles=[
+                    {"name": "d", "plugins": [{"pluginRef": "queue-scorer", "weight": -1}]}
+                ],
+            ),
+            "schedulingProfiles[0].plugins[0].weight: must be >= 0.0",
+        ),
+        (
+            config(
+                plugins=[{"type": "max-score-picker"}],
+                schedulingProfiles=[
+                    {"name": "d", "plugins": [{"pluginRef": "max-score-picker", "weight": 2}]}
+                ],
+            ),
+            "schedulingProfiles[0].plugins[0].weight: only scorers take a weight",
+        ),
+        (
+            config(schedulingProfiles=[{"name": "a"}, {"name": "b"}]),
+            "schedulingProfiles: exactly one profile",
+        ),
+        ("just text", "<document>: must be a mapping, got str"),
+    ],
+)
+def test_bad_config_error_names_the_path(document: Any, error: str) -> None:
+    assert any(found.startswith(error) or error in found for found in errors_of(document)), (
+        errors_of(document)
+    )
+
+
+def test_all_errors_are_reported_together() -> None:
+    found = errors_of(config(flowControl={"maxRequests": -1, "maxBytes": "x", "bogus": 1}))
+    assert len(found) == 3
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "epp.yaml"
+    path.write_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nflowControl: {maxBytes: x}\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value).startswith(f"{path}: flowControl.maxBytes:")
+
+
+def test_load_config_of_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "epp.yaml"
+    path.write_text("flowControl: [\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(path)
