@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from epp.api.models import InferenceObjective, InferencePool, InvalidObjectError, decode
+
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -83,3 +85,51 @@ def load_file(path: Path) -> list[Manifest]:
 def load_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
     """Every object of every document of the files and folders in `paths`."""
     return [manifest for path in manifest_files(paths) for manifest in load_file(path)]
+
+
+def _decoded(manifests: list[Manifest]) -> tuple[list[tuple[Manifest, Any]], list[str]]:
+    decoded: list[tuple[Manifest, Any]] = []
+    errors: list[str] = []
+    for manifest in manifests:
+        try:
+            decoded.append((manifest, decode(manifest.object)))
+        except InvalidObjectError as error:
+            errors.extend(f"{manifest.where}: {field_error}" for field_error in error.errors)
+    return decoded, errors
+
+
+def load_objectives(paths: Iterable[str | Path]) -> list[InferenceObjective]:
+    """Every InferenceObjective (either version) in `paths`, validated.
+
+    InferencePools in the same files are skipped (a folder one would
+    `kubectl apply` often holds the pool too); any other kind, and any invalid
+    object, is an error. All errors are raised together, so a caller that
+    keeps its last good set loses nothing."""
+    decoded, errors = _decoded(load_manifests(paths))
+    objectives: list[InferenceObjective] = []
+    names: dict[tuple[str, str], str] = {}
+    for manifest, obj in decoded:
+        if isinstance(obj, InferencePool):
+            continue
+        key = (obj.namespace, obj.name)
+        if key in names:
+            errors.append(
+                f"{manifest.where}: metadata.name: Duplicate value: {obj.name!r} ({names[key]})"
+            )
+            continue
+        names[key] = manifest.where
+        objectives.append(obj)
+    if errors:
+        raise ManifestError("\n".join(errors))
+    return objectives
+
+
+def load_pool(path: str | Path) -> InferencePool:
+    """The one InferencePool in the file at `path`, validated."""
+    decoded, errors = _decoded(load_manifests([path]))
+    pools = [(manifest, obj) for manifest, obj in decoded if isinstance(obj, InferencePool)]
+    if errors:
+        raise ManifestError("\n".join(errors))
+    if len(pools) != 1:
+        raise ManifestError(f"{path}: expected exactly one InferencePool, found {len(pools)}")
+    return pools[0][1]
