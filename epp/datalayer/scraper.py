@@ -35,6 +35,26 @@ class ScrapeError(Exception):
     """A metrics page could not be read."""
 
 
+class Coalesced:
+    """Calls `callback` soon (next event-loop iteration), once however many
+    times it was asked to in the meantime."""
+
+    __slots__ = ("_callback", "_pending")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+        self._pending = False
+
+    def __call__(self) -> None:
+        if not self._pending:
+            self._pending = True
+            asyncio.get_running_loop().call_soon(self._fire)
+
+    def _fire(self) -> None:
+        self._pending = False
+        self._callback()
+
+
 class MetricsScraper:
     """Keeps the store's metrics fresh; see the module docstring.
 
@@ -62,13 +82,12 @@ class MetricsScraper:
         self.interval = interval
         self.timeout = timeout
         self.staleness = staleness
-        self._on_change = on_change
+        self._on_change = Coalesced(on_change) if on_change is not None else None
         self._clock = clock
         self._path = path
         self._scheme = scheme
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._notify_pending = False
         self._running = False
 
     async def start(self) -> None:
@@ -154,13 +173,6 @@ class MetricsScraper:
             self._changed()
 
     def _changed(self) -> None:
-        if self._on_change is None or self._notify_pending:
-            return
-        self._notify_pending = True
-        asyncio.get_running_loop().call_soon(self._fire_change)
-
-    def _fire_change(self) -> None:
-        self._notify_pending = False
         if self._on_change is not None and self._running:
             self._on_change()
 

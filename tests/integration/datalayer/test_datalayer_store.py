@@ -1,0 +1,127 @@
+import pytest
+
+from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints, pod_endpoints
+from epp.datalayer.store import EndpointStore
+from epp.scheduling.endpoint import ENGINE_TYPE_LABEL, EndpointMetrics
+
+A = EndpointSpec("a", "10.0.0.1:8000")
+B = EndpointSpec("b", "10.0.0.2:8000")
+
+
+def test_a_snapshot_is_reused_until_something_changes():
+    store = EndpointStore([A])
+    first = store.snapshot()
+    assert store.snapshot() is first
+    store.set_metrics(A.address, EndpointMetrics(waiting=1, updated_at=1.0))
+    assert store.snapshot() is not first
+
+
+def test_an_added_endpoint_joins_the_snapshot_and_tells_listeners():
+    store = EndpointStore([A])
+    calls = []
+    store.on_membership_change(lambda: calls.append(1))
+    before = store.snapshot().membership
+    assert store.upsert(B)
+    snapshot = store.snapshot()
+    assert [endpoint.address for endpoint in snapshot.endpoints] == [A.address, B.address]
+    assert snapshot.membership == before + 1
+    assert calls == [1]
+
+
+def test_upserting_an_unchanged_endpoint_changes_nothing():
+    store = EndpointStore([A])
+    version = store.snapshot().version
+    assert not store.upsert(A)
+    assert store.snapshot().version == version
+
+
+def test_new_labels_keep_the_metrics_and_the_membership():
+    store = EndpointStore([A])
+    store.set_metrics(A.address, EndpointMetrics(waiting=2, updated_at=1.0))
+    membership = store.snapshot().membership
+    assert store.upsert(EndpointSpec("a", A.address, {ENGINE_TYPE_LABEL: "sglang"}))
+    endpoint = store.snapshot().endpoints[0]
+    assert endpoint.engine == "sglang"
+    assert endpoint.metrics.waiting == 2
+    assert store.snapshot().membership == membership
+
+
+def test_a_removed_endpoint_leaves_the_snapshot():
+    store = EndpointStore([A, B])
+    assert store.remove(A.address)
+    assert not store.remove(A.address)
+    assert [endpoint.name for endpoint in store.snapshot().endpoints] == ["b"]
+
+
+def test_replacing_all_keeps_the_metrics_of_endpoints_that_stay():
+    store = EndpointStore([A, B])
+    store.set_metrics(B.address, EndpointMetrics(running=3, updated_at=1.0))
+    c = EndpointSpec("c", "10.0.0.3:8000")
+    assert store.replace_all([B, c])
+    assert store.addresses() == [B.address, c.address]
+    assert store.get(B.address).metrics.running == 3
+    assert not store.replace_all([B, c])
+
+
+def test_metrics_for_an_unknown_address_are_ignored():
+    store = EndpointStore([A])
+    assert not store.set_metrics("10.9.9.9:1", EndpointMetrics(updated_at=1.0))
+    assert len(store) == 1
+
+
+def test_set_metrics_reports_whether_a_value_changed():
+    store = EndpointStore([A])
+    assert store.set_metrics(A.address, EndpointMetrics(waiting=1, updated_at=1.0))
+    assert not store.set_metrics(A.address, EndpointMetrics(waiting=1, updated_at=2.0))
+    assert store.set_metrics(A.address, EndpointMetrics(waiting=2, updated_at=3.0))
+
+
+def test_a_failing_endpoint_is_stale_at_once_and_keeps_its_values():
+    store = EndpointStore([A])
+    store.set_metrics(A.address, EndpointMetrics(waiting=4, updated_at=1.0))
+    assert store.mark_failing(A.address)
+    assert not store.mark_failing(A.address)
+    metrics = store.get(A.address).metrics
+    assert metrics.waiting == 4
+    assert metrics.is_stale(now=1.0, staleness=10.0)
+
+
+def test_a_recovered_endpoint_counts_as_changed():
+    store = EndpointStore([A])
+    store.set_metrics(A.address, EndpointMetrics(waiting=1, updated_at=1.0))
+    store.mark_failing(A.address)
+    assert store.set_metrics(A.address, EndpointMetrics(waiting=1, updated_at=2.0))
+
+
+def test_a_static_list_gives_one_endpoint_per_address():
+    specs = parse_static_endpoints(" 10.0.0.1:8000, [fd00::1]:9000 ,", {ENGINE_TYPE_LABEL: "vllm"})
+    assert [spec.address for spec in specs] == ["10.0.0.1:8000", "[fd00::1]:9000"]
+    assert specs[0].labels == {ENGINE_TYPE_LABEL: "vllm"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10.0.0.1", "is not ip:port"),
+        ("host.example:80", "is not an IP address"),
+        ("10.0.0.1:0", "port must be 1-65535"),
+        ("10.0.0.1:http", "port must be 1-65535"),
+        ("10.0.0.1:80,10.0.0.1:80", "listed twice"),
+        (" , ", "empty"),
+    ],
+)
+def test_a_bad_static_list_is_a_clear_error(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_static_endpoints(text)
+
+
+def test_a_pod_gives_one_endpoint_per_target_port():
+    specs = pod_endpoints("pod-1", "10.1.0.5", {"app": "vllm"}, [8000, 8001])
+    assert [(spec.name, spec.address) for spec in specs] == [
+        ("pod-1-8000", "10.1.0.5:8000"),
+        ("pod-1-8001", "10.1.0.5:8001"),
+    ]
+
+
+def test_a_pod_with_one_port_keeps_its_name():
+    assert pod_endpoints("pod-1", "10.1.0.5", {}, [8000])[0].name == "pod-1"
