@@ -13,28 +13,40 @@ cache: the EPP does not see the model server's cache, it remembers where it
 sent which prefixes.
 
 `PrefixIndex` keeps, per endpoint, an LRU of the block hashes it was sent
-(bounded by `capacity`), and a reverse map hash -> endpoints, so matching a
-prompt against every endpoint costs one set intersection per matched block,
-not one lookup per endpoint and block.
+(bounded by `capacity`), and a reverse map hash -> endpoints. A prompt's
+blocks are recorded deepest first, so an endpoint's copy of block i is never
+older than its copy of block i+1, and the LRU evicts deep blocks before
+their prefix. Hence an endpoint holding block i holds every block before it,
+the holders of a chain's blocks are nested, and an endpoint's match length
+(blocks matched up to its first miss) is found by binary search: matching
+costs O(log blocks) set operations per distinct match length, not one
+lookup per endpoint and block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Sequence
+from struct import Struct
 
 from xxhash import xxh64_intdigest
+
+_pack_le_uint64 = Struct("<Q").pack
 
 
 def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
     """The chained hashes of the full blocks of `prompt`, seeded with `model`."""
     count = min(len(prompt) // block_chars, max_blocks)
     previous = xxh64_intdigest(model.encode())
+    starts = range(0, count * block_chars, block_chars)
+    if prompt.isascii():  # one byte per character: encode once, slice bytes
+        data = prompt.encode()
+        chunks = [data[start : start + block_chars] for start in starts]
+    else:
+        chunks = [prompt[start : start + block_chars].encode() for start in starts]
     hashes = []
-    for start in range(0, count * block_chars, block_chars):
-        previous = xxh64_intdigest(
-            prompt[start : start + block_chars].encode() + previous.to_bytes(8, "little")
-        )
+    for chunk in chunks:
+        previous = xxh64_intdigest(chunk + _pack_le_uint64(previous))
         hashes.append(previous)
     return tuple(hashes)
 
@@ -51,13 +63,13 @@ class PrefixIndex:
         self._lrus: dict[str, OrderedDict[int, None]] = {}
         self._holders: dict[int, set[str]] = {}
 
-    def record(self, endpoint: str, hashes: Iterable[int]) -> None:
-        """`endpoint` was sent a prompt with these block hashes."""
+    def record(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """`endpoint` was sent a prompt with these block hashes (in prompt order)."""
         lru = self._lrus.get(endpoint)
         if lru is None:
             lru = self._lrus[endpoint] = OrderedDict()
         holders = self._holders
-        for block in hashes:
+        for block in reversed(hashes):
             if block in lru:
                 lru.move_to_end(block)
                 continue
@@ -74,21 +86,27 @@ class PrefixIndex:
         """For each endpoint holding the first block: how many leading blocks
         it holds (matching stops at the first block it misses)."""
         holders = self._holders
-        if not hashes or hashes[0] not in holders:
+        first = holders.get(hashes[0]) if hashes else None
+        if not first:
             return {}
-        alive = set(holders[hashes[0]])
         matched: dict[str, int] = {}
-        for depth in range(1, len(hashes)):
-            holding = holders.get(hashes[depth])
-            survivors = alive & holding if holding else set()
-            if len(survivors) != len(alive):
-                for endpoint in alive - survivors:
-                    matched[endpoint] = depth
-                if not survivors:
-                    return matched
-                alive = survivors
-        for endpoint in alive:
-            matched[endpoint] = len(hashes)
+        # (group, lo, hi): every endpoint of group holds block lo, none beyond hi.
+        pending = [(first, 0, len(hashes) - 1)]
+        while pending:
+            group, lo, hi = pending.pop()
+            if lo == hi:
+                for endpoint in group:
+                    matched[endpoint] = lo + 1
+                continue
+            middle = (lo + hi + 1) // 2
+            holding = holders.get(hashes[middle])
+            deeper = group & holding if holding else None
+            if deeper:
+                pending.append((deeper, middle, hi))
+                if len(deeper) == len(group):
+                    continue
+                group = group - deeper
+            pending.append((group, lo, middle - 1))
         return matched
 
     def remove_endpoint(self, endpoint: str) -> None:

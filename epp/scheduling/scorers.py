@@ -11,8 +11,10 @@ scorer remembers the prompt's blocks there), `forget` that an endpoint left.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import add, attrgetter, mul
+from typing import Any, Protocol
 
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint
@@ -44,6 +46,29 @@ def lower_is_better(values: Sequence[float]) -> list[float]:
     return [(high - value) * scale for value in values]
 
 
+class PerCandidates:
+    """One value per candidate, computed once per candidate sequence.
+
+    The scheduler passes the same sequence object again while the pool and
+    the filters' answers do not change; endpoints and sequences are
+    immutable, so what was derived from them stays true. The cache holds the
+    sequence, so its identity cannot be reused by another object.
+    """
+
+    __slots__ = ("_candidates", "_derive", "_values")
+
+    def __init__(self, derive: Callable[[Endpoint], Any]) -> None:
+        self._derive = derive
+        self._candidates: Sequence[Endpoint] | None = None
+        self._values: list[Any] = []
+
+    def of(self, candidates: Sequence[Endpoint]) -> list[Any]:
+        if candidates is not self._candidates:
+            self._values = list(map(self._derive, candidates))
+            self._candidates = candidates
+        return self._values
+
+
 class StatelessScorer:
     """A scorer that depends only on the snapshot it is shown."""
 
@@ -66,17 +91,19 @@ class QueueScorer:
     the data layer replaces at every scrape, so a scrape resets them.
     """
 
-    __slots__ = ("_latest", "_sent")
+    __slots__ = ("_latest", "_sent", "_waiting")
 
     def __init__(self) -> None:
         self._sent: dict[Endpoint, int] = {}
         self._latest: dict[str, Endpoint] = {}
+        self._waiting = PerCandidates(attrgetter("metrics.waiting"))
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        sent = self._sent.get
-        return lower_is_better(
-            [endpoint.metrics.waiting + sent(endpoint, 0) for endpoint in endpoints]
-        )
+        waiting = self._waiting.of(endpoints)
+        if not self._sent:
+            return lower_is_better(waiting)
+        sent = map(self._sent.get, endpoints, repeat(0))
+        return lower_is_better(list(map(add, waiting, sent)))
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
         previous = self._latest.get(endpoint.address)
@@ -95,10 +122,13 @@ class QueueScorer:
 class KVCacheScorer(StatelessScorer):
     """More free KV cache is better: 1 - usage."""
 
-    __slots__ = ()
+    __slots__ = ("_free",)
+
+    def __init__(self) -> None:
+        self._free = PerCandidates(lambda endpoint: 1.0 - endpoint.metrics.kv_usage)
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        return [1.0 - endpoint.metrics.kv_usage for endpoint in endpoints]
+        return self._free.of(endpoints)
 
 
 class RunningRequestsScorer(StatelessScorer):
@@ -139,7 +169,7 @@ class PrefixCacheScorer:
     are cached on the request, so placing it again does not rehash it.
     """
 
-    __slots__ = ("_index", "block_chars", "max_blocks")
+    __slots__ = ("_addresses", "_index", "block_chars", "max_blocks")
 
     def __init__(self, block_chars: int, max_blocks: int, lru_capacity: int) -> None:
         if block_chars <= 0 or max_blocks <= 0:
@@ -149,6 +179,7 @@ class PrefixCacheScorer:
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self._index = PrefixIndex(lru_capacity)
+        self._addresses = PerCandidates(attrgetter("address"))
 
     def hashes(self, request: InferenceRequest) -> tuple[int, ...]:
         cached = request.prefix_hashes
@@ -165,9 +196,8 @@ class PrefixCacheScorer:
         matched = self._index.matches(hashes) if hashes else None
         if not matched:
             return [0.0] * len(endpoints)
-        held = matched.get
-        scale = 1.0 / len(hashes)
-        return [held(endpoint.address, 0) * scale for endpoint in endpoints]
+        held = map(matched.get, self._addresses.of(endpoints), repeat(0))
+        return list(map(mul, held, repeat(1.0 / len(hashes))))
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
         self._index.record(endpoint.address, self.hashes(request))

@@ -29,6 +29,12 @@ def test_the_same_prompt_for_another_model_shares_no_hash():
     )
 
 
+def test_blocks_count_characters_not_bytes():
+    seed = xxh64_intdigest(b"m")
+    expected = xxh64_intdigest("éééé".encode() + seed.to_bytes(8, "little"))
+    assert block_hashes("ééééé", "m", BLOCK, 10) == (expected,)
+
+
 def test_a_trailing_partial_block_is_not_hashed():
     assert len(block_hashes("aaaabbbbcc", "m", BLOCK, 10)) == 2
 
@@ -61,13 +67,29 @@ def test_an_unknown_first_block_matches_nothing():
 
 
 def test_the_least_recently_used_block_is_evicted_beyond_capacity():
+    index = PrefixIndex(capacity=4)
+    index.record("e1", (1, 2))
+    index.record("e1", (5, 6))
+    index.record("e1", (1,))
+    index.record("e1", (7,))
+    assert index.size("e1") == 4
+    assert index.matches((1, 2)) == {"e1": 1}
+    assert index.matches((5, 6)) == {"e1": 2}
+
+
+def test_deep_blocks_are_evicted_before_their_prefix():
     index = PrefixIndex(capacity=3)
     index.record("e1", (1, 2, 3))
-    index.record("e1", (1,))
-    index.record("e1", (4,))
-    assert index.size("e1") == 3
-    assert index.matches((2,)) == {}
-    assert index.matches((1,)) == {"e1": 1}
+    index.record("e1", (9,))
+    assert index.matches((1, 2, 3)) == {"e1": 2}
+
+
+def test_many_holders_get_their_own_match_lengths():
+    index = PrefixIndex(capacity=100)
+    chain = tuple(range(100, 132))
+    for depth, endpoint in [(32, "a"), (31, "b"), (16, "c"), (16, "d"), (1, "e")]:
+        index.record(endpoint, chain[:depth])
+    assert index.matches(chain) == {"a": 32, "b": 31, "c": 16, "d": 16, "e": 1}
 
 
 def test_a_removed_endpoint_matches_nothing():
