@@ -1,0 +1,122 @@
+"""Envoy -> ext_proc adapter -> the real AdmissionController and FlowController -> upstream.
+
+One upstream endpoint with one in-flight credit: a request the upstream holds
+saturates the pool, so everything sent after it queues in flow control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from epp.admission import AdmissionController
+from epp.extproc.server import ExtProcServicer, add_to_server
+from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.gate import ConcurrencyGate, LeastLoadedPlacer
+from tests.support.envoy import running_envoy
+
+pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
+
+PRIORITIES = {"low": 0, "high": 10}
+
+
+class HoldingUpstream:
+    """Answers at once, except a request with prompt "hold", which waits for `release`."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        prompt = json.loads(await request.read())["prompt"]
+        self.order.append(prompt)
+        if prompt == "hold":
+            await self.release.wait()
+        return web.json_response({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack():
+    upstream = HoldingUpstream()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", upstream.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    endpoint = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    gate = ConcurrencyGate(max_per_endpoint=1)
+    core = FlowController(FlowControlConfig(), gate, LeastLoadedPlacer(lambda: [endpoint], gate))
+    admission = AdmissionController(core)
+
+    def priority_of(headers):
+        return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
+
+    server = grpc.aio.server()
+    add_to_server(ExtProcServicer(admission, priority_of), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with running_envoy(epp_port=port) as envoy:
+            yield f"http://127.0.0.1:{envoy.listen_port}/v1/completions", admission, upstream
+    finally:
+        upstream.release.set()
+        await server.stop(grace=None)
+        await runner.cleanup()
+
+
+async def eventually(condition, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def send(session: aiohttp.ClientSession, url: str, prompt: str, objective: str = "low"):
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    headers = {"x-llm-d-inference-objective": objective}
+    async with session.post(url, data=body, headers=headers) as response:
+        return response.status
+
+
+async def test_clients_gone_while_queued_leave_no_queue_or_in_flight_state(stack):
+    url, admission, upstream = stack
+    upstream.release.clear()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        holder = asyncio.create_task(send(session, url, "hold"))
+        await eventually(lambda: admission.in_flight == 1)
+        clients = [asyncio.create_task(send(session, url, f"q{i}")) for i in range(1000)]
+        await eventually(lambda: admission.queued == 1000)
+        for client in clients:
+            client.cancel()
+        await eventually(lambda: admission.queued == 0)
+        upstream.release.set()
+        assert await holder == 200
+    await eventually(lambda: admission.in_flight == 0)
+    assert [prompt for prompt in upstream.order if prompt.startswith("q")] == []
+
+
+async def test_higher_priority_sent_later_is_served_first(stack):
+    url, admission, upstream = stack
+    upstream.release.clear()
+    upstream.order.clear()
+    async with aiohttp.ClientSession() as session:
+        holder = asyncio.create_task(send(session, url, "hold"))
+        await eventually(lambda: admission.in_flight == 1)
+        low = [asyncio.create_task(send(session, url, f"low{i}", "low")) for i in range(3)]
+        await eventually(lambda: admission.queued == 3)
+        high = [asyncio.create_task(send(session, url, f"high{i}", "high")) for i in range(3)]
+        await eventually(lambda: admission.queued == 6)
+        upstream.release.set()
+        assert await asyncio.gather(holder, *low, *high) == [200] * 7
+    assert [prompt[:-1] for prompt in upstream.order[1:]] == ["high"] * 3 + ["low"] * 3
+    await eventually(lambda: admission.in_flight == 0)
