@@ -10,15 +10,27 @@ same run, is one xxh64 of a 2 KB string: the ratio says how many such
 hashes one decision costs, which is comparable across machines. Times are
 this thread's CPU time, so other processes on a shared machine inflate them
 less than wall-clock time would.
+
+With `--scrape`, it also measures what keeping 64 endpoints' metrics fresh
+at 20 Hz costs: 64 servers in a child process serve a real-size vLLM page
+(~450 lines), the scraper reads them for a few seconds, and the result is
+the share of one core this process spent (HTTP client, parsing, store) and
+the read rate it achieved.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import random
+import socket
+import subprocess
+import sys
 import time
 from collections import deque
+from pathlib import Path
 
 from xxhash import xxh64_intdigest
 
@@ -62,35 +74,49 @@ def make_prompts(count: int, rng: random.Random) -> list[str]:
     ]
 
 
-def pick_us(size: int, decisions: int, seed: int = 1) -> float:
-    """Microseconds per decision over a pool of `size` endpoints."""
-    rng = random.Random(seed)
-    pool = make_pool(size, rng)
-    gate = ConcurrencyGate(max_per_endpoint=32)
-    scheduler = Scheduler(SchedulingConfig(), lambda: pool, lambda: NOW, rng, gate)
-    prompts = make_prompts(256, rng)
-    requests = [
-        FlowRequest(
-            request_id=str(index),
+class Workload:
+    """A default scheduler over a pool of `size` endpoints and a stream of
+    new requests; `decide()` makes one decision and keeps about
+    IN_FLIGHT_PER_ENDPOINT requests per endpoint in flight."""
+
+    def __init__(self, size: int, seed: int = 1) -> None:
+        rng = random.Random(seed)
+        pool = make_pool(size, rng)
+        self.gate = ConcurrencyGate(max_per_endpoint=32)
+        self.scheduler = Scheduler(SchedulingConfig(), lambda: pool, lambda: NOW, rng, self.gate)
+        self.prompts = make_prompts(256, rng)
+        self.in_flight: deque[FlowRequest] = deque()
+        self.window = IN_FLIGHT_PER_ENDPOINT * size
+        self.count = 0
+
+    def request(self) -> FlowRequest:
+        self.count += 1
+        prompt = self.prompts[self.count % len(self.prompts)]
+        return FlowRequest(
+            request_id=str(self.count),
             fairness_id="bench",
             priority=0,
             arrival=NOW,
-            payload=InferenceRequest(
-                model="m", target_model="m", prompt=prompts[index % len(prompts)]
-            ),
+            payload=InferenceRequest(model="m", target_model="m", prompt=prompt),
         )
-        for index in range(decisions)
-    ]
-    in_flight: deque[FlowRequest] = deque()
-    window = IN_FLIGHT_PER_ENDPOINT * size
-    place = scheduler.place
+
+    def decide(self, request: FlowRequest) -> None:
+        request.endpoint = self.scheduler.place(request)  # type: ignore[assignment]
+        self.gate.on_dispatch(request)
+        self.in_flight.append(request)
+        if len(self.in_flight) > self.window:
+            self.gate.on_complete(self.in_flight.popleft())
+
+
+def pick_us(size: int, decisions: int, seed: int = 1) -> float:
+    """Microseconds per decision over a pool of `size` endpoints (requests
+    are built before the clock starts)."""
+    workload = Workload(size, seed)
+    requests = [workload.request() for _ in range(decisions)]
+    decide = workload.decide
     started = time.thread_time()
     for request in requests:
-        request.endpoint = place(request)
-        gate.on_dispatch(request)
-        in_flight.append(request)
-        if len(in_flight) > window:
-            gate.on_complete(in_flight.popleft())
+        decide(request)
     return (time.thread_time() - started) / decisions * 1e6
 
 
@@ -101,6 +127,73 @@ def xxh64_2kb_us(rounds: int) -> float:
     for _ in range(rounds):
         xxh64_intdigest(data)
     return (time.thread_time() - started) / rounds * 1e6
+
+
+VLLM_PAGE = Path(__file__).parents[1] / "tests/integration/datalayer/vllm_metrics.txt"
+
+
+async def serve_metrics(count: int) -> None:
+    """Serve the vLLM page on `count` loopback ports; print them as JSON."""
+    from aiohttp import web
+
+    page = VLLM_PAGE.read_text()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ports = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        ports.append(sock.getsockname()[1])
+        await web.SockSite(runner, sock).start()
+    print(json.dumps(ports), flush=True)
+    await asyncio.Event().wait()
+
+
+async def scrape_for(
+    ports: list[int], seconds: float, interval: float
+) -> tuple[float, float, float]:
+    """Shares of one core used in user space and in all (user + kernel: on
+    loopback the kernel's TCP work for both ends lands partly on the
+    sender), and reads per second achieved, while scraping."""
+    from epp.datalayer.endpoints import EndpointSpec
+    from epp.datalayer.scraper import MetricsScraper
+    from epp.datalayer.store import EndpointStore
+
+    store = EndpointStore(EndpointSpec(str(port), f"127.0.0.1:{port}") for port in ports)
+    async with MetricsScraper(store, interval=interval) as scraper:
+        await asyncio.sleep(1.0)
+        reads, before, wall = scraper.reads, os.times(), time.monotonic()
+        await asyncio.sleep(seconds)
+        reads = scraper.reads - reads
+        after, wall = os.times(), time.monotonic() - wall
+    user = after.user - before.user
+    return user / wall, (user + after.system - before.system) / wall, reads / wall
+
+
+def scrape_cost(endpoints: int = 64, interval: float = 0.05, seconds: float = 3.0) -> dict:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.scheduler", "--serve-metrics", str(endpoints)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ports = json.loads(server.stdout.readline())  # type: ignore[union-attr]
+        user, total, rate = asyncio.run(scrape_for(ports, seconds, interval))
+    finally:
+        server.terminate()
+        server.wait()
+    suffix = f"{endpoints}_at_{round(1 / interval)}hz"
+    return {
+        f"scrape_user_core_share_{suffix}": user,
+        f"scrape_core_share_{suffix}": total,
+        f"scrape_reads_per_s_{suffix}": rate,
+    }
 
 
 def run(decisions: int) -> dict[str, float | bool]:
@@ -126,8 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--decisions", type=int, default=3000, help="decisions per pool size")
+    parser.add_argument("--scrape", action="store_true", help="also measure metrics scraping")
+    parser.add_argument("--serve-metrics", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_metrics:
+        asyncio.run(serve_metrics(args.serve_metrics))
+        return 0
     result = run(args.decisions)
+    if args.scrape:
+        result.update(scrape_cost())
     if args.json:
         print(json.dumps(result))
     else:

@@ -4,7 +4,7 @@ Parsing is prometheus-client's text parser. A vLLM page holds ~450 lines
 (mostly histograms) and the parser costs ~15-40 us per line, so parsing the
 whole page (~6 ms) for 64 endpoints at 20 Hz would need several cores.
 Instead the reader first picks out the few sample lines of the series it
-needs (a substring search, ~50 us per page), and parses only those; a line
+needs (a substring search, ~20 us per page), and parses only those; a line
 identical to one seen in this endpoint's previous page (the cache config,
 an unchanged LoRA state or queue) reuses its earlier parse.
 """
@@ -23,20 +23,34 @@ Sample = tuple[str, dict[str, str], float]
 
 
 def select_lines(text: str, names: Iterable[str]) -> list[str]:
-    """The sample lines of the series called exactly one of `names`."""
+    """The sample lines of the series called exactly one of `names`.
+
+    The exposition format keeps all samples of a metric in one group, so the
+    search for a name stops at the end of its first group instead of
+    scanning the rest of the page.
+    """
     page = "\n" + text
     lines = []
     for name in names:
         needle = "\n" + name
         after = len(needle)
         position = page.find(needle)
+        in_group = False
         while position != -1:
             end = page.find("\n", position + 1)
             if end == -1:
                 end = len(page)
             if page[position + after : position + after + 1] in ("{", " "):
                 lines.append(page[position + 1 : end].rstrip("\r"))
-            position = page.find(needle, end)
+                in_group = True
+            elif in_group:
+                break
+            if page.startswith(needle, end):
+                position = end
+            elif in_group:
+                break
+            else:
+                position = page.find(needle, end)
     return lines
 
 

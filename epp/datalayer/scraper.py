@@ -88,6 +88,8 @@ class MetricsScraper:
         self._scheme = scheme
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.reads = 0
+        self.failures = 0
         self._running = False
 
     async def start(self) -> None:
@@ -155,12 +157,14 @@ class MetricsScraper:
                 text = await _fetch(session, url)
             metrics = reader.read(text, names, self._clock())
         except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+            self.failures += 1
             if self.store.mark_failing(address):
                 log.warning(
                     "metrics of %s unavailable, marked stale: %s", address, error or "timeout"
                 )
                 self._changed()
             return
+        self.reads += 1
         previous = endpoint.metrics
         changed = self.store.set_metrics(address, metrics)
         if previous.failing:

@@ -63,7 +63,7 @@ def test_a_trtllm_page_is_read_with_trtllm_names():
 
 
 def test_a_series_whose_name_only_starts_alike_is_ignored():
-    page = "vllm:num_requests_waiting_total 50\nvllm:num_requests_waiting 1\n"
+    page = "vllm:num_requests_waiting_total 50\nother 2\nvllm:num_requests_waiting 1\n"
     assert select_lines(page, ["vllm:num_requests_waiting"]) == ["vllm:num_requests_waiting 1"]
 
 
