@@ -87,9 +87,7 @@ class Scheduler:
 
     def place(self, request: FlowRequest) -> Placement:
         payload = request.payload
-        if payload is None:
-            payload = request.payload = InferenceRequest(model="", target_model="")
-        chosen = self.choose(payload)
+        chosen = self.choose(payload if payload is not None else InferenceRequest("", ""))
         if isinstance(chosen, Endpoint):
             return chosen.address
         return chosen
