@@ -1,0 +1,117 @@
+"""Writes the `Accepted` condition of the objectives that apply to our pool.
+
+A small work queue: whatever may change an objective's wanted status (its
+own events, a pool change, becoming the leader) marks its name; the writer
+then compares, and patches the status subresource only when the condition
+differs (`epp.k8s.status.accepted_patch`). Our own write comes back as a
+watch event, finds nothing to change, and ends there.
+
+A 409 means the object changed after we read it; its new version is on the
+way through the watch and will be compared again, so a conflict is simply
+dropped. Other failures are retried after `retry_delay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client import CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from epp.k8s.calls import call_json
+from epp.k8s.objectives import GROUP, PLURAL, READ_VERSION
+from epp.k8s.status import accepted_patch
+
+log = logging.getLogger(__name__)
+
+CONFLICT = 409
+
+
+class StatusWriter:
+    """Marks go in (`mark`, `mark_all`); while `enabled`, patches go out.
+    `objects` returns the latest raw object by name; `applies` says whether
+    it applies to our pool."""
+
+    def __init__(
+        self,
+        api: CustomObjectsApi,
+        namespace: str,
+        objects: Callable[[], dict[str, dict[str, Any]]],
+        applies: Callable[[str], bool],
+        retry_delay: float = 1.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.enabled = False
+        self.writes = 0
+        """Status patches the API server accepted."""
+        self._api = api
+        self._namespace = namespace
+        self._objects = objects
+        self._applies = applies
+        self._retry_delay = retry_delay
+        self._clock = clock
+        self._dirty: set[str] = set()
+        self._wakeup = asyncio.Event()
+
+    def mark(self, names: Iterable[str]) -> None:
+        self._dirty.update(names)
+        self._wakeup.set()
+
+    def mark_all(self) -> None:
+        self.mark(self._objects())
+
+    def set_enabled(self, enabled: bool) -> None:
+        self.enabled = enabled
+        if enabled:
+            self.mark_all()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            names, self._dirty = self._dirty, set()
+            failed = [name for name in sorted(names) if not await self._reconcile(name)]
+            if failed:
+                await asyncio.sleep(self._retry_delay)
+                self.mark(failed)
+
+    async def _reconcile(self, name: str) -> bool:
+        """Bring one objective's status up to date; False if it must be retried."""
+        obj = self._objects().get(name)
+        if not self.enabled or obj is None or not self._applies(name):
+            return True
+        patch = accepted_patch(obj, self._clock())
+        if patch is None:
+            return True
+        try:
+            await call_json(
+                self._api.patch_namespaced_custom_object_status,
+                GROUP,
+                READ_VERSION,
+                self._namespace,
+                PLURAL,
+                name,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status == CONFLICT:
+                log.debug("InferenceObjective %s changed while we wrote its status", name)
+                return True
+            log.warning(
+                "InferenceObjective %s: status write failed: %s %s",
+                name,
+                error.status,
+                error.reason,
+            )
+            return False
+        except (TimeoutError, OSError) as error:
+            log.warning("InferenceObjective %s: status write failed: %s", name, error)
+            return False
+        self.writes += 1
+        log.info("InferenceObjective %s: Accepted", name)
+        return True

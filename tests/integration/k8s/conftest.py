@@ -1,0 +1,79 @@
+"""A fresh emulated API server per test, and EPPs in cluster mode against it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from epp.api.registry import ObjectiveRegistry
+from epp.datalayer.store import EndpointStore
+from epp.k8s.cluster import ClusterMode, ClusterSettings, cluster_mode
+from epp.k8s.leader import LeaseSettings
+from epp.k8s.reflector import WatchSettings
+from tests.support.kube import KubeEmulator
+
+FAST_WATCH = WatchSettings(timeout_seconds=30, backoff_initial=0.05, backoff_max=0.2)
+FAST_LEASE = LeaseSettings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
+
+
+@dataclass(slots=True)
+class Epp:
+    mode: ClusterMode
+    store: EndpointStore
+
+    @property
+    def registry(self) -> ObjectiveRegistry:
+        assert self.mode.registry is not None
+        return self.mode.registry
+
+    def addresses(self) -> set[str]:
+        return set(self.store.addresses())
+
+
+StartEpp = Callable[..., Awaitable[Epp]]
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+async def start_epp(kube: KubeEmulator) -> AsyncIterator[StartEpp]:
+    """Starts an EPP in cluster mode; every one is stopped at the end."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(
+            pool_name: str = "pool-a",
+            identity: str = "epp-1",
+            leader_election: bool = False,
+            wait_ready: bool = True,
+        ) -> Epp:
+            store = EndpointStore()
+            api = await stack.enter_async_context(kube.api_client())
+            settings = ClusterSettings(
+                pool_name=pool_name,
+                identity=identity,
+                leader_election=leader_election,
+                lease=FAST_LEASE,
+                watch=FAST_WATCH,
+                status_retry=0.05,
+            )
+            mode = await stack.enter_async_context(
+                cluster_mode(settings, ObjectiveRegistry, store, api_client=api)
+            )
+            if wait_ready:
+                await _wait(mode)
+            return Epp(mode, store)
+
+        yield start
+
+
+async def _wait(mode: ClusterMode) -> None:
+    async with asyncio.timeout(3):
+        await mode.ready.wait()

@@ -1,0 +1,533 @@
+"""An in-process Kubernetes API server for tests, with fault injection.
+
+Why not kmock: kmock 0.8 keeps no resourceVersions, replays every object as
+ADDED on each watch (so a resumed watch sees stale state), filters neither
+labels nor fields, knows no 410, bookmarks, status subresource, optimistic
+concurrency (a Lease replaced with a stale resourceVersion must fail with 409,
+or leader election cannot be tested) nor multi-version serving with pruning.
+Wrapping it would replace every handler it has, so this is a small aiohttp
+server of its own that implements just what the EPP's control plane uses:
+
+- list and watch (`watch=true|1`, `resourceVersion`, `allowWatchBookmarks`,
+  `timeoutSeconds`, `labelSelector` with `=`, `==`, `!=`, `fieldSelector` on
+  `metadata.name`/`metadata.namespace`), over `/api/v1` and `/apis/G/V`;
+- one global resourceVersion counter and an event log; a watch from a version
+  older than the compaction point gets 410 Gone, either as an ERROR event in
+  a 200 stream (what kube-apiserver does) or as the HTTP status;
+- get; create (201, 409 if it exists) and replace (409 on a stale
+  resourceVersion); JSON merge patch of the `status` subresource, honouring a
+  `metadata.resourceVersion` precondition (409 on mismatch);
+- a resource served through several versions: the stored object is rewritten
+  to the requested version, and `prune` hooks drop what that version does not
+  declare (InferenceObjective v1 loses `spec.poolRef`, as the real server
+  prunes with conversion None);
+- fault injection: `drop_watches()`, `compact()`, `bookmark()`.
+
+Tests change objects in-process (`apply`, `delete`), as another client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+ResourceKey = tuple[str, str]
+"""(group, plural); the core group is ""."""
+
+Prune = Callable[[dict[str, Any]], None]
+
+OBJECTIVES = ("llm-d.ai", "inferenceobjectives")
+POOLS = ("inference.networking.k8s.io", "inferencepools")
+PODS = ("", "pods")
+LEASES = ("coordination.k8s.io", "leases")
+
+
+def _drop_pool_ref(obj: dict[str, Any]) -> None:
+    (obj.get("spec") or {}).pop("poolRef", None)
+
+
+DEFAULT_PRUNE: dict[tuple[str, str, str], Prune] = {
+    (*OBJECTIVES, "v1"): _drop_pool_ref,
+}
+STATUS_SUBRESOURCE = frozenset({OBJECTIVES, POOLS, PODS})
+
+
+def resource_of(obj: dict[str, Any]) -> ResourceKey:
+    group = obj["apiVersion"].rpartition("/")[0]
+    return group, obj["kind"].lower() + "s"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _labels_match(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _fields_match(selector: str, obj: dict[str, Any]) -> bool:
+    metadata = obj.get("metadata") or {}
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        key, value = term.replace("==", "=").split("=", 1)
+        if metadata.get(key.removeprefix("metadata.")) != value:
+            return False
+    return True
+
+
+@dataclass(slots=True)
+class _Event:
+    version: int
+    resource: ResourceKey
+    kind: str
+    object: dict[str, Any]
+
+
+@dataclass(slots=True, eq=False)
+class _Watcher:
+    resource: ResourceKey
+    namespace: str
+    bookmarks: bool
+    queue: asyncio.Queue[_Event | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(slots=True)
+class Write:
+    """One write request the server answered, for assertions."""
+
+    method: str
+    path: str
+    status: int
+    body: Any
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+
+
+class KubeEmulator:
+    """See the module docstring. Use as `async with KubeEmulator() as kube:`."""
+
+    def __init__(self, gone_as_http_status: bool = False) -> None:
+        self.gone_as_http_status = gone_as_http_status
+        """Answer a too-old watch with HTTP 410 instead of an ERROR event."""
+        self.prune = dict(DEFAULT_PRUNE)
+        self.objects: dict[tuple[ResourceKey, str, str], dict[str, Any]] = {}
+        self.writes: list[Write] = []
+        self.watch_requests: list[dict[str, str]] = []
+        self.list_requests: list[dict[str, str]] = []
+        self._events: list[_Event] = []
+        self._version = 0
+        self._compacted = 0
+        self._uids = itertools.count(1)
+        self._watchers: set[_Watcher] = set()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> KubeEmulator:
+        app = web.Application()
+        app.router.add_route(
+            "*", "/api/{version}/namespaces/{namespace}/{plural}{rest:.*}", self._core
+        )
+        app.router.add_route(
+            "*", "/apis/{group}/{version}/namespaces/{namespace}/{plural}{rest:.*}", self._grouped
+        )
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.drop_watches()
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    def api_client(self) -> ApiClient:
+        configuration = Configuration(host=self.url)
+        return ApiClient(configuration)
+
+    # -- test-side changes and fault injection ---------------------------------
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace `obj` (status kept from the stored object when
+        `obj` has none); generation grows when the spec changes."""
+        obj = copy.deepcopy(obj)
+        resource = resource_of(obj)
+        metadata = obj.setdefault("metadata", {})
+        namespace = metadata.setdefault("namespace", "default")
+        key = (resource, namespace, metadata["name"])
+        current = self.objects.get(key)
+        if current is None:
+            metadata["uid"] = f"uid-{next(self._uids)}"
+            metadata["generation"] = 1
+            metadata["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            kind = "ADDED"
+        else:
+            for name in ("uid", "creationTimestamp"):
+                metadata[name] = current["metadata"][name]
+            changed = obj.get("spec") != current.get("spec")
+            metadata["generation"] = current["metadata"]["generation"] + int(changed)
+            if "status" not in obj and "status" in current:
+                obj["status"] = current["status"]
+            kind = "MODIFIED"
+        self._store(key, obj, kind)
+        return copy.deepcopy(obj)
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str = "default") -> None:
+        resource = resource_of({"apiVersion": api_version, "kind": kind})
+        obj = self.objects.pop((resource, namespace, name))
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self._publish(_Event(self._version, resource, "DELETED", obj))
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "default") -> dict:
+        resource = resource_of({"apiVersion": api_version, "kind": kind})
+        return copy.deepcopy(self.objects[(resource, namespace, name)])
+
+    def drop_watches(self) -> None:
+        """End every open watch stream (as a restarted API server would)."""
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(None)
+        self._watchers.clear()
+
+    def compact(self) -> None:
+        """Forget the event history: a watch from any older version gets 410."""
+        self._compacted = self._version
+        self._events.clear()
+
+    def bookmark(self) -> str:
+        """Send a BOOKMARK at the current version to watches that allow them;
+        returns that version."""
+        for watcher in self._watchers:
+            if watcher.bookmarks:
+                watcher.queue.put_nowait(_Event(self._version, watcher.resource, "BOOKMARK", {}))
+        return str(self._version)
+
+    def open_watches(self) -> int:
+        return len(self._watchers)
+
+    def status_writes(self) -> list[Write]:
+        return [write for write in self.writes if write.path.endswith("/status")]
+
+    # -- HTTP ------------------------------------------------------------------
+
+    async def _core(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "", request.match_info["version"])
+
+    async def _grouped(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        return await self._serve(request, info["group"], info["version"])
+
+    async def _serve(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+        info = request.match_info
+        resource = (group, info["plural"])
+        namespace = info["namespace"]
+        parts = [part for part in info["rest"].split("/") if part]
+        name = parts[0] if parts else None
+        subresource = parts[1] if len(parts) > 1 else None
+        query = dict(request.query)
+        if request.method == "GET" and name is None:
+            if query.get("watch", "").lower() in ("true", "1"):
+                return await self._watch(request, resource, version, namespace, query)
+            return self._list(resource, version, namespace, query)
+        if request.method == "GET":
+            obj = self.objects.get((resource, namespace, name))
+            if obj is None:
+                return self._error(404, "NotFound", f"{info['plural']} {name!r} not found")
+            return web.json_response(self._served(obj, resource, version))
+        body = await request.json() if request.can_read_body else None
+        if request.method == "POST" and name is None:
+            response = self._create(resource, namespace, body)
+        elif request.method == "PUT" and name is not None and subresource is None:
+            response = self._replace(resource, namespace, name, body)
+        elif request.method == "PATCH" and subresource == "status":
+            response = self._patch_status(resource, version, namespace, name, body, request)
+        else:
+            response = self._error(405, "MethodNotAllowed", f"{request.method} {request.path}")
+        self.writes.append(Write(request.method, request.path, response.status, body))
+        return response
+
+    def _list(
+        self, resource: ResourceKey, version: str, namespace: str, query: dict[str, str]
+    ) -> web.Response:
+        self.list_requests.append(query)
+        items = [
+            self._served(obj, resource, version)
+            for (res, ns, _), obj in sorted(self.objects.items())
+            if res == resource and ns == namespace and self._selected(obj, query)
+        ]
+        return web.json_response(
+            {"kind": "List", "metadata": {"resourceVersion": str(self._version)}, "items": items}
+        )
+
+    async def _watch(
+        self,
+        request: web.Request,
+        resource: ResourceKey,
+        version: str,
+        namespace: str,
+        query: dict[str, str],
+    ) -> web.StreamResponse:
+        self.watch_requests.append(query)
+        since = query.get("resourceVersion")
+        too_old = since not in (None, "", "0") and int(since) < self._compacted
+        gone = _status(410, "Expired", f"too old resource version: {since} ({self._compacted})")
+        if too_old and self.gone_as_http_status:
+            return web.json_response(gone, status=410)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if too_old:
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+        watcher = _Watcher(
+            resource, namespace, query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        )
+        if since in (None, "", "0"):
+            backlog = [
+                _Event(self._version, resource, "ADDED", obj)
+                for (res, _, _), obj in sorted(self.objects.items())
+                if res == resource
+            ]
+        else:
+            backlog = [event for event in self._events if event.version > int(since)]
+        for event in backlog:
+            watcher.queue.put_nowait(event)
+        self._watchers.add(watcher)
+        timeout = float(query.get("timeoutSeconds") or 3600)
+        try:
+            async with asyncio.timeout(timeout):
+                while (event := await watcher.queue.get()) is not None:
+                    line = self._event_line(event, watcher, version, query)
+                    if line is not None:
+                        await response.write(line)
+        except TimeoutError:
+            pass
+        finally:
+            self._watchers.discard(watcher)
+        return response
+
+    def _event_line(
+        self, event: _Event, watcher: _Watcher, version: str, query: dict[str, str]
+    ) -> bytes | None:
+        if event.resource != watcher.resource:
+            return None
+        if event.kind == "BOOKMARK":
+            group, plural = event.resource
+            obj = {
+                "apiVersion": f"{group}/{version}".lstrip("/"),
+                "kind": plural,
+                "metadata": {"resourceVersion": str(event.version)},
+            }
+            return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"
+        if event.object["metadata"]["namespace"] != watcher.namespace:
+            return None
+        if not self._selected(event.object, query):
+            return None
+        obj = self._served(event.object, event.resource, version)
+        return json.dumps({"type": event.kind, "object": obj}).encode() + b"\n"
+
+    def _create(self, resource: ResourceKey, namespace: str, body: Any) -> web.Response:
+        body.setdefault("metadata", {})["namespace"] = namespace
+        key = (resource, namespace, body["metadata"]["name"])
+        if key in self.objects:
+            return self._error(409, "AlreadyExists", f"{body['metadata']['name']} already exists")
+        return web.json_response(self.apply(body), status=201)
+
+    def _replace(self, resource: ResourceKey, namespace: str, name: str, body: Any) -> web.Response:
+        current = self.objects.get((resource, namespace, name))
+        if current is None:
+            return self._error(404, "NotFound", f"{name!r} not found")
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected != current["metadata"]["resourceVersion"]:
+            return self._error(409, "Conflict", "the object has been modified")
+        body["metadata"]["namespace"] = namespace
+        return web.json_response(self.apply(body))
+
+    def _patch_status(
+        self,
+        resource: ResourceKey,
+        version: str,
+        namespace: str,
+        name: str | None,
+        body: Any,
+        request: web.Request,
+    ) -> web.Response:
+        if request.content_type != "application/merge-patch+json":
+            return self._error(415, "UnsupportedMediaType", request.content_type)
+        key = (resource, namespace, name or "")
+        current = self.objects.get(key)
+        if current is None:
+            return self._error(404, "NotFound", f"{name!r} not found")
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != current["metadata"]["resourceVersion"]:
+            return self._error(409, "Conflict", "the object has been modified")
+        updated = copy.deepcopy(current)
+        updated["status"] = merge_patch(current.get("status"), body.get("status"))
+        self._store(key, updated, "MODIFIED")
+        return web.json_response(self._served(updated, resource, version))
+
+    # -- internals -------------------------------------------------------------
+
+    def _store(self, key: tuple[ResourceKey, str, str], obj: dict[str, Any], kind: str) -> None:
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self.objects[key] = obj
+        self._publish(_Event(self._version, key[0], kind, copy.deepcopy(obj)))
+
+    def _publish(self, event: _Event) -> None:
+        self._events.append(event)
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(event)
+
+    def _served(self, obj: dict[str, Any], resource: ResourceKey, version: str) -> dict:
+        served = copy.deepcopy(obj)
+        group = resource[0]
+        served["apiVersion"] = f"{group}/{version}" if group else version
+        prune = self.prune.get((*resource, version))
+        if prune is not None:
+            prune(served)
+        return served
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return _labels_match(query.get("labelSelector", ""), labels) and _fields_match(
+            query.get("fieldSelector", ""), obj
+        )
+
+    @staticmethod
+    def _error(code: int, reason: str, message: str) -> web.Response:
+        return web.json_response(_status(code, reason, message), status=code)
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    """Wait until `predicate()` holds; fail the test after `timeout` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+# -- objects for tests -----------------------------------------------------------
+
+PLACEHOLDER_STATUS = {
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "Pending",
+            "message": "Waiting for controller",
+            "lastTransitionTime": "1970-01-01T00:00:00Z",
+        }
+    ]
+}
+
+
+def pool(
+    name: str = "pool-a",
+    selector: dict[str, str] | None = None,
+    ports: tuple[int, ...] = (8000,),
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+        "spec": {
+            "selector": {"matchLabels": selector or {"app": name}},
+            "targetPorts": [{"number": port} for port in ports],
+            "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}},
+        },
+    }
+
+
+def pod(
+    name: str,
+    ip: str,
+    labels: dict[str, str] | None = None,
+    ready: bool = True,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "default", "labels": labels or {}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def objective(
+    name: str,
+    priority: int = 0,
+    pools: tuple[str, ...] = ("pool-a",),
+    pool_selector: dict[str, Any] | None = None,
+    v1alpha2_pool_ref: str | None = None,
+) -> dict[str, Any]:
+    """A v1 objective with `poolRefs` (and/or a `poolSelector`), or with
+    `v1alpha2_pool_ref` a v1alpha2 one with only `poolRef`. It carries the
+    CRD's placeholder status, as the API server defaults it."""
+    spec: dict[str, Any] = {"priority": priority}
+    if v1alpha2_pool_ref is not None:
+        spec["poolRef"] = {"name": v1alpha2_pool_ref}
+        version = "v1alpha2"
+    else:
+        version = "v1"
+        if pools:
+            spec["poolRefs"] = [{"name": pool_name} for pool_name in pools]
+    if pool_selector is not None:
+        spec["poolSelector"] = pool_selector
+    return {
+        "apiVersion": f"llm-d.ai/{version}",
+        "kind": "InferenceObjective",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+        "status": copy.deepcopy(PLACEHOLDER_STATUS),
+    }
