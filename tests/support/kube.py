@@ -57,7 +57,9 @@ def _drop_pool_ref(obj: dict[str, Any]) -> None:
 DEFAULT_PRUNE: dict[tuple[str, str, str], Prune] = {
     (*OBJECTIVES, "v1"): _drop_pool_ref,
 }
-STATUS_SUBRESOURCE = frozenset({OBJECTIVES, POOLS, PODS})
+STATUS_SUBRESOURCE = frozenset({OBJECTIVES})
+"""Kinds whose status `apply` leaves alone (the EPP owns it); tests set pod
+status with `apply`, as the kubelet would through its subresource."""
 
 
 def resource_of(obj: dict[str, Any]) -> ResourceKey:
@@ -190,8 +192,10 @@ class KubeEmulator:
     # -- test-side changes and fault injection ---------------------------------
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace `obj` (status kept from the stored object when
-        `obj` has none); generation grows when the spec changes."""
+        """Create or replace `obj`; generation grows when the spec changes.
+        A replace keeps the stored status of a kind with a status subresource
+        (as the API server ignores status outside the subresource), and of
+        any kind when `obj` has none."""
         obj = copy.deepcopy(obj)
         resource = resource_of(obj)
         metadata = obj.setdefault("metadata", {})
@@ -208,8 +212,10 @@ class KubeEmulator:
                 metadata[name] = current["metadata"][name]
             changed = obj.get("spec") != current.get("spec")
             metadata["generation"] = current["metadata"]["generation"] + int(changed)
-            if "status" not in obj and "status" in current:
-                obj["status"] = current["status"]
+            if resource in STATUS_SUBRESOURCE or "status" not in obj:
+                obj.pop("status", None)
+                if "status" in current:
+                    obj["status"] = current["status"]
             kind = "MODIFIED"
         self._store(key, obj, kind)
         return copy.deepcopy(obj)
@@ -341,7 +347,7 @@ class KubeEmulator:
                     line = self._event_line(event, watcher, version, query)
                     if line is not None:
                         await response.write(line)
-        except TimeoutError:
+        except (TimeoutError, ConnectionResetError):
             pass
         finally:
             self._watchers.discard(watcher)

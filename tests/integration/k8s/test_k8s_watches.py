@@ -172,7 +172,6 @@ async def test_a_dropped_watch_resumes_without_a_relist(kube, start_epp: StartEp
 async def test_gone_in_the_watch_stream_relists_and_diffs(kube, start_epp: StartEpp):
     seed(kube)
     epp = await start_epp()
-    kube.compact()
     kube.drop_watches()
     kube.delete("v1", "Pod", "a-1")
     kube.apply(pod("a-3", "10.0.0.3", {"app": "pool-a"}))
@@ -190,7 +189,6 @@ async def test_gone_as_the_watch_http_status_relists(start_epp: StartEpp, kube):
     kube.gone_as_http_status = True
     seed(kube)
     epp = await start_epp()
-    kube.compact()
     kube.drop_watches()
     kube.apply(pod("a-3", "10.0.0.3", {"app": "pool-a"}))
     kube.compact()
