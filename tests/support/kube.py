@@ -172,7 +172,7 @@ class KubeEmulator:
         app.router.add_route(
             "*", "/apis/{group}/{version}/namespaces/{namespace}/{plural}{rest:.*}", self._grouped
         )
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
