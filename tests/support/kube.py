@@ -21,7 +21,7 @@ server of its own that implements just what the EPP's control plane uses:
   to the requested version, and `prune` hooks drop what that version does not
   declare (InferenceObjective v1 loses `spec.poolRef`, as the real server
   prunes with conversion None);
-- fault injection: `drop_watches()`, `compact()`, `bookmark()`.
+- fault injection: `drop_watches()`, `compact()`, `bookmark()`, `fail()`.
 
 Tests change objects in-process (`apply`, `delete`), as another client would.
 """
@@ -161,6 +161,7 @@ class KubeEmulator:
         self._compacted = 0
         self._uids = itertools.count(1)
         self._watchers: set[_Watcher] = set()
+        self._failing: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -250,6 +251,14 @@ class KubeEmulator:
                 watcher.queue.put_nowait(_Event(self._version, watcher.resource, "BOOKMARK", {}))
         return str(self._version)
 
+    def fail(self, path_part: str, status: int = 503) -> None:
+        """Answer every request whose path contains `path_part` with `status`
+        (an outage of part of the API) until `heal()`."""
+        self._failing[path_part] = status
+
+    def heal(self) -> None:
+        self._failing.clear()
+
     def open_watches(self) -> int:
         return len(self._watchers)
 
@@ -266,6 +275,9 @@ class KubeEmulator:
         return await self._serve(request, info["group"], info["version"])
 
     async def _serve(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+        for part, status in self._failing.items():
+            if part in request.path:
+                return self._error(status, "ServiceUnavailable", "injected failure")
         info = request.match_info
         resource = (group, info["plural"])
         namespace = info["namespace"]

@@ -87,3 +87,13 @@ async def test_only_the_leader_writes_status(kube: KubeEmulator, start_epp: Star
     follower = second if first.mode.is_leader else first
     assert follower.mode.status.writes == 0
     assert len(kube.status_writes()) == 1
+
+
+async def test_a_leader_that_cannot_renew_steps_down(kube: KubeEmulator, electors):
+    await eventually(lambda: len(leaders(electors)) == 1)
+    kube.fail("/leases")
+    started = time.monotonic()
+    await eventually(lambda: not leaders(electors), timeout=3 * FAST_LEASE.renew_deadline)
+    assert time.monotonic() - started >= FAST_LEASE.renew_deadline - FAST_LEASE.retry_period
+    kube.heal()
+    await eventually(lambda: len(leaders(electors)) == 1, timeout=3 * FAST_LEASE.lease_duration)

@@ -93,3 +93,14 @@ async def test_two_epps_sharing_an_objective_stay_quiet(kube, start_epp: StartEp
     assert accepted_writes(kube) == 2
     assert len(kube.status_writes()) <= 4
     assert first.mode.status.writes + second.mode.status.writes == 2
+
+
+async def test_a_failed_status_write_is_retried(kube, start_epp: StartEpp):
+    kube.apply(pool())
+    kube.apply(objective("premium", priority=10))
+    kube.fail("/status")
+    await start_epp()
+    await asyncio.sleep(0.2)
+    assert conditions(kube, "premium")[0]["reason"] == "Pending"
+    kube.heal()
+    await eventually(lambda: conditions(kube, "premium")[0]["type"] == "Accepted")

@@ -209,3 +209,16 @@ async def test_a_bookmark_moves_the_resume_point_past_compaction(kube, start_epp
     await eventually(lambda: "10.0.0.3:8000" in epp.addresses())
     assert epp.mode.pod_reflector.lists == 1
     assert all(q["allowWatchBookmarks"].lower() == "true" for q in kube.watch_requests)
+
+
+async def test_an_api_outage_is_retried_and_resumes_without_a_relist(kube, start_epp):
+    seed(kube)
+    epp = await start_epp()
+    kube.fail("/pods")
+    kube.drop_watches()
+    kube.apply(pod("a-3", "10.0.0.3", {"app": "pool-a"}))
+    await asyncio.sleep(0.3)
+    assert "10.0.0.3:8000" not in epp.addresses()
+    kube.heal()
+    await eventually(lambda: "10.0.0.3:8000" in epp.addresses())
+    assert epp.mode.pod_reflector.lists == 1
