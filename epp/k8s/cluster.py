@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from epp.api.registry import ObjectiveRegistry
 from epp.k8s.leader import LeaderElector, LeaseSettings, lease_name
 from epp.k8s.objectives import GROUP, PLURAL, READ_VERSION, ObjectiveSource
 from epp.k8s.pods import EndpointSink, PodEndpoints, label_selector
-from epp.k8s.reflector import Reflector, WatchSettings
+from epp.k8s.reflector import Handler, Reflector, WatchSettings
 from epp.k8s.status_writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -238,14 +238,14 @@ class ClusterMode:
     def _applies(self, name: str) -> bool:
         return self.registry is not None and self.registry.get(name) is not None
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
 
 
 class _Synced:
     """A reflector handler that also reports each complete list."""
 
-    def __init__(self, handler: Any, listed: Callable[[], None]) -> None:
+    def __init__(self, handler: Handler, listed: Callable[[], None]) -> None:
         self._handler = handler
         self._listed = listed
 

@@ -32,12 +32,18 @@ import asyncio
 import copy
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
+
+from epp.api.registry import ObjectiveRegistry
+from epp.datalayer.store import EndpointStore
+from epp.k8s.cluster import ClusterMode
+from epp.k8s.leader import LeaseSettings
+from epp.k8s.reflector import WatchSettings
 
 ResourceKey = tuple[str, str]
 """(group, plural); the core group is ""."""
@@ -457,6 +463,30 @@ class KubeEmulator:
     @staticmethod
     def _error(code: int, reason: str, message: str) -> web.Response:
         return web.json_response(_status(code, reason, message), status=code)
+
+
+# -- cluster mode under test ------------------------------------------------------
+
+FAST_WATCH = WatchSettings(timeout_seconds=30, backoff_initial=0.05, backoff_max=0.2)
+FAST_LEASE = LeaseSettings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
+
+
+@dataclass(slots=True)
+class Epp:
+    mode: ClusterMode
+    store: EndpointStore
+
+    @property
+    def registry(self) -> ObjectiveRegistry:
+        assert self.mode.registry is not None
+        return self.mode.registry
+
+    def addresses(self) -> set[str]:
+        return set(self.store.addresses())
+
+
+StartEpp = Callable[..., Awaitable[Epp]]
+"""The `start_epp` fixture: starts an EPP in cluster mode against the emulator."""
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:

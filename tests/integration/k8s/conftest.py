@@ -4,37 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
 import pytest
 
 from epp.api.registry import ObjectiveRegistry
 from epp.datalayer.store import EndpointStore
 from epp.k8s.cluster import ClusterMode, ClusterSettings, cluster_mode
-from epp.k8s.leader import LeaseSettings
-from epp.k8s.reflector import WatchSettings
-from tests.support.kube import KubeEmulator
-
-FAST_WATCH = WatchSettings(timeout_seconds=30, backoff_initial=0.05, backoff_max=0.2)
-FAST_LEASE = LeaseSettings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
-
-
-@dataclass(slots=True)
-class Epp:
-    mode: ClusterMode
-    store: EndpointStore
-
-    @property
-    def registry(self) -> ObjectiveRegistry:
-        assert self.mode.registry is not None
-        return self.mode.registry
-
-    def addresses(self) -> set[str]:
-        return set(self.store.addresses())
-
-
-StartEpp = Callable[..., Awaitable[Epp]]
+from tests.support.kube import FAST_LEASE, FAST_WATCH, Epp, KubeEmulator, StartEpp
 
 
 @pytest.fixture

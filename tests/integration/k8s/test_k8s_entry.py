@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 
 import yaml
-from conftest import FAST_LEASE, FAST_WATCH
 
 from epp.api.registry import ObjectiveRegistry
 from epp.datalayer.store import EndpointStore
 from epp.k8s.cluster import ClusterSettings, cluster_mode
 from epp.k8s.leader import lease_name
-from tests.support.kube import KubeEmulator, eventually, objective, pod, pool
+from tests.support.kube import (
+    FAST_LEASE,
+    FAST_WATCH,
+    KubeEmulator,
+    eventually,
+    objective,
+    pod,
+    pool,
+)
 
 
 def kubeconfig(kube: KubeEmulator, path) -> str:

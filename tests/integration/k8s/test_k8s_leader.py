@@ -8,11 +8,10 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import FAST_LEASE, StartEpp
 from kubernetes_asyncio.client import CoordinationV1Api
 
 from epp.k8s.leader import LeaderElector, lease_name
-from tests.support.kube import KubeEmulator, eventually, objective, pool
+from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, eventually, objective, pool
 
 LEASE = lease_name("default", "pool-a")
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import StartEpp
-
 from epp.k8s.status import ACCEPTED_MESSAGE
-from tests.support.kube import KubeEmulator, eventually, objective, pod, pool
+from tests.support.kube import KubeEmulator, StartEpp, eventually, objective, pod, pool
 
 OBJECTIVE = ("llm-d.ai/v1", "InferenceObjective")
 

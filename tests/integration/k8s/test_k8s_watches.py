@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from conftest import StartEpp
-
-from tests.support.kube import KubeEmulator, eventually, objective, pod, pool
+from tests.support.kube import KubeEmulator, StartEpp, eventually, objective, pod, pool
 
 
 def seed(kube: KubeEmulator) -> None:
