@@ -102,17 +102,12 @@ def test_placer_outcome_takes_no_gate_credit():
     assert gate.dispatched == [kept]
 
 
-def test_dispatched_request_carries_its_endpoint_outcome_and_time():
+def test_dispatched_request_carries_its_state_outcome_and_endpoint():
     core = controller()
     r = request()
     enqueue_all(core, r)
     core.dispatch(4.5)
-    assert (r.state, r.outcome, r.endpoint, r.dispatched_at) == (
-        State.DISPATCHED,
-        Outcome.DISPATCHED,
-        ENDPOINT,
-        4.5,
-    )
+    assert (r.state, r.outcome, r.endpoint) == (State.DISPATCHED, Outcome.DISPATCHED, ENDPOINT)
 
 
 def test_dispatch_with_nothing_queued_returns_nothing():
