@@ -44,6 +44,9 @@ class OnePlacer:
 
 @dataclass(slots=True)
 class Setup:
+    """`flows` counts flows in all bands together: tenant i always sends to
+    band i % bands, as a tenant with one objective does."""
+
     queued: int
     flows: int
     bands: int = 8
@@ -55,17 +58,17 @@ class Setup:
 class RequestFactory:
     def __init__(self, setup: Setup) -> None:
         self._rng = random.Random(setup.seed)
-        self._ids = [f"tenant-{i}" for i in range(setup.flows)]
-        self._bands = setup.bands
+        self._tenants = [(f"tenant-{i}", i % setup.bands) for i in range(setup.flows)]
         self._n = 0
 
     def make(self, now: float) -> FlowRequest:
         rng = self._rng
         self._n += 1
+        fairness_id, priority = rng.choice(self._tenants)
         return FlowRequest(
             request_id=f"req-{self._n}",
-            fairness_id=rng.choice(self._ids),
-            priority=self._n % self._bands,
+            fairness_id=fairness_id,
+            priority=priority,
             arrival=now,
             byte_size=1024,
             input_tokens=rng.randrange(16, 2048),

@@ -38,41 +38,63 @@ PAIRS = 20_000
 REPEATS = 7
 
 
-def pair_us(setup: Setup) -> float:
-    """Median microseconds per enqueue + dispatch with `setup.queued` queued."""
-    controller, gate, factory = build(setup)
-    enqueue = controller.enqueue
-    dispatch = controller.dispatch
-    samples = []
-    for _ in range(REPEATS):
-        requests = factory.batch(PAIRS, 1.0)
+class PairLoop:
+    """A controller pre-filled to `setup.queued`; each sample times PAIRS
+    enqueue + dispatch pairs at that steady depth."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self._controller, self._gate, self._factory = build(setup)
+
+    def sample(self) -> float:
+        controller, gate = self._controller, self._gate
+        enqueue, dispatch = controller.enqueue, controller.dispatch
+        requests = self._factory.batch(PAIRS, 1.0)
         gc.collect()
         start = time.perf_counter()
         for request in requests:
             enqueue(request, 1.0)
             gate.credits = 1
             dispatch(1.0)
-        samples.append((time.perf_counter() - start) / PAIRS * 1e6)
-    assert controller.queued_requests == setup.queued
-    return statistics.median(samples)
+        elapsed = time.perf_counter() - start
+        assert controller.queued_requests == self.setup.queued
+        return elapsed / PAIRS * 1e6
 
 
-def heapq_pair_us(size: int = 100_000) -> float:
-    """Median microseconds per heappush + heappop of (float, int) on a heap of `size`."""
-    rng = random.Random(1)
-    heap = [(rng.random(), i) for i in range(size)]
-    heapq.heapify(heap)
-    push, pop = heapq.heappush, heapq.heappop
-    samples = []
-    for _ in range(REPEATS):
-        items = [(rng.random(), i) for i in range(PAIRS)]
+class HeapqBaseline:
+    """heappush + heappop of (float, int) on a heap of 100k entries."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self._rng = random.Random(1)
+        self._heap = [(self._rng.random(), i) for i in range(size)]
+        heapq.heapify(self._heap)
+
+    def sample(self) -> float:
+        heap, push, pop = self._heap, heapq.heappush, heapq.heappop
+        items = [(self._rng.random(), i) for i in range(PAIRS)]
         gc.collect()
         start = time.perf_counter()
         for item in items:
             push(heap, item)
             pop(heap)
-        samples.append((time.perf_counter() - start) / PAIRS * 1e6)
-    return statistics.median(samples)
+        return (time.perf_counter() - start) / PAIRS * 1e6
+
+
+def interleaved(loops: list) -> list[list[float]]:
+    """REPEATS rounds; in each, one sample of every loop back to back, so a
+    ratio taken within a round compares runs under the same machine load."""
+    rounds = []
+    for _ in range(REPEATS):
+        rounds.append([loop.sample() for loop in loops])
+    return rounds
+
+
+def median_ratio(rounds: list[list[float]], top: int, bottom: int) -> float:
+    return statistics.median(r[top] / r[bottom] for r in rounds)
+
+
+def median_cost(rounds: list[list[float]], index: int) -> float:
+    return statistics.median(r[index] for r in rounds)
 
 
 def admit_per_s(count: int = 200_000) -> float:
@@ -102,7 +124,7 @@ def bytes_per_queued(count: int = 1_000_000) -> float:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    controller, _, _ = build(Setup(queued=count, flows=5_000))
+    controller, _, _ = build(Setup(queued=count, flows=40_000))
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert controller.queued_requests == count
@@ -111,36 +133,55 @@ def bytes_per_queued(count: int = 1_000_000) -> float:
 
 def run_matrix(progress) -> dict:
     results: dict = {}
-    progress("heapq baseline")
-    results["heapq_pair_us"] = heapq_pair_us()
-    progress("8 bands x 5,000 flows x 100k queued, round-robin")
-    results["pair_us"] = pair_us(Setup(queued=100_000, flows=5_000))
-    progress("same, vtc")
-    results["pair_us_vtc"] = pair_us(Setup(queued=100_000, flows=5_000, fairness=Fairness.VTC))
-    progress("same, global-strict")
-    results["pair_us_global_strict"] = pair_us(
-        Setup(queued=100_000, flows=5_000, fairness=Fairness.GLOBAL_STRICT)
+    progress("8 bands x 5,000 flows x 100k queued: round-robin, vtc, global-strict")
+    rounds = interleaved(
+        [
+            HeapqBaseline(),
+            PairLoop(Setup(queued=100_000, flows=40_000)),
+            PairLoop(Setup(queued=100_000, flows=40_000, fairness=Fairness.VTC)),
+            PairLoop(Setup(queued=100_000, flows=40_000, fairness=Fairness.GLOBAL_STRICT)),
+        ]
     )
-    progress("queue depth 1k and 1M")
-    results["pair_us_1k_queued"] = pair_us(Setup(queued=1_000, flows=100))
-    results["pair_us_1m_queued"] = pair_us(Setup(queued=1_000_000, flows=100))
-    progress("10 and 100k flows, vtc")
-    results["pair_us_10_flows"] = pair_us(
-        Setup(queued=200_000, flows=10, bands=1, fairness=Fairness.VTC)
+    results["heapq_pair_us"] = median_cost(rounds, 0)
+    results["pair_us"] = median_cost(rounds, 1)
+    results["pair_us_vtc"] = median_cost(rounds, 2)
+    results["pair_us_global_strict"] = median_cost(rounds, 3)
+    results["ratio"] = median_ratio(rounds, 1, 0)
+    results["ratio_vtc"] = median_ratio(rounds, 2, 0)
+    results["ratio_global_strict"] = median_ratio(rounds, 3, 0)
+
+    progress("queue depth: 1k and 1M queued, 8 bands x 5,000 flows, round-robin")
+    rounds = interleaved(
+        [
+            PairLoop(Setup(queued=1_000, flows=40_000)),
+            PairLoop(Setup(queued=1_000_000, flows=40_000)),
+        ]
     )
-    results["pair_us_100k_flows"] = pair_us(
-        Setup(queued=200_000, flows=100_000, bands=1, fairness=Fairness.VTC)
+    results["pair_us_1k_queued"] = median_cost(rounds, 0)
+    results["pair_us_1m_queued"] = median_cost(rounds, 1)
+    results["scaling_queued"] = median_ratio(rounds, 1, 0)
+
+    progress("flow count: 10 and 100k flows, 8 bands, 100k queued, round-robin and vtc")
+    rounds = interleaved(
+        [
+            PairLoop(Setup(queued=100_000, flows=10)),
+            PairLoop(Setup(queued=100_000, flows=100_000)),
+            PairLoop(Setup(queued=100_000, flows=10, fairness=Fairness.VTC)),
+            PairLoop(Setup(queued=100_000, flows=100_000, fairness=Fairness.VTC)),
+        ]
     )
+    results["pair_us_10_flows"] = median_cost(rounds, 0)
+    results["pair_us_100k_flows"] = median_cost(rounds, 1)
+    results["scaling_flows"] = median_ratio(rounds, 1, 0)
+    results["pair_us_vtc_10_flows"] = median_cost(rounds, 2)
+    results["pair_us_vtc_100k_flows"] = median_cost(rounds, 3)
+    results["scaling_flows_vtc"] = median_ratio(rounds, 3, 2)
+
     progress("admit round trips")
     results["admit_per_s"] = admit_per_s()
     progress("memory at 1M queued")
     results["bytes_per_queued"] = bytes_per_queued()
 
-    base = results["heapq_pair_us"]
-    results["ratio"] = results["pair_us"] / base
-    results["ratio_vtc"] = results["pair_us_vtc"] / base
-    results["scaling_queued"] = results["pair_us_1m_queued"] / results["pair_us_1k_queued"]
-    results["scaling_flows"] = results["pair_us_100k_flows"] / results["pair_us_10_flows"]
     results["targets"] = {
         name: {"target": f"{op} {limit}", "met": _meets(results[name], op, limit)}
         for name, (op, limit) in TARGETS.items()

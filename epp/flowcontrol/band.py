@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from math import inf
 
 from epp.flowcontrol.config import BandConfig, Ordering, effective_ttl
@@ -23,6 +24,7 @@ class Band:
         "fcfs",
         "flows",
         "keep",
+        "lane",
         "max_bytes",
         "max_requests",
         "policy",
@@ -30,7 +32,9 @@ class Band:
         "ttl",
     )
 
-    def __init__(self, config: BandConfig, default_ttl: float, keep: bool) -> None:
+    def __init__(
+        self, config: BandConfig, default_ttl: float, keep: bool, lane: deque[FlowRequest]
+    ) -> None:
         self.priority = config.priority
         self.policy: FairnessPolicy = make_policy(config)
         self.flows: dict[str, Flow] = {}
@@ -38,6 +42,8 @@ class Band:
         self.bytes = 0
         self.keep = keep
         """Configured or announced bands stay when they have no flows left."""
+        self.lane = lane
+        """The deadline lane of requests that take the band's TTL."""
         self._apply(config, default_ttl)
 
     def _apply(self, config: BandConfig, default_ttl: float) -> None:

@@ -9,21 +9,20 @@ endpoint; the first closed gate, or a request no endpoint has room for, ends
 the pass, so no lower band ever overtakes a waiting higher one. Inside a band
 the fairness policy chooses the flow and the flow's ordering its request.
 
-TTLs expire on their exact deadline: a heap of (deadline, sequence, request)
-tells the caller when the next one falls due (`next_deadline`), and `expire`
-ends every request whose deadline has passed. Requests that leave their queue
-earlier leave a dead heap entry behind, which is skipped and, when the dead
-outnumber the living, swept out.
+TTLs expire on their exact deadline (`epp.flowcontrol.deadlines`): the
+caller asks when the next one falls due (`next_deadline`) and calls `expire`
+then; nothing sweeps periodically.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from math import inf
 
 from epp.flowcontrol.band import Band
 from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.deadlines import Deadlines
 from epp.flowcontrol.flow import Flow, FlowKey
 from epp.flowcontrol.gate import Gate, Placer
 from epp.flowcontrol.ordering import order_key
@@ -34,6 +33,8 @@ NEW = State.NEW
 QUEUED = State.QUEUED
 DISPATCHED = State.DISPATCHED
 DISPATCHED_OUTCOME = Outcome.DISPATCHED
+DEADLINE_SLACK = 1024
+"""Dead deadline entries tolerated beyond twice the queued requests."""
 
 
 class FlowController:
@@ -43,8 +44,7 @@ class FlowController:
         self._apply(config)
         self._bands: dict[int, Band] = {}
         self._bands_desc: list[Band] = []
-        self._deadlines: list[tuple[float, int, FlowRequest]] = []
-        self._deadlines_live = 0
+        self._deadlines = Deadlines()
         self._idle: list[tuple[float, int, Flow]] = []
         self._seq = 0
         self._closed = False
@@ -70,6 +70,7 @@ class FlowController:
         self.config = config
         self._max_requests = config.max_requests or inf
         self._max_bytes = config.max_bytes or inf
+        self._global_limits = bool(config.max_requests or config.max_bytes)
 
     def ensure_bands(self, priorities: Iterable[int]) -> None:
         """Make sure these bands exist (the priorities of the known objectives)."""
@@ -82,7 +83,7 @@ class FlowController:
 
     def _add_band(self, priority: int, keep: bool) -> Band:
         band = self._bands[priority] = Band(
-            self.config.band(priority), self.config.default_ttl, keep
+            self.config.band(priority), self.config.default_ttl, keep, self._deadlines.new_lane()
         )
         self._bands_desc = sorted(self._bands.values(), key=lambda b: -b.priority)
         return band
@@ -101,22 +102,32 @@ class FlowController:
         if (
             band.count >= band.max_requests
             or band.bytes + size > band.max_bytes
-            or self.queued_requests >= self._max_requests
-            or self.queued_bytes + size > self._max_bytes
+            or (
+                self._global_limits
+                and (
+                    self.queued_requests >= self._max_requests
+                    or self.queued_bytes + size > self._max_bytes
+                )
+            )
         ):
+            if not band.flows and not band.keep:
+                self._remove_band(band)
             return self._drop_new(request, Outcome.REJECTED_SATURATED)
 
-        self._seq = seq = self._seq + 1
-        request.seq = seq
+        request.seq = self._seq = self._seq + 1
         ttl = request.ttl
         if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
             ttl = band.ttl
         if ttl is not None:
             request.deadline = deadline = request.arrival + ttl
-            heappush(self._deadlines, (deadline, seq, request))
-            self._deadlines_live += 1
-            if len(self._deadlines) > 2 * self._deadlines_live + 1024:
-                self._sweep_deadlines()
+            lane = band.lane
+            if ttl is band.ttl and (not lane or lane[-1].deadline <= deadline):
+                lane.append(request)
+                self._deadlines.entries += 1
+            else:
+                self._deadlines.add(request)
+            if self._deadlines.entries > 2 * self.queued_requests + DEADLINE_SLACK:
+                self._deadlines.sweep()
         if not band.fcfs:
             request.order_key = order_key(band.config.ordering, request)
         flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
@@ -139,7 +150,7 @@ class FlowController:
         if not self.queued_requests:
             return done
         gate = self.gate
-        place = self.placer.place
+        placer = self.placer
         for band in self._bands_desc:
             if not band.count:
                 continue
@@ -149,32 +160,28 @@ class FlowController:
                 if not gate.is_open(priority):
                     return done
                 request = policy.peek()
-                placement = place(request)
-                if placement is None:
-                    return done
+                placement = placer.place(request)
+                if placement.__class__ is not str:
+                    if placement is None:
+                        return done
+                    self._remove(request, placement, now)
+                    done.append(request)
+                    continue
                 flow = request.flow
+                size = request.byte_size
                 flow.count -= 1
-                flow.bytes -= request.byte_size
+                flow.bytes -= size
                 band.count -= 1
-                band.bytes -= request.byte_size
+                band.bytes -= size
                 self.queued_requests -= 1
-                self.queued_bytes -= request.byte_size
-                if request.deadline != inf:
-                    self._deadlines_live -= 1
-                if placement.__class__ is str:
-                    policy.take(request, flow)
-                    request.state = DISPATCHED
-                    request.outcome = DISPATCHED_OUTCOME
-                    request.endpoint = placement
-                    request.dispatched_at = now
-                    flow.in_flight += 1
-                    self.in_flight += 1
-                    gate.on_dispatch(request)
-                else:
-                    request.state = State.DROPPED
-                    request.outcome = placement
-                    policy.discard(request, flow)
-                    self._note_if_idle(flow, now)
+                self.queued_bytes -= size
+                policy.take(request, flow)
+                request.state = DISPATCHED
+                request.outcome = DISPATCHED_OUTCOME
+                request.endpoint = placement
+                flow.in_flight += 1
+                self.in_flight += 1
+                gate.on_dispatch(request)
                 done.append(request)
         return done
 
@@ -209,26 +216,19 @@ class FlowController:
 
     def expire(self, now: float) -> list[FlowRequest]:
         """End every queued request whose deadline is at or before `now`."""
-        expired: list[FlowRequest] = []
-        heap = self._deadlines
         outcome = (
             Outcome.REJECTED_TTL_EXPIRED
             if self.placer.has_endpoints()
             else Outcome.REJECTED_NO_ENDPOINTS
         )
-        while heap and heap[0][0] <= now:
-            request = heappop(heap)[2]
-            if request.state is QUEUED:
-                self._remove(request, outcome, now)
-                expired.append(request)
+        expired = self._deadlines.pop_due(now)
+        for request in expired:
+            self._remove(request, outcome, now)
         return expired
 
     def next_deadline(self) -> float | None:
         """When the next queued request expires, or None."""
-        heap = self._deadlines
-        while heap and heap[0][2].state is not QUEUED:
-            heappop(heap)
-        return heap[0][0] if heap else None
+        return self._deadlines.next()
 
     def close(self) -> None:
         """Admit nothing more: every later enqueue is rejected-shutting-down."""
@@ -265,8 +265,7 @@ class FlowController:
                 del band.flows[flow.fairness_id]
                 collected.append(flow.key)
                 if not band.flows and not band.keep:
-                    del self._bands[band.priority]
-                    self._bands_desc.remove(band)
+                    self._remove_band(band)
         return collected
 
     def next_idle_check(self) -> float | None:
@@ -288,6 +287,11 @@ class FlowController:
 
     # -- internals ---------------------------------------------------------------
 
+    def _remove_band(self, band: Band) -> None:
+        del self._bands[band.priority]
+        self._bands_desc = [kept for kept in self._bands_desc if kept is not band]
+        self._deadlines.drop_lane(band.lane)
+
     def _drop_new(self, request: FlowRequest, outcome: Outcome) -> Outcome:
         request.state = State.DROPPED
         request.outcome = outcome
@@ -305,8 +309,6 @@ class FlowController:
         band.bytes -= size
         self.queued_requests -= 1
         self.queued_bytes -= size
-        if request.deadline != inf:
-            self._deadlines_live -= 1
         band.policy.discard(request, flow)
         self._note_if_idle(flow, now)
 
@@ -318,7 +320,3 @@ class FlowController:
             flow.idle_tracked = True
             self._seq += 1
             heappush(self._idle, (now + self.config.flow_idle_timeout, self._seq, flow))
-
-    def _sweep_deadlines(self) -> None:
-        self._deadlines = [e for e in self._deadlines if e[2].state is QUEUED]
-        heapify(self._deadlines)

@@ -20,7 +20,10 @@ flow with the smallest counter goes next. A flow that becomes backlogged is
 lifted to the smallest counter among the backlogged flows (or, when none is
 backlogged, to the counter of the flow served last), so idleness banks no
 credit. Between two continuously backlogged flows the counters differ by at
-most 2U, U the largest single-request charge, which is the paper's bound.
+most 2U, the paper's bound, where U is the most a flow can be charged for the
+requests it has in flight at once (the paper's U = max(w_in x L_input,
+w_out x M), M the batch's token capacity, for the same reason): with one
+request in flight per flow, the largest single-request charge.
 Backlogged flows sit in a binary heap keyed by counter: O(log F) per dispatch.
 
 `global-strict`: no fairness. The band's requests share one queue, so the
@@ -90,18 +93,17 @@ class RoundRobin:
         while ring:
             flow = ring[0]
             if flow.count:
-                return flow.queue.peek()
+                return flow.queue.head
             ring.popleft()
             flow.ring_member = False
         return None
 
     def take(self, request: FlowRequest, flow: Flow) -> None:
         flow.queue.pop_head()
-        ring = self._ring
-        ring.popleft()
         if flow.count:
-            ring.append(flow)
+            self._ring.rotate(-1)
         else:
+            self._ring.popleft()
             flow.ring_member = False
 
     def discard(self, request: FlowRequest, flow: Flow) -> None:
@@ -140,27 +142,27 @@ class VirtualTokenCounter:
         return make_queue(self._ordering)
 
     def _enter(self, flow: Flow) -> None:
-        self._seq += 1
-        flow.heap_seq = self._seq
-        heappush(self._heap, (flow.counter, self._seq, flow))
-        if len(self._heap) > 2 * self._backlogged + 64:
-            self._heap = [e for e in self._heap if e[2].count and e[1] == e[2].heap_seq]
-            heapify(self._heap)
-
-    def _front(self) -> Flow | None:
+        """Give `flow` a fresh heap entry at its current counter; any older
+        entry of the flow becomes dead (its sequence no longer matches)."""
+        self._seq = seq = self._seq + 1
+        flow.heap_seq = seq
         heap = self._heap
-        while heap:
-            _, seq, flow = heap[0]
-            if flow.count and seq == flow.heap_seq:
-                return flow
-            heappop(heap)
-        return None
+        heappush(heap, (flow.counter, seq, flow))
+        if len(heap) > 2 * self._backlogged + 64:
+            self._heap = [e for e in heap if e[2].count and e[1] == e[2].heap_seq]
+            heapify(self._heap)
 
     def push(self, request: FlowRequest, flow: Flow) -> None:
         flow.queue.push(request)
         if flow.count == 1:
-            front = self._front()
-            floor = front.counter if front is not None else self._floor
+            floor = self._floor
+            heap = self._heap
+            while heap:
+                counter, seq, front = heap[0]
+                if front.count and seq == front.heap_seq:
+                    floor = counter
+                    break
+                heappop(heap)
             if flow.counter < floor:
                 flow.counter = floor
             self._backlogged += 1
@@ -171,7 +173,7 @@ class VirtualTokenCounter:
         while heap:
             _, seq, flow = heap[0]
             if flow.count and seq == flow.heap_seq:
-                return flow.queue.peek()
+                return flow.queue.head
             heappop(heap)
         return None
 
@@ -182,9 +184,9 @@ class VirtualTokenCounter:
         request.charged_input = charge
         flow.counter += charge
         if flow.count:
-            self._seq += 1
-            flow.heap_seq = self._seq
-            heapreplace(self._heap, (flow.counter, self._seq, flow))
+            self._seq = seq = self._seq + 1
+            flow.heap_seq = seq
+            heapreplace(self._heap, (flow.counter, seq, flow))
         else:
             heappop(self._heap)
             self._backlogged -= 1
@@ -223,7 +225,7 @@ class GlobalStrict:
         self._queue.push(request)
 
     def peek(self) -> FlowRequest | None:
-        return self._queue.peek()
+        return self._queue.head
 
     def take(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.pop_head()

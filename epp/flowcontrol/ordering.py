@@ -1,25 +1,24 @@
 """Ordering inside a queue: which queued request goes first.
 
-- `fcfs`: arrival order. A deque: push and pop are O(1).
+- `fcfs`: arrival order. A doubly linked list threaded through the requests
+  themselves (`prev`/`next`), so a queue costs two pointers, however many
+  flows there are, and push, pop and removal from the middle are all O(1).
 - `edf`: earliest deadline first, deadline = arrival + effective TTL. Requests
   without a deadline go after all that have one, in arrival order.
 - `slo-deadline`: earliest TTFT target first, target = arrival + the request's
   `x-llm-d-slo-ttft-ms`; requests without one fall back to their TTL deadline.
 
 Both deadline orders are binary heaps keyed by (deadline, arrival sequence):
-O(log n) push and pop, FCFS among equal deadlines.
+O(log n) push and pop, FCFS among equal deadlines. Removal from the middle is
+lazy there: the removed request's entry stays until it reaches the top or
+until the dead outnumber the living, when the heap is rebuilt without them.
 
-Removal of a request from the middle (its client went away, its TTL passed) is
-lazy: the caller marks the request as no longer queued and tells the queue,
-which counts it as dead and skips it when it reaches the head. When the dead
-outnumber the living, the queue is rebuilt without them, so memory stays
-proportional to what is queued and every operation stays amortised O(1) or
-O(log n).
+Every queue keeps `head`, the request that goes next (None when empty), as a
+plain attribute, so that looking at it costs no call.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from heapq import heapify, heappop, heappush
 from typing import Protocol
 
@@ -31,82 +30,92 @@ _COMPACT_MIN_DEAD = 64
 
 
 class RequestQueue(Protocol):
+    head: FlowRequest | None
+    """The request that goes next, or None when the queue is empty."""
+
     def push(self, request: FlowRequest) -> None: ...
 
-    def peek(self) -> FlowRequest | None:
-        """The head among the requests still queued, or None."""
-        ...
-
     def pop_head(self) -> FlowRequest:
-        """Remove and return the head; call only right after `peek` found one."""
+        """Remove and return `head`; call only when there is one."""
         ...
 
     def discard(self, request: FlowRequest) -> None:
-        """`request` left the queue (its state is no longer QUEUED)."""
+        """Remove `request`, which has left the queue (its state is no longer
+        QUEUED)."""
         ...
 
     def queued(self) -> list[FlowRequest]:
-        """The requests still queued, in no particular order."""
+        """The requests in the queue, in no particular order."""
         ...
 
 
-class FifoQueue(deque):
-    """A deque, so that push and pop are the deque's own C methods."""
-
-    __slots__ = ("dead",)
-
-    push = deque.append
-    pop_head = deque.popleft
+class FifoQueue:
+    __slots__ = ("head", "tail")
 
     def __init__(self) -> None:
-        super().__init__()
-        self.dead = 0
+        self.head: FlowRequest | None = None
+        self.tail: FlowRequest | None = None
 
-    def peek(self) -> FlowRequest | None:
-        while self:
-            head = self[0]
-            if head.state is QUEUED:
-                return head
-            self.popleft()
-            self.dead -= 1
-        return None
+    def push(self, request: FlowRequest) -> None:
+        tail = self.tail
+        if tail is None:
+            self.head = request
+        else:
+            tail.next = request
+            request.prev = tail
+        self.tail = request
+
+    def pop_head(self) -> FlowRequest:
+        head = self.head
+        following = head.next
+        self.head = following
+        if following is None:
+            self.tail = None
+        else:
+            following.prev = None
+            head.next = None
+        return head
 
     def discard(self, request: FlowRequest) -> None:
-        self.dead += 1
-        if self.dead > _COMPACT_MIN_DEAD and self.dead * 2 > len(self):
-            live = self.queued()
-            self.clear()
-            self.extend(live)
-            self.dead = 0
+        before, after = request.prev, request.next
+        if before is None:
+            self.head = after
+        else:
+            before.next = after
+        if after is None:
+            self.tail = before
+        else:
+            after.prev = before
+        request.prev = request.next = None
 
     def queued(self) -> list[FlowRequest]:
-        return [r for r in self if r.state is QUEUED]
+        out = []
+        request = self.head
+        while request is not None:
+            out.append(request)
+            request = request.next
+        return out
 
 
 class DeadlineQueue:
-    """A heap ordered by `request.order_key`, then arrival sequence."""
+    """A heap ordered by `request.order_key`, then arrival sequence. Its top
+    entry is always a queued request, so `head` is exact."""
 
-    __slots__ = ("_dead", "_items")
+    __slots__ = ("_dead", "_items", "head")
 
     def __init__(self) -> None:
         self._items: list[tuple[float, int, FlowRequest]] = []
         self._dead = 0
+        self.head: FlowRequest | None = None
 
     def push(self, request: FlowRequest) -> None:
         heappush(self._items, (request.order_key, request.seq, request))
-
-    def peek(self) -> FlowRequest | None:
-        items = self._items
-        while items:
-            head = items[0][2]
-            if head.state is QUEUED:
-                return head
-            heappop(items)
-            self._dead -= 1
-        return None
+        self.head = self._items[0][2]
 
     def pop_head(self) -> FlowRequest:
-        return heappop(self._items)[2]
+        request = heappop(self._items)[2]
+        self._settle()
+        return request
 
     def discard(self, request: FlowRequest) -> None:
         self._dead += 1
@@ -114,6 +123,14 @@ class DeadlineQueue:
             self._items = [e for e in self._items if e[2].state is QUEUED]
             heapify(self._items)
             self._dead = 0
+        self._settle()
+
+    def _settle(self) -> None:
+        items = self._items
+        while items and items[0][2].state is not QUEUED:
+            heappop(items)
+            self._dead -= 1
+        self.head = items[0][2] if items else None
 
     def queued(self) -> list[FlowRequest]:
         return [e[2] for e in self._items if e[2].state is QUEUED]

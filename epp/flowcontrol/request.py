@@ -45,5 +45,6 @@ class FlowRequest:
     order_key: float = 0.0
     seq: int = 0
     flow: Any = field(default=None, repr=False)
+    prev: FlowRequest | None = field(default=None, repr=False)
+    next: FlowRequest | None = field(default=None, repr=False)
     charged_input: float = 0.0
-    dispatched_at: float = 0.0

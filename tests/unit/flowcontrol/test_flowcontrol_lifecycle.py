@@ -221,12 +221,6 @@ def test_ensured_band_stays_when_its_flows_are_collected():
     assert core.priorities == [4, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue creates the band before the capacity check: a request rejected "
-    "rejected-saturated at a new priority leaves an empty unconfigured band that no "
-    "flow will ever collect",
-)
 def test_request_rejected_at_a_new_priority_leaves_no_band_behind():
     core = idle_core(max_requests=1, gate=Credits(0))
     enqueue_all(core, request(priority=0))
