@@ -71,11 +71,12 @@ class Band:
         queued: list[FlowRequest] = self.policy.requests()
         self.policy = make_policy(config)
         for flow in self.flows.values():
-            flow.queue = self.policy.new_queue()
+            flow.reset_queue(self.policy.new_queue())
             flow.count = 0
             flow.ring_member = False
             flow.heap_seq = -1
         for request in queued:
+            request.prev = request.next = None
             request.order_key = order_key(config.ordering, request)
             flow = request.flow
             flow.count += 1

@@ -38,13 +38,14 @@ from typing import Protocol
 
 from epp.flowcontrol.config import BandConfig, Fairness, Ordering
 from epp.flowcontrol.flow import Flow
-from epp.flowcontrol.ordering import RequestQueue, make_queue
+from epp.flowcontrol.ordering import RequestQueue, make_flow_queue, make_queue
 from epp.flowcontrol.request import FlowRequest
 
 
 class FairnessPolicy(Protocol):
     def new_queue(self) -> RequestQueue | None:
-        """The queue of a new flow (None when the policy keeps one band queue)."""
+        """The queue of a new flow: None when the flow is its own FIFO queue,
+        or when the policy keeps one queue for the whole band."""
         ...
 
     def push(self, request: FlowRequest, flow: Flow) -> None: ...
@@ -79,8 +80,8 @@ class RoundRobin:
         self._ordering = ordering
         self._ring: deque[Flow] = deque()
 
-    def new_queue(self) -> RequestQueue:
-        return make_queue(self._ordering)
+    def new_queue(self) -> RequestQueue | None:
+        return make_flow_queue(self._ordering)
 
     def push(self, request: FlowRequest, flow: Flow) -> None:
         flow.queue.push(request)
@@ -138,8 +139,8 @@ class VirtualTokenCounter:
         self._floor = 0.0
         self._backlogged = 0
 
-    def new_queue(self) -> RequestQueue:
-        return make_queue(self._ordering)
+    def new_queue(self) -> RequestQueue | None:
+        return make_flow_queue(self._ordering)
 
     def _enter(self, flow: Flow) -> None:
         """Give `flow` a fresh heap entry at its current counter; any older

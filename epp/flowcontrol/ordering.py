@@ -140,6 +140,12 @@ def make_queue(ordering: Ordering) -> RequestQueue:
     return FifoQueue() if ordering is Ordering.FCFS else DeadlineQueue()
 
 
+def make_flow_queue(ordering: Ordering) -> RequestQueue | None:
+    """A flow's queue for `ordering`; None for FCFS, where the flow is its own
+    queue (see `epp.flowcontrol.flow.Flow`)."""
+    return None if ordering is Ordering.FCFS else DeadlineQueue()
+
+
 def order_key(ordering: Ordering, request: FlowRequest) -> float:
     """The heap key of `request` under `ordering` (unused by FCFS)."""
     if ordering is Ordering.SLO_DEADLINE and request.ttft_slo is not None:
