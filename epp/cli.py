@@ -19,7 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="epp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="epp", description="Endpoint Picker for LLM inference pools."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = argv[0] if argv else None
     for name, (module_name, help_text) in SUBCOMMANDS.items():
