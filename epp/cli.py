@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("epp.validate_command", "validate manifests and configuration files"),
+    "serve": ("epp.serve_command", "run the EPP: ext_proc for Envoy, health, metrics"),
 }
 """name -> (module, one-line help)."""
 

@@ -1,0 +1,457 @@
+"""`epp serve`: the composition root of the live EPP.
+
+Builds every piece from the options, serves until told to stop, and shuts
+down gracefully:
+
+    EndpointStore --snapshot--> gate (build_gate) + Scheduler (the placer)
+        |                              \\
+        +--> MetricsScraper --poke-->   FlowController <-- ObjectiveRegistry
+                                             |               (priorities -> bands)
+                                     AdmissionController --> EppMetrics
+                                             |
+                               ExtProcServicer (grpc.aio, port 9002) + Health
+
+Where the pool, objectives and endpoints come from (`Inputs`):
+- files (`--endpoints` given): `--pool FILE`, `--objectives PATH...`,
+  `--endpoints ip:port,...|@FILE`, each reloaded when it changes
+  (`epp.filewatch`). Without `--objectives` the objectives shipped with the
+  package (copies of config/samples/) are used; without `--pool`, a pool
+  named `--pool-name` in `--pool-namespace` with no labels, or, when neither
+  `--pool-name` nor `--objectives` is given, the sample pool the sample
+  objectives are written for;
+- the cluster (`--pool-name` without `--endpoints`): the pool, the
+  namespace's objectives and the pool's pods from the API server
+  (`epp.k8s.cluster`).
+`--config-file` (also reloaded) gives flow control and scheduling. A file
+change that does not load is refused and the last good state stays; queued
+requests are never dropped by a reload.
+
+Readiness (gRPC health) turns SERVING once the inputs are loaded (files) or
+synced (cluster). On SIGTERM or SIGINT: readiness NOT_SERVING; admission
+closes (new requests get 503 rejected-shutting-down) while the queue drains
+for up to `--grace`; then open streams get the rest of the grace period to
+finish; then everything stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from epp import defaults
+from epp.admission import AdmissionController
+from epp.api.models import InferencePool
+from epp.api.registry import ObjectiveRegistry
+from epp.config import EppConfig, load_config
+from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.store import EndpointStore
+from epp.extproc.server import ExtProcServicer, add_to_server, server_options
+from epp.extproc.stream import StreamSettings
+from epp.filewatch import FileWatcher
+from epp.flowcontrol.config import GateConfig, GateKind
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.gate import ConcurrencyGate
+from epp.health import Health
+from epp.manifests import ManifestError, load_objectives, load_pool
+from epp.metrics import EppMetrics, serve_metrics
+from epp.scheduling.gates import build_gate, pool_saturation
+from epp.scheduling.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from epp.k8s.cluster import ClusterMode
+
+log = logging.getLogger("epp.server")
+
+SCRAPE_TIMEOUT = 1.0
+GC_GEN0_THRESHOLD = 50_000
+"""Allocations between young-generation collections once started (default
+700): the hot path allocates many short-lived objects and few cycles."""
+
+
+class StartupError(Exception):
+    """The options or the files they name cannot make a working EPP."""
+
+
+@dataclass(slots=True, frozen=True)
+class ServeOptions:
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    config_file: str | None = None
+    objectives: tuple[str, ...] = ()
+    pool_file: str | None = None
+    pool_name: str | None = None
+    pool_namespace: str = "default"
+    endpoints: str | None = None
+    """`ip:port,...`, or `@FILE` holding such a list (commas or newlines)."""
+    kubeconfig: str | None = None
+    leader_election: bool = False
+    refresh_metrics_interval: float = 0.05
+    max_body_bytes: int = 16 * 1024 * 1024
+    secure_serving: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    grace: float = 10.0
+    watch_interval: float = 1.0
+    ready_file: str | None = None
+    seed: int | None = None
+
+    @property
+    def cluster(self) -> bool:
+        return self.pool_name is not None and self.endpoints is None
+
+
+def read_endpoints(value: str) -> list[EndpointSpec]:
+    """The endpoints of `--endpoints`: an inline list, or `@FILE`. An empty
+    list is allowed (the pool has no endpoints for now)."""
+    text = Path(value[1:]).read_text(encoding="utf-8") if value.startswith("@") else value
+    entries = ",".join(
+        line.split("#", 1)[0].replace(" ", ",") for line in text.replace(",", "\n").splitlines()
+    )
+    if not entries.strip(", "):
+        return []
+    return parse_static_endpoints(entries)
+
+
+def synthesized_pool(name: str, namespace: str) -> InferencePool:
+    """The pool when no --pool file is given: a name, a namespace, no labels."""
+    return InferencePool(name=name, namespace=namespace)
+
+
+def initial_pool(options: ServeOptions) -> InferencePool:
+    if options.pool_file is not None:
+        return load_pool(options.pool_file)
+    if options.pool_name is None and not options.objectives:
+        return load_pool(defaults.POOL)
+    return synthesized_pool(options.pool_name or "default", options.pool_namespace)
+
+
+def saturation_of(gate: GateConfig, store: EndpointStore, credits: ConcurrencyGate | None) -> float:
+    """The pool's saturation as the configured gate sees it (the largest of
+    its kinds): in-flight over credits, and/or scraped utilization."""
+    pool = store.snapshot()
+    if not pool.endpoints:
+        return 1.0
+    values = [0.0]
+    if credits is not None:
+        if credits.max_per_endpoint > 0:
+            values.append(credits.in_flight / (credits.max_per_endpoint * len(pool.endpoints)))
+        if credits.max_in_flight > 0:
+            values.append(credits.in_flight / credits.max_in_flight)
+    if GateKind.UTILIZATION in gate.kinds:
+        values.append(
+            pool_saturation(
+                pool,
+                time.monotonic(),
+                gate.queue_depth_threshold,
+                gate.kv_cache_threshold,
+                gate.metrics_staleness,
+            )[0]
+        )
+    return max(values)
+
+
+class EppServer:
+    """One live EPP; `start()`, then `stop()` (graceful). See the module docstring."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.health = Health()
+        self.ports: dict[str, int] = {}
+        self.registry: ObjectiveRegistry | None = None
+        self.watcher = FileWatcher(options.watch_interval)
+        self._stack = contextlib.AsyncExitStack()
+        self._grpc_servers: list[grpc.aio.Server] = []
+        self._objectives_paths: tuple[str | Path, ...] = options.objectives or (
+            defaults.OBJECTIVES,
+        )
+        self._ready_task: asyncio.Task[None] | None = None
+        self._mode: ClusterMode | None = None
+        self.config = self._load_config()
+        self.store = EndpointStore()
+        self._build_core(self.config)
+        self._pool: InferencePool | None = None
+        if not options.cluster:
+            self._load_files()
+        pool_name = self._pool.name if self._pool is not None else options.pool_name
+        self.metrics = EppMetrics(pool_name or "default")
+        self.metrics.watch_core(
+            self.core,
+            lambda: saturation_of(self.config.flow_control.gate, self.store, self.credits),
+        )
+        self.admission = AdmissionController(
+            self.core,
+            on_outcome=self.metrics.on_outcome,
+            on_flows_collected=self.metrics.on_flows_collected,
+        )
+        self.store.on_membership_change(self.admission.poke)
+        self.settings = StreamSettings(max_body_bytes=options.max_body_bytes)
+        self.servicer = ExtProcServicer(
+            self.admission,
+            self.priority_of,
+            self.settings,
+            listener=self.metrics.on_stream_event,
+        )
+
+    # -- building ------------------------------------------------------------
+
+    def _load_config(self) -> EppConfig:
+        if self.options.config_file is None:
+            return EppConfig()
+        return load_config(self.options.config_file)
+
+    def _build_core(self, config: EppConfig) -> None:
+        seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)
+        self.gate, self.credits = build_gate(
+            config.flow_control.gate, self.store.snapshot, time.monotonic
+        )
+        self.scheduler = Scheduler(
+            config.scheduling,
+            self.store.snapshot,
+            time.monotonic,
+            random.Random(seed),
+            self.credits,
+        )
+        self.core = FlowController(config.flow_control, self.gate, self.scheduler)
+        self._rng = random.Random(seed + 1)
+
+    def _load_files(self) -> None:
+        options = self.options
+        if options.endpoints is None:
+            raise StartupError(
+                "no endpoints: give --endpoints ip:port,... (or @FILE), or --pool-name "
+                "without --endpoints to take the pool's pods from Kubernetes"
+            )
+        self._pool = initial_pool(options)
+        self.registry = ObjectiveRegistry(self._pool, publish=self.core.ensure_bands)
+        self._objectives = load_objectives(self._objectives_paths)
+        self.registry.replace(self._objectives)
+        self.store.replace_all(read_endpoints(options.endpoints))
+        log.info(
+            "pool %s/%s: %d objectives apply (priorities %s), %d endpoints",
+            self._pool.namespace,
+            self._pool.name,
+            len(self.registry.objectives()),
+            sorted(self.registry.priorities),
+            len(self.store),
+        )
+
+    def priority_of(self, headers: Mapping[str, str]) -> int:
+        """The request's priority from its objective (0 until objectives are known)."""
+        registry = self.registry if self._mode is None else self._mode.registry
+        return registry.resolve(headers).priority if registry is not None else 0
+
+    # -- reloading -------------------------------------------------------------
+
+    def reload_config(self) -> None:
+        new = self._load_config()
+        old = self.config
+        if new.flow_control.gate != old.flow_control.gate:
+            log.warning("%s: gate changes apply at the next restart", self.options.config_file)
+            new = EppConfig(
+                flow_control=replace(new.flow_control, gate=old.flow_control.gate),
+                scheduling=new.scheduling,
+            )
+        self.core.reconfigure(new.flow_control)
+        if new.scheduling != old.scheduling:
+            self.scheduler = Scheduler(
+                new.scheduling,
+                self.store.snapshot,
+                time.monotonic,
+                random.Random(self._rng.randrange(1 << 63)),
+                self.credits,
+            )
+            self.core.placer = self.scheduler
+        self.config = new
+        self.admission.poke()
+
+    def reload_objectives(self) -> None:
+        objectives = load_objectives(self._objectives_paths)
+        assert self.registry is not None
+        self.registry.replace(objectives)
+        self._objectives = objectives
+
+    def reload_pool(self) -> None:
+        assert self.options.pool_file is not None and self.registry is not None
+        pool = load_pool(self.options.pool_file)
+        self.registry.set_pool(pool)
+        self.registry.replace(self._objectives)
+        self._pool = pool
+
+    def reload_endpoints(self) -> None:
+        assert self.options.endpoints is not None
+        self.store.replace_all(read_endpoints(self.options.endpoints))
+
+    def _watch_files(self) -> None:
+        options = self.options
+        if options.config_file is not None:
+            self.watcher.watch("the configuration", [options.config_file], self.reload_config)
+        if options.cluster:
+            return
+        if options.objectives:
+            self.watcher.watch("the objectives", options.objectives, self.reload_objectives)
+        if options.pool_file is not None:
+            self.watcher.watch("the pool", [options.pool_file], self.reload_pool)
+        if options.endpoints is not None and options.endpoints.startswith("@"):
+            self.watcher.watch("the endpoints", [options.endpoints[1:]], self.reload_endpoints)
+        self.watcher.start()
+
+    # -- running -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        options = self.options
+        await self.health.start()
+        if options.cluster:
+            await self._start_cluster_mode()
+        else:
+            await self.health.set_ready()
+        scraper = MetricsScraper(
+            self.store,
+            self.admission.poke,
+            interval=options.refresh_metrics_interval,
+            timeout=SCRAPE_TIMEOUT,
+            staleness=self.config.flow_control.gate.metrics_staleness,
+        )
+        await self._stack.enter_async_context(scraper)
+        self._watch_files()
+        self._stack.push_async_callback(self.watcher.stop)
+        await self._start_servers()
+        self._announce()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+    async def _start_cluster_mode(self) -> None:
+        from epp.k8s.cluster import ClusterSettings, cluster_mode
+
+        options = self.options
+        assert options.pool_name is not None
+        mode = await self._stack.enter_async_context(
+            cluster_mode(
+                ClusterSettings(
+                    options.pool_name,
+                    options.pool_namespace,
+                    leader_election=options.leader_election,
+                ),
+                lambda pool: ObjectiveRegistry(pool, publish=self.core.ensure_bands),
+                self.store,
+                kube_config=options.kubeconfig,
+            )
+        )
+
+        async def ready_when_synced() -> None:
+            await mode.ready.wait()
+            await self.health.set_ready()
+
+        self._mode = mode
+        self._ready_task = asyncio.create_task(ready_when_synced(), name="cluster readiness")
+
+    async def _start_servers(self) -> None:
+        options = self.options
+        address = options.bind_address
+        server = grpc.aio.server(options=server_options(self.settings))
+        add_to_server(self.servicer, server)
+        self.health.add_to(server)
+        target = f"{address}:{options.grpc_port}"
+        if options.secure_serving:
+            from epp.tls import server_credentials
+
+            port = server.add_secure_port(
+                target, server_credentials(options.cert_path, options.key_path)
+            )
+        else:
+            port = server.add_insecure_port(target)
+        await server.start()
+        self._grpc_servers.append(server)
+        self.ports["grpc"] = port
+
+        health_server = grpc.aio.server()
+        self.health.add_to(health_server)
+        self.ports["grpc_health"] = health_server.add_insecure_port(
+            f"{address}:{options.grpc_health_port}"
+        )
+        await health_server.start()
+        self._grpc_servers.append(health_server)
+
+        runner, self.ports["metrics"] = await serve_metrics(
+            self.metrics, address, options.metrics_port
+        )
+        self._stack.push_async_callback(runner.cleanup)
+
+    def _announce(self) -> None:
+        ports = self.ports
+        log.info(
+            "epp serving: ext_proc port %d (%s), grpc health port %d, metrics port %d, "
+            "%s mode, pid %d",
+            ports["grpc"],
+            "tls" if self.options.secure_serving else "plaintext",
+            ports["grpc_health"],
+            ports["metrics"],
+            "cluster" if self.options.cluster else "file",
+            os.getpid(),
+        )
+        if self.options.ready_file is not None:
+            path = Path(self.options.ready_file)
+            temporary = path.with_name(path.name + ".tmp")
+            temporary.write_text(json.dumps({**ports, "pid": os.getpid()}))
+            temporary.replace(path)
+
+    async def stop(self) -> None:
+        """Graceful: see the module docstring."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.grace
+        gc.unfreeze()
+        await self.health.shutting_down()
+        log.info(
+            "shutting down: %d queued, %d in flight, grace %.1f s",
+            self.admission.queued,
+            self.admission.in_flight,
+            self.options.grace,
+        )
+        await self.admission.shutdown(self.options.grace)
+        grpc_server, *others = self._grpc_servers or [None]
+        if grpc_server is not None:
+            await grpc_server.stop(max(0.0, deadline - loop.time()))
+        for server in others:
+            await server.stop(None)
+        if self._ready_task is not None:
+            self._ready_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ready_task
+        await self._stack.aclose()
+        log.info("stopped")
+
+
+async def serve(options: ServeOptions) -> int:
+    """Run until SIGTERM or SIGINT; 0 after a clean shutdown, 2 when the
+    inputs cannot start an EPP."""
+    try:
+        server = EppServer(options)
+    except (StartupError, ManifestError, ValueError, OSError) as error:
+        log.error("cannot start: %s", error)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
