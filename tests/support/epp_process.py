@@ -1,0 +1,93 @@
+"""`epp serve` as a real subprocess on loopback, with free ports.
+
+    async with running_epp("--endpoints", "127.0.0.1:8000") as epp:
+        epp.ports["grpc"], epp.ports["grpc_health"], epp.ports["metrics"]
+
+All ports are 0 (the EPP binds free ones) and read back from the JSON that
+`--ready-file` gets once the EPP serves. On exit the EPP gets SIGTERM (killed
+after a grace period); its log (stderr) stays readable through `log()`
+until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(slots=True)
+class RunningEpp:
+    process: asyncio.subprocess.Process
+    ports: dict[str, int]
+    workdir: Path
+
+    def log(self) -> str:
+        return (self.workdir / "epp.log").read_text(errors="replace")
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports['metrics']}/metrics"
+
+    async def terminate(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then the exit code (killed if it takes longer than `timeout`)."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        return self.process.returncode
+
+
+async def start_epp(*args: str, ready_timeout: float = 30.0) -> RunningEpp:
+    workdir = Path(tempfile.mkdtemp(prefix="epp-test-"))
+    ready = workdir / "ready.json"
+    with (workdir / "epp.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "epp",
+            "serve",
+            "--grpc-port=0",
+            "--grpc-health-port=0",
+            "--metrics-port=0",
+            f"--bind-address={LOOPBACK}",
+            f"--ready-file={ready}",
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    epp = RunningEpp(process, {}, workdir)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ready_timeout
+    while not ready.exists():
+        if process.returncode is not None or loop.time() > deadline:
+            await epp.terminate()
+            raise RuntimeError(f"epp serve did not start (exit {process.returncode}):\n{epp.log()}")
+        await asyncio.sleep(0.05)
+    epp.ports = json.loads(ready.read_text())
+    return epp
+
+
+@contextlib.asynccontextmanager
+async def running_epp(*args: str, ready_timeout: float = 30.0) -> AsyncIterator[RunningEpp]:
+    epp = await start_epp(*args, ready_timeout=ready_timeout)
+    try:
+        yield epp
+    finally:
+        await epp.terminate()
+        shutil.rmtree(epp.workdir, ignore_errors=True)

@@ -1,0 +1,81 @@
+"""A stand-in model server on loopback: `/v1/completions` and a vLLM `/metrics` page.
+
+Each request is recorded with the `x-gateway-destination-endpoint` header it
+came with and this server's own address, so a test can check that the
+request reached the endpoint the EPP picked. A prompt starting with "hold"
+waits until `release` is set. Answers carry OpenAI usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+LOOPBACK = "127.0.0.1"
+
+METRICS = """\
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="m"}} 0.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} {running}.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="m"}} 0.1
+"""
+
+
+@dataclass(eq=False)
+class FakeVllm:
+    address: str = ""
+    received: list[dict] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    running: int = 0
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        prompt = str(body.get("prompt", ""))
+        self.received.append(
+            {
+                "prompt": prompt,
+                "destination": request.headers.get("x-gateway-destination-endpoint"),
+                "headers": dict(request.headers),
+            }
+        )
+        self.running += 1
+        try:
+            if prompt.startswith("hold"):
+                await self.release.wait()
+        finally:
+            self.running -= 1
+        return web.json_response(
+            {
+                "model": body.get("model"),
+                "served_by": self.address,
+                "choices": [{"text": "ok"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            }
+        )
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=METRICS.format(running=self.running))
+
+
+@contextlib.asynccontextmanager
+async def running_fake_vllm() -> AsyncIterator[FakeVllm]:
+    server = FakeVllm()
+    app = web.Application()
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_get("/metrics", server.metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, LOOPBACK, 0).start()
+    server.address = f"{LOOPBACK}:{runner.addresses[0][1]}"
+    try:
+        yield server
+    finally:
+        server.release.set()
+        await runner.cleanup()
