@@ -1,0 +1,116 @@
+"""`epp serve` behind a real Envoy: an empty pool, endpoint-file changes and
+graceful shutdown. Each test starts (and stops) its own EPP and Envoy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.envoy import running_envoy
+from tests.support.epp_process import running_epp
+from tests.support.fake_vllm import running_fake_vllm
+
+pytestmark = [pytest.mark.envoy]
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+ONE_CREDIT = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+flowControl:
+  gate: {kinds: [concurrency], maxPerEndpoint: 1}
+"""
+
+
+async def eventually(condition, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def post(session, url, prompt="p", headers=None):
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    async with session.post(url, data=body, headers=headers or {}) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+async def readiness(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="readiness"), timeout=5
+        )
+    return reply.status
+
+
+async def test_empty_pool_answers_503_no_endpoints_when_the_ttl_is_spent(tmp_path):
+    endpoints = tmp_path / "endpoints.txt"
+    endpoints.write_text("# scaled to zero\n")
+    async with (
+        running_epp(f"--endpoints=@{endpoints}") as epp,
+        running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        aiohttp.ClientSession() as session,
+    ):
+        url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+        status, headers, _ = await post(session, url, headers={"x-llm-d-inference-ttl": "200ms"})
+    assert (status, headers.get("x-llm-d-request-dropped-reason")) == (
+        503,
+        "rejected-no-endpoints",
+    )
+
+
+async def test_queued_request_goes_to_an_endpoint_added_to_the_endpoints_file(tmp_path):
+    endpoints = tmp_path / "endpoints.txt"
+    endpoints.write_text("")
+    async with (
+        running_fake_vllm() as upstream,
+        running_epp(f"--endpoints=@{endpoints}", "--file-watch-interval=50ms") as epp,
+        running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        aiohttp.ClientSession() as session,
+    ):
+        url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+        request = asyncio.create_task(post(session, url))
+        await asyncio.sleep(0.3)
+        assert not request.done()
+        endpoints.write_text(f"{upstream.address}\n")
+        status, _, body = await asyncio.wait_for(request, 10)
+    assert status == 200
+    assert json.loads(body)["served_by"] == upstream.address
+
+
+async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(ONE_CREDIT)
+    async with (
+        running_fake_vllm() as upstream,
+        running_epp(f"--endpoints={upstream.address}", f"--config-file={config}") as epp,
+        running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        aiohttp.ClientSession() as session,
+    ):
+        url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+        running = asyncio.create_task(post(session, url, "hold"))
+        await eventually(lambda: len(upstream.received) == 1)
+        queued = asyncio.create_task(post(session, url, "queued"))
+        await asyncio.sleep(0.2)
+        epp.process.send_signal(signal.SIGTERM)
+        await eventually(lambda: "shutting down" in epp.log())
+        assert (
+            await readiness(epp.ports["grpc_health"]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        status, headers, _ = await post(session, url, "late")
+        assert (status, headers.get("x-llm-d-request-dropped-reason")) == (
+            503,
+            "rejected-shutting-down",
+        )
+        upstream.release.set()
+        assert (await running)[0] == 200
+        assert (await queued)[0] == 200
+        assert await asyncio.wait_for(epp.process.wait(), 10) == 0
+    assert [r["prompt"] for r in upstream.received] == ["hold", "queued"]
