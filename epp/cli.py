@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("epp.validate_command", "validate manifests and configuration files"),
+    "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
     "serve": ("epp.serve_command", "run the EPP: ext_proc for Envoy, health, metrics"),
 }
 """name -> (module, one-line help)."""

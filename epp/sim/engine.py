@@ -1,0 +1,324 @@
+"""The event loop: one policy, one workload, one pool, on a virtual clock.
+
+Events sit in a binary heap keyed by (time, sequence number), so equal
+times resolve in the order they were scheduled and a run is a pure function
+of the scenario and its seed. Arrivals come from the pre-drawn workload and
+are merged with the heap rather than pushed into it.
+
+Each model server has at most one live entry in the heap (its
+`next_event_time`); entries made stale by an admission that moved that time
+are skipped when popped. Servers report starts at once and completions after
+they have advanced, so a completion that dispatches more work never re-enters
+a server in the middle of its step.
+
+Metrics: every `scrape_interval` each live server's metrics are sampled and
+published `scrape_lag` later as a new `PoolSnapshot` (`version` grows with
+every publication, `membership` when servers go down or come back), so the
+routing policy sees values as stale as a live scraper would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from math import inf
+from typing import Protocol
+
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.sim.scenario import Scenario
+from epp.sim.server_model import ModelServer, ServerRequest
+from epp.sim.workload import Arrived
+
+SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT = range(6)
+
+COMPLETED = "completed"
+SERVER_REJECTED = "server-rejected"
+SERVER_FAILED = "server-failed"
+UNFINISHED = "unfinished"
+NO_ENDPOINTS = "rejected-no-endpoints"
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest(ServerRequest):
+    """A request of the simulated workload: the server's view plus who sent
+    it, when, and how its life ended (`outcome`, None while alive)."""
+
+    tenant: int = 0
+    arrival: float = 0.0
+    server: int = -1
+    outcome: str | None = None
+
+
+def address_of(index: int) -> str:
+    return f"10.0.{index // 256}.{index % 256}:8000"
+
+
+class Policy(Protocol):
+    """Where requests go: the EPP (flow control and scheduler) or a baseline."""
+
+    def arrive(self, request: SimRequest, now: float) -> None: ...
+
+    def finished(self, request: SimRequest, now: float) -> None:
+        """`request` completed on its server, or was lost with it (`outcome` set)."""
+        ...
+
+    def pool_changed(self, now: float) -> None:
+        """A metrics publication or a membership change."""
+        ...
+
+    def timer(self, now: float) -> None:
+        """The time returned by `next_timer` came."""
+        ...
+
+    def next_timer(self) -> float: ...
+
+    def queued_by_priority(self) -> dict[int, int]:
+        """Requests waiting in the policy's own queues, per band."""
+        ...
+
+
+class Simulation:
+    """Runs one policy over one workload (see the module docstring).
+
+    The policy calls back `send(request, server_index, now)` to hand a
+    request to a server, and `end(request, outcome, now)` to end one
+    without a server. `snapshot()` and `clock()` are the pool and the clock
+    the policy's components read.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        arrivals: list[Arrived],
+        weights: Callable[[int], tuple[float, float]],
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.scenario = scenario
+        pool = scenario.pool
+        self.now = 0.0
+        self.end_time = scenario.duration_s + scenario.drain_s
+        self.servers = [ModelServer(pool.params, self) for _ in range(pool.servers)]
+        self.addresses = [address_of(index) for index in range(pool.servers)]
+        self.index_of = {address: index for index, address in enumerate(self.addresses)}
+        self.up = [True] * pool.servers
+        self.requests = [
+            SimRequest(
+                request_id=number,
+                prompt_tokens=item.prompt_tokens,
+                output_tokens=item.output_tokens,
+                prefix_group=self._group(item.tenant),
+                prefix_tokens=scenario.tenants[item.tenant].prefix_tokens,
+                lora=scenario.tenants[item.tenant].lora,
+                tenant=item.tenant,
+                arrival=item.time,
+            )
+            for number, item in enumerate(arrivals)
+        ]
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._scheduled = [inf] * pool.servers
+        self._finished: list[SimRequest] = []
+        self._timer_at = inf
+        self._version = 0
+        self._membership = 1
+        self._metrics: list[EndpointMetrics] = [EndpointMetrics() for _ in self.servers]
+        self.snapshot_now = self._build_snapshot()
+        self.policy: Policy | None = None
+        self._progress = progress
+        tenants = len(scenario.tenants)
+        self._weights = [weights(scenario.priority_of(t.objective)) for t in scenario.tenants]
+        self.waiting_by_tenant = [0] * tenants
+        self.service_by_tenant = [0.0] * tenants
+        self.sample_times: list[float] = []
+        self.waiting_samples: list[list[int]] = []
+        self.service_samples: list[list[float]] = []
+        self.queued_samples: list[dict[int, int]] = []
+
+    def _group(self, tenant: int) -> int:
+        group = self.scenario.tenants[tenant].prefix_group
+        if group is None:
+            return -1
+        names = sorted({t.prefix_group for t in self.scenario.tenants if t.prefix_group})
+        return names.index(group)
+
+    # -- what policies read -------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
+
+    def snapshot(self) -> PoolSnapshot:
+        return self.snapshot_now
+
+    def live_servers(self) -> list[int]:
+        return [index for index, up in enumerate(self.up) if up]
+
+    # -- what policies do -----------------------------------------------------
+
+    def send(self, request: SimRequest, server_index: int, now: float) -> None:
+        """Hand `request` to a server; a full waiting queue rejects it."""
+        request.server = server_index
+        server = self.servers[server_index]
+        if not server.admit(request, now):
+            self.end(request, SERVER_REJECTED, now)
+            self.policy.finished(request, now)
+            return
+        when = server.next_event_time()
+        if when != self._scheduled[server_index]:
+            self._scheduled[server_index] = when
+            if when != inf:
+                self._push(when, SERVER, server_index)
+
+    def end(self, request: SimRequest, outcome: str, now: float) -> None:
+        """`request` ends without (further) service."""
+        request.outcome = outcome
+        if request.started_at is None:
+            self.waiting_by_tenant[request.tenant] -= 1
+        request.finished_at = now
+
+    def want_timer(self, when: float | None) -> None:
+        """Make sure the policy's timer fires at `when` (None: no need)."""
+        if when is not None and when < self._timer_at:
+            self._timer_at = when
+            self._push(when, TIMER, None)
+
+    # -- the server listener ----------------------------------------------------
+
+    def started(self, request: ServerRequest, now: float) -> None:
+        tenant = request.tenant  # type: ignore[attr-defined]
+        self.waiting_by_tenant[tenant] -= 1
+        self.service_by_tenant[tenant] += self._weights[tenant][0] * request.prompt_tokens
+
+    def first_token(self, request: ServerRequest, now: float) -> None:
+        pass
+
+    def finished(self, request: ServerRequest, now: float) -> None:
+        self._finished.append(request)  # type: ignore[arg-type]
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _push(self, when: float, kind: int, data: object) -> None:
+        self._seq += 1
+        heappush(self._heap, (when, self._seq, kind, data))
+
+    def _build_snapshot(self) -> PoolSnapshot:
+        self._version += 1
+        endpoints = tuple(
+            Endpoint(f"server-{index}", self.addresses[index], metrics=self._metrics[index])
+            for index, up in enumerate(self.up)
+            if up
+        )
+        return PoolSnapshot(endpoints, self._version, self._membership)
+
+    def run(self, policy: Policy) -> None:
+        self.policy = policy
+        scenario = self.scenario
+        pool = scenario.pool
+        self._push(0.0, SCRAPE, None)
+        for event in scenario.events:
+            self._push(event.at_s, POOL_EVENT, event)
+        sample_every = scenario.duration_s / scenario.samples
+        self._push(0.0, SAMPLE, None)
+        heap = self._heap
+        requests = self.requests
+        count = len(requests)
+        next_index = 0
+        servers = self.servers
+        scheduled = self._scheduled
+        finished = self._finished
+        end_time = self.end_time
+        progress = self._progress
+        progress_step = max(1, count // 100)
+        while True:
+            arrival_time = requests[next_index].arrival if next_index < count else inf
+            if heap and heap[0][0] <= arrival_time:
+                when, _, kind, data = heappop(heap)
+                if when > end_time:
+                    break
+                self.now = when
+                if kind == SERVER:
+                    index = data
+                    server = servers[index]
+                    if server.next_event_time() != when:
+                        continue
+                    server.advance(when)
+                    following = server.next_event_time()
+                    scheduled[index] = following
+                    if following != inf:
+                        self._push(following, SERVER, index)
+                    while finished:
+                        done = finished.pop()
+                        done.outcome = COMPLETED
+                        self.service_by_tenant[done.tenant] += (
+                            self._weights[done.tenant][1] * done.output_tokens
+                        )
+                        policy.finished(done, when)
+                elif kind == TIMER:
+                    if when != self._timer_at:
+                        continue
+                    self._timer_at = inf
+                    policy.timer(when)
+                    self.want_timer(policy.next_timer())
+                elif kind == SCRAPE:
+                    if when <= scenario.duration_s or self._busy():
+                        lag = pool.scrape_lag_s
+                        sampled = [server.metrics(when + lag) for server in servers]
+                        self._push(when + lag, PUBLISH, sampled)
+                        self._push(when + pool.scrape_interval_s, SCRAPE, None)
+                elif kind == PUBLISH:
+                    self._metrics = data  # type: ignore[assignment]
+                    self.snapshot_now = self._build_snapshot()
+                    policy.pool_changed(when)
+                elif kind == SAMPLE:
+                    self._sample(when)
+                    if when < scenario.duration_s:
+                        self._push(min(when + sample_every, scenario.duration_s), SAMPLE, None)
+                    elif self._busy():
+                        self._push(when + sample_every, SAMPLE, None)
+                else:
+                    self._pool_event(data, when)
+            elif next_index < count:
+                request = requests[next_index]
+                next_index += 1
+                self.now = arrival_time
+                self.waiting_by_tenant[request.tenant] += 1
+                policy.arrive(request, arrival_time)
+                if progress is not None and next_index % progress_step == 0:
+                    progress(arrival_time)
+            else:
+                break
+        for request in requests:
+            if request.outcome is None:
+                request.outcome = UNFINISHED
+        if progress is not None:
+            progress(scenario.duration_s)
+
+    def _busy(self) -> bool:
+        return any(server.next_event_time() != inf for server in self.servers) or any(
+            self.policy.queued_by_priority().values()
+        )
+
+    def _sample(self, when: float) -> None:
+        self.sample_times.append(when)
+        self.waiting_samples.append(list(self.waiting_by_tenant))
+        self.service_samples.append(list(self.service_by_tenant))
+        self.queued_samples.append(self.policy.queued_by_priority())
+
+    def _pool_event(self, event: object, now: float) -> None:
+        index = event.server  # type: ignore[attr-defined]
+        if event.up == self.up[index]:  # type: ignore[attr-defined]
+            return
+        self._membership += 1
+        if event.up:  # type: ignore[attr-defined]
+            self.up[index] = True
+            self._metrics[index] = EndpointMetrics()
+        else:
+            self.up[index] = False
+            server = self.servers[index]
+            lost = server.fail()
+            self._scheduled[index] = inf
+            for request in lost:
+                self.end(request, SERVER_FAILED, now)
+                self.policy.finished(request, now)
+        self.snapshot_now = self._build_snapshot()
+        self.policy.pool_changed(now)

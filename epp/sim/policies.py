@@ -1,0 +1,229 @@
+"""Who decides where a simulated request goes.
+
+`EppPolicy` is ours: the production `FlowController`, gate (`build_gate`)
+and `Scheduler`, wired as `epp serve` wires them and called as the live
+path calls them: enqueue on arrival, dispatch after every enqueue,
+completion, metrics publication and TTL expiry (at `next_deadline`),
+complete with the real usage, and idle flows collected when due. The
+objective's priority comes from the `ObjectiveRegistry`.
+
+The baselines keep no queue: `round-robin` is a Kubernetes Service (next
+live server in turn); `least-queue` is the reference EPP with flow control
+off: every request goes at once to the server with the fewest waiting
+requests in the last scraped metrics (ties: fewest running, then at random).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from epp.api.models import InferenceObjective, InferencePool, PoolRef
+from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
+from epp.config import EppConfig
+from epp.flowcontrol.config import Fairness
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.gates import build_gate
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+from epp.sim.engine import NO_ENDPOINTS, SimRequest, Simulation
+from epp.sim.scenario import Scenario
+
+CHARS_PER_TOKEN = 4
+POOL_NAME = "sim-pool"
+
+
+@dataclass(slots=True)
+class SimInference(InferenceRequest):
+    """The scheduler's request, carrying the simulated request it stands for."""
+
+    sim: SimRequest | None = None
+
+
+def with_fairness(config: EppConfig, fairness: Fairness) -> EppConfig:
+    """`config` with every band (and the band template) using `fairness`."""
+    flow = config.flow_control
+    flow = replace(
+        flow,
+        default_band=replace(flow.default_band, fairness=fairness),
+        bands=tuple(replace(band, fairness=fairness) for band in flow.bands),
+    )
+    return replace(config, flow_control=flow)
+
+
+class PromptText:
+    """Prompt text for prefix affinity: a tenant's shared prefix is the same
+    text in every request, the rest is unique to the request. Only the part
+    the prefix scorer can read (`max_chars`) is built."""
+
+    def __init__(self, scenario: Scenario, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._prefix = [
+            (f"<{t.prefix_group}|" * (t.prefix_tokens * CHARS_PER_TOKEN))[
+                : min(t.prefix_tokens * CHARS_PER_TOKEN, max_chars)
+            ]
+            if t.prefix_group
+            else ""
+            for t in scenario.tenants
+        ]
+
+    def of(self, request: SimRequest) -> str:
+        prefix = self._prefix[request.tenant]
+        rest = min(request.prompt_tokens * CHARS_PER_TOKEN, self.max_chars) - len(prefix)
+        if rest <= 0:
+            return prefix
+        unit = f"{request.request_id:x}."
+        return prefix + (unit * (rest // len(unit) + 1))[:rest]
+
+
+class EppPolicy:
+    def __init__(self, sim: Simulation, config: EppConfig, seed: int) -> None:
+        scenario = sim.scenario
+        self.sim = sim
+        gate, credits = build_gate(config.flow_control.gate, sim.snapshot, sim.clock)
+        self.scheduler = Scheduler(
+            config.scheduling, sim.snapshot, sim.clock, random.Random(seed), credits
+        )
+        self.core = FlowController(config.flow_control, gate, self.scheduler)
+        pool = InferencePool(POOL_NAME)
+        self.registry = ObjectiveRegistry(pool, self.core.ensure_bands)
+        self.registry.replace(
+            InferenceObjective(o.name, priority=o.priority, pool_refs=(PoolRef(POOL_NAME),))
+            for o in scenario.objectives
+        )
+        self._priority = [
+            self.registry.resolve({OBJECTIVE_HEADER: tenant.objective}).priority
+            for tenant in scenario.tenants
+        ]
+        self._ttl = [tenant.ttl_s for tenant in scenario.tenants]
+        self._fairness_id = [tenant.fairness_id for tenant in scenario.tenants]
+        self._stream = [tenant.stream for tenant in scenario.tenants]
+        self._model = scenario.model
+        scheduling = config.scheduling
+        self._text = PromptText(
+            scenario, scheduling.prefix_block_chars * scheduling.prefix_max_blocks
+        )
+
+    def arrive(self, request: SimRequest, now: float) -> None:
+        tenant = request.tenant
+        payload = SimInference(
+            self._model,
+            request.lora or self._model,
+            self._text.of(request),
+            self._stream[tenant],
+            request.output_tokens,
+            sim=request,
+        )
+        flow_request = FlowRequest(
+            str(request.request_id),
+            self._fairness_id[tenant],
+            self._priority[tenant],
+            now,
+            byte_size=request.prompt_tokens * CHARS_PER_TOKEN,
+            input_tokens=request.prompt_tokens,
+            ttl=self._ttl[tenant],
+            payload=payload,
+        )
+        request.owner = flow_request
+        outcome = self.core.enqueue(flow_request, now)
+        if outcome is not None:
+            self.sim.end(request, outcome.reason, now)
+            return
+        self._dispatch(now)
+        self.sim.want_timer(self.core.next_deadline())
+
+    def finished(self, request: SimRequest, now: float) -> None:
+        self.core.complete(request.owner, now, request.prompt_tokens, self._served(request))
+        self._dispatch(now)
+        self.sim.want_timer(self.core.next_idle_check())
+
+    def pool_changed(self, now: float) -> None:
+        self._dispatch(now)
+
+    def timer(self, now: float) -> None:
+        core = self.core
+        for expired in core.expire(now):
+            self.sim.end(expired.payload.sim, expired.outcome.reason, now)
+        core.collect_idle(now)
+        self._dispatch(now)
+
+    def next_timer(self) -> float:
+        times = [
+            t for t in (self.core.next_deadline(), self.core.next_idle_check()) if t is not None
+        ]
+        return min(times, default=float("inf"))
+
+    def queued_by_priority(self) -> dict[int, int]:
+        return {band.priority: band.count for band in self.core.bands()}
+
+    def _served(self, request: SimRequest) -> int:
+        """Output tokens produced (all of them unless the server was lost)."""
+        if request.outcome == "completed":
+            return request.output_tokens
+        if request.first_token_at is None:
+            return 0
+        return 1
+
+    def _dispatch(self, now: float) -> None:
+        sim = self.sim
+        index_of = sim.index_of
+        for flow_request in self.core.dispatch(now):
+            payload = flow_request.payload
+            request = payload.sim
+            if flow_request.endpoint is None:
+                sim.end(request, flow_request.outcome.reason, now)
+                continue
+            payload.prompt = ""
+            payload.prefix_hashes = None
+            sim.send(request, index_of[flow_request.endpoint], now)
+
+
+class RoundRobinPolicy:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self._turn = 0
+
+    def arrive(self, request: SimRequest, now: float) -> None:
+        live = self.sim.live_servers()
+        if not live:
+            self.sim.end(request, NO_ENDPOINTS, now)
+            return
+        self._turn += 1
+        self.sim.send(request, live[self._turn % len(live)], now)
+
+    def finished(self, request: SimRequest, now: float) -> None:
+        pass
+
+    def pool_changed(self, now: float) -> None:
+        pass
+
+    def timer(self, now: float) -> None:
+        pass
+
+    def next_timer(self) -> float:
+        return float("inf")
+
+    def queued_by_priority(self) -> dict[int, int]:
+        return {}
+
+
+class LeastQueuePolicy(RoundRobinPolicy):
+    def __init__(self, sim: Simulation, seed: int) -> None:
+        super().__init__(sim)
+        self._rng = random.Random(seed)
+
+    def arrive(self, request: SimRequest, now: float) -> None:
+        endpoints = self.sim.snapshot().endpoints
+        if not endpoints:
+            self.sim.end(request, NO_ENDPOINTS, now)
+            return
+        best = min((e.metrics.waiting, e.metrics.running) for e in endpoints)
+        ties = [e for e in endpoints if (e.metrics.waiting, e.metrics.running) == best]
+        chosen = ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
+        self.sim.send(request, self.sim.index_of[chosen.address], now)
+
+
+def priorities(scenario: Scenario) -> Iterable[int]:
+    return sorted({o.priority for o in scenario.objectives} | {0}, reverse=True)

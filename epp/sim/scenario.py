@@ -1,0 +1,574 @@
+"""The scenario file: what users write to describe a simulated pool and its load.
+
+```yaml
+name: overload-three-tiers
+seed: 7
+duration_s: 300
+pool: {servers: 8, max_num_seqs: 32, prefill_ms_per_token: 0.2, decode_ms_per_token: 12,
+       kv_blocks: 8000, block_size: 16}
+objectives: [{name: premium, priority: 10}, {name: standard, priority: 0}]
+tenants:
+  - {name: a, objective: premium, rate_rps: 5, arrival: poisson,
+     prompt_tokens: {lognormal: {mean: 600, sigma: 0.6}}, output_tokens: {constant: 200}}
+events: [{at_s: 120, server_down: 3}]
+epp: {config: config/epp/default.yaml}
+baselines: [round-robin, least-queue]
+```
+
+Every key is checked; an unknown key or a bad value is an error naming its
+path (`tenants[1].arrival`), and all errors are reported together. Relative
+paths (the EPP config, trace files) are tried against the current directory
+first, then against the scenario file's directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.config import ConfigError, EppConfig, load_config
+from epp.flowcontrol.config import Fairness
+from epp.sim.server_model import ServerParams
+
+BASELINES = ("round-robin", "least-queue")
+ARRIVALS = ("constant", "poisson")
+DISTRIBUTIONS = ("constant", "uniform", "lognormal", "trace")
+
+
+class ScenarioError(ValueError):
+    """A scenario with errors; `errors` holds one "path: message" each."""
+
+    def __init__(self, errors: list[str], source: str | None = None) -> None:
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + error for error in errors))
+        self.errors = errors
+
+
+@dataclass(slots=True, frozen=True)
+class Lengths:
+    """A token-count distribution: `kind` is one of DISTRIBUTIONS; `a`, `b`
+    are (value, -), (low, high) or (mean, sigma)."""
+
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class Arrival:
+    """`constant` or `poisson` at the tenant's rate, `bursts` (Poisson at the
+    rate while on, nothing while off, starting on), `ramp` (Poisson, the rate
+    moving linearly from `from_rps` to `to_rps` over the run), or `trace`
+    (the timestamps of the trace file)."""
+
+    kind: str
+    on_s: float = 0.0
+    off_s: float = 0.0
+    from_rps: float = 0.0
+    to_rps: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class Trace:
+    """Rows of a trace file: arrival time (s), prompt and output tokens."""
+
+    times: tuple[float, ...]
+    prompt_tokens: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Tenant:
+    name: str
+    objective: str
+    fairness_id: str
+    rate_rps: float
+    arrival: Arrival
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+    prefix_group: str | None = None
+    prefix_tokens: int = 0
+    stream: bool = True
+    lora: str | None = None
+    ttl_s: float | None = None
+    trace: Trace | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Objective:
+    """`slo_ttft_s`: the TTFT a completed request must meet to count as goodput
+    (None: every completed request counts)."""
+
+    name: str
+    priority: int
+    slo_ttft_s: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ServerEvent:
+    """At `at_s`, server `server` (0-based) goes down (`up` False) or comes back."""
+
+    at_s: float
+    server: int
+    up: bool
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    """Another run of the EPP with every band's fairness replaced."""
+
+    name: str
+    fairness: Fairness
+
+
+@dataclass(slots=True, frozen=True)
+class Pool:
+    servers: int
+    params: ServerParams
+    scrape_interval_s: float = 0.05
+    scrape_lag_s: float = 0.01
+
+
+@dataclass(slots=True, frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    duration_s: float
+    pool: Pool
+    objectives: tuple[Objective, ...]
+    tenants: tuple[Tenant, ...]
+    events: tuple[ServerEvent, ...] = ()
+    epp_config: EppConfig = field(default_factory=EppConfig)
+    epp_config_path: str | None = None
+    variants: tuple[Variant, ...] = ()
+    baselines: tuple[str, ...] = BASELINES
+    drain_s: float = 120.0
+    isolation: bool = True
+    model: str = "model"
+    samples: int = 200
+
+    def priority_of(self, objective: str) -> int:
+        for candidate in self.objectives:
+            if candidate.name == objective:
+                return candidate.priority
+        return 0
+
+
+POOL_KEYS = {
+    "servers",
+    "scrape_interval_ms",
+    "scrape_lag_ms",
+    *(f.name for f in fields(ServerParams)),
+}
+TENANT_KEYS = {
+    "name",
+    "objective",
+    "fairness_id",
+    "rate_rps",
+    "arrival",
+    "prompt_tokens",
+    "output_tokens",
+    "prefix",
+    "stream",
+    "lora",
+    "ttl_s",
+}
+TOP_KEYS = {
+    "name",
+    "seed",
+    "duration_s",
+    "pool",
+    "objectives",
+    "tenants",
+    "events",
+    "epp",
+    "baselines",
+    "drain_s",
+    "isolation",
+    "model",
+    "samples",
+}
+
+
+class _Reader:
+    """Collects errors by path while reading a parsed YAML document."""
+
+    def __init__(self, base: Path | None) -> None:
+        self.errors: list[str] = []
+        self.base = base
+
+    def fail(self, path: str, message: str) -> None:
+        self.errors.append(f"{path}: {message}")
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.fail(path, f"must be a mapping, got {type(value).__name__}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.fail(f"{path}.{key}" if path else str(key), "unknown key")
+        return {key: value[key] for key in value if key in allowed}
+
+    def sequence(self, value: Any, path: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail(path, f"must be a list, got {type(value).__name__}")
+            return []
+        return value
+
+    def number(
+        self, value: Any, path: str, default: float | None = None, positive: bool = False
+    ) -> float:
+        if value is None:
+            if default is None:
+                self.fail(path, "is required")
+                return 1.0
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            self.fail(path, f"must be a number, got {value!r}")
+            return default if default is not None else 1.0
+        if value < 0 or (positive and value == 0):
+            self.fail(path, f"must be {'positive' if positive else 'non-negative'}, got {value}")
+        return float(value)
+
+    def integer(
+        self, value: Any, path: str, default: int | None = None, positive: bool = False
+    ) -> int:
+        if value is None:
+            if default is None:
+                self.fail(path, "is required")
+                return 1
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"must be an integer, got {value!r}")
+            return default if default is not None else 1
+        if value < 0 or (positive and value == 0):
+            self.fail(path, f"must be {'positive' if positive else 'non-negative'}, got {value}")
+        return value
+
+    def string(self, value: Any, path: str, default: str | None = None) -> str:
+        if value is None:
+            if default is None:
+                self.fail(path, "is required")
+                return ""
+            return default
+        if not isinstance(value, str) or not value:
+            self.fail(path, f"must be a non-empty string, got {value!r}")
+            return default or ""
+        return value
+
+    def boolean(self, value: Any, path: str, default: bool) -> bool:
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(path, f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def path(self, value: Any, path: str) -> Path | None:
+        name = self.string(value, path)
+        if not name:
+            return None
+        candidate = Path(name)
+        if not candidate.is_absolute() and not candidate.exists() and self.base is not None:
+            candidate = self.base / name
+        if not candidate.exists():
+            self.fail(path, f"file {name!r} not found")
+            return None
+        return candidate
+
+
+def _pool(reader: _Reader, value: Any) -> Pool:
+    raw = reader.mapping(value, "pool", POOL_KEYS)
+    if value is None:
+        reader.fail("pool", "is required")
+    defaults = ServerParams()
+    params: dict[str, Any] = {}
+    for spec in fields(ServerParams):
+        default = getattr(defaults, spec.name)
+        path = f"pool.{spec.name}"
+        if isinstance(default, int):
+            positive = spec.name in {"max_num_seqs", "kv_blocks", "block_size"}
+            params[spec.name] = reader.integer(raw.get(spec.name), path, default, positive)
+        else:
+            params[spec.name] = reader.number(raw.get(spec.name), path, default)
+    if params["decode_ms_per_token"] == 0:
+        reader.fail("pool.decode_ms_per_token", "must be positive, got 0")
+    return Pool(
+        servers=reader.integer(raw.get("servers"), "pool.servers", positive=True),
+        params=ServerParams(**params),
+        scrape_interval_s=reader.number(
+            raw.get("scrape_interval_ms"), "pool.scrape_interval_ms", 50.0, positive=True
+        )
+        / 1000.0,
+        scrape_lag_s=reader.number(raw.get("scrape_lag_ms"), "pool.scrape_lag_ms", 10.0) / 1000.0,
+    )
+
+
+def _one_key(reader: _Reader, value: Any, path: str, allowed: tuple[str, ...]) -> tuple[str, Any]:
+    """A `name` or a one-entry mapping `{name: parameters}`."""
+    if isinstance(value, str):
+        if value not in allowed:
+            reader.fail(path, f"unknown kind {value!r}; known: {', '.join(allowed)}")
+        return value, None
+    if isinstance(value, Mapping) and len(value) == 1:
+        ((kind, parameters),) = value.items()
+        if kind not in allowed:
+            reader.fail(f"{path}.{kind}", f"unknown kind; known: {', '.join(allowed)}")
+        return kind, parameters
+    reader.fail(path, f"must be one of {', '.join(allowed)} or a mapping with one of them")
+    return allowed[0], None
+
+
+def _lengths(reader: _Reader, value: Any, path: str, has_trace: bool) -> Lengths:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Lengths("constant", reader.integer(value, path, positive=True))
+    kind, parameters = _one_key(reader, value, path, DISTRIBUTIONS)
+    where = f"{path}.{kind}"
+    if kind == "constant":
+        return Lengths(kind, reader.integer(parameters, where, positive=True))
+    if kind == "uniform":
+        if (
+            not isinstance(parameters, list)
+            or len(parameters) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in parameters)
+            or not 0 < parameters[0] <= parameters[1]
+        ):
+            reader.fail(where, f"must be [low, high] with 0 < low <= high, got {parameters!r}")
+            return Lengths("constant", 1)
+        return Lengths(kind, parameters[0], parameters[1])
+    if kind == "lognormal":
+        raw = reader.mapping(parameters, where, {"mean", "sigma"})
+        return Lengths(
+            kind,
+            reader.number(raw.get("mean"), f"{where}.mean", positive=True),
+            reader.number(raw.get("sigma"), f"{where}.sigma"),
+        )
+    if not has_trace:
+        reader.fail(path, "trace lengths need `arrival: {trace: FILE}`")
+    return Lengths("trace")
+
+
+def _trace(reader: _Reader, value: Any, path: str) -> Trace | None:
+    """A CSV file with a header: `time_s` and optional `prompt_tokens`, `output_tokens`."""
+    file = reader.path(value, path)
+    if file is None:
+        return None
+    times: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    try:
+        with file.open(newline="", encoding="utf-8") as stream:
+            for line, row in enumerate(csv.DictReader(stream), start=2):
+                try:
+                    times.append(float(row["time_s"]))
+                    prompts.append(int(row.get("prompt_tokens") or 1))
+                    outputs.append(int(row.get("output_tokens") or 1))
+                except (KeyError, TypeError, ValueError) as error:
+                    reader.fail(path, f"{file}:{line}: bad row ({error})")
+                    return None
+    except (OSError, UnicodeDecodeError) as error:
+        reader.fail(path, f"cannot read {file}: {error}")
+        return None
+    if any(later < earlier for earlier, later in itertools.pairwise(times)):
+        reader.fail(path, f"{file}: times must not decrease")
+    return Trace(tuple(times), tuple(prompts), tuple(outputs))
+
+
+def _arrival(reader: _Reader, value: Any, path: str) -> tuple[Arrival, Trace | None]:
+    kind, parameters = _one_key(
+        reader, "poisson" if value is None else value, path, (*ARRIVALS, "bursts", "ramp", "trace")
+    )
+    where = f"{path}.{kind}"
+    if kind == "bursts":
+        raw = reader.mapping(parameters, where, {"on_s", "off_s"})
+        return Arrival(
+            kind,
+            on_s=reader.number(raw.get("on_s"), f"{where}.on_s", positive=True),
+            off_s=reader.number(raw.get("off_s"), f"{where}.off_s"),
+        ), None
+    if kind == "ramp":
+        raw = reader.mapping(parameters, where, {"from_rps", "to_rps"})
+        return Arrival(
+            kind,
+            from_rps=reader.number(raw.get("from_rps"), f"{where}.from_rps"),
+            to_rps=reader.number(raw.get("to_rps"), f"{where}.to_rps"),
+        ), None
+    if kind == "trace":
+        return Arrival(kind), _trace(reader, parameters, where)
+    if parameters is not None:
+        reader.fail(where, "takes no parameters")
+    return Arrival(kind), None
+
+
+def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Tenant:
+    raw = reader.mapping(value, path, TENANT_KEYS)
+    name = reader.string(raw.get("name"), f"{path}.name", "?")
+    objective = reader.string(raw.get("objective"), f"{path}.objective")
+    if objective and objective not in objectives:
+        reader.fail(f"{path}.objective", f"{objective!r} is not in objectives")
+    arrival, trace = _arrival(reader, raw.get("arrival"), f"{path}.arrival")
+    rate_default = 0.0 if arrival.kind in ("trace", "ramp") else None
+    rate = reader.number(raw.get("rate_rps"), f"{path}.rate_rps", rate_default)
+    if arrival.kind in (*ARRIVALS, "bursts") and rate == 0:
+        reader.fail(f"{path}.rate_rps", "must be positive")
+    prefix = reader.mapping(raw.get("prefix"), f"{path}.prefix", {"group", "tokens"})
+    ttl = raw.get("ttl_s")
+    return Tenant(
+        name=name,
+        objective=objective,
+        fairness_id=reader.string(raw.get("fairness_id"), f"{path}.fairness_id", name),
+        rate_rps=rate,
+        arrival=arrival,
+        prompt_tokens=_lengths(
+            reader, raw.get("prompt_tokens"), f"{path}.prompt_tokens", trace is not None
+        ),
+        output_tokens=_lengths(
+            reader, raw.get("output_tokens"), f"{path}.output_tokens", trace is not None
+        ),
+        prefix_group=reader.string(prefix.get("group"), f"{path}.prefix.group") if prefix else None,
+        prefix_tokens=reader.integer(prefix.get("tokens"), f"{path}.prefix.tokens", positive=True)
+        if prefix
+        else 0,
+        stream=reader.boolean(raw.get("stream"), f"{path}.stream", True),
+        lora=reader.string(raw.get("lora"), f"{path}.lora") if raw.get("lora") else None,
+        ttl_s=reader.number(ttl, f"{path}.ttl_s", positive=True) if ttl is not None else None,
+        trace=trace,
+    )
+
+
+def _events(reader: _Reader, value: Any, servers: int) -> tuple[ServerEvent, ...]:
+    events = []
+    for index, item in enumerate(reader.sequence(value, "events")):
+        path = f"events[{index}]"
+        raw = reader.mapping(item, path, {"at_s", "server_down", "server_up"})
+        at = reader.number(raw.get("at_s"), f"{path}.at_s")
+        kinds = [key for key in ("server_down", "server_up") if key in raw]
+        if len(kinds) != 1:
+            reader.fail(path, "needs exactly one of server_down, server_up")
+            continue
+        server = reader.integer(raw[kinds[0]], f"{path}.{kinds[0]}")
+        if not 0 <= server < servers:
+            reader.fail(f"{path}.{kinds[0]}", f"must name a server in 0..{servers - 1}")
+        events.append(ServerEvent(at, server, kinds[0] == "server_up"))
+    return tuple(sorted(events, key=lambda event: event.at_s))
+
+
+def _epp(reader: _Reader, value: Any) -> tuple[EppConfig, str | None, tuple[Variant, ...]]:
+    raw = reader.mapping(value, "epp", {"config", "variants"})
+    config = EppConfig()
+    config_path = None
+    if raw.get("config") is not None:
+        file = reader.path(raw["config"], "epp.config")
+        if file is not None:
+            config_path = str(file)
+            try:
+                config = load_config(file)
+            except ConfigError as error:
+                for problem in error.errors:
+                    reader.fail("epp.config", problem)
+    variants = []
+    for index, item in enumerate(reader.sequence(raw.get("variants"), "epp.variants")):
+        path = f"epp.variants[{index}]"
+        entry = reader.mapping(item, path, {"name", "fairness"})
+        fairness = reader.string(entry.get("fairness"), f"{path}.fairness")
+        if fairness and fairness not in {policy.value for policy in Fairness}:
+            reader.fail(
+                f"{path}.fairness",
+                f"unknown fairness {fairness!r}; known: {', '.join(p.value for p in Fairness)}",
+            )
+            continue
+        name = reader.string(entry.get("name"), f"{path}.name", f"epp-{fairness}")
+        variants.append(Variant(name, Fairness(fairness or Fairness.VTC)))
+    return config, config_path, tuple(variants)
+
+
+def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
+    """A Scenario from a parsed YAML document; ScenarioError lists every problem."""
+    reader = _Reader(base)
+    raw = reader.mapping(document, "", TOP_KEYS)
+    if not isinstance(document, Mapping):
+        raise ScenarioError(reader.errors or ["<document>: must be a mapping"])
+    pool = _pool(reader, raw.get("pool"))
+    objectives = []
+    for index, item in enumerate(reader.sequence(raw.get("objectives"), "objectives")):
+        path = f"objectives[{index}]"
+        entry = reader.mapping(item, path, {"name", "priority", "slo_ttft_s"})
+        priority = entry.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            reader.fail(f"{path}.priority", f"must be an integer, got {priority!r}")
+            priority = 0
+        slo = entry.get("slo_ttft_s")
+        objectives.append(
+            Objective(
+                reader.string(entry.get("name"), f"{path}.name"),
+                priority,
+                reader.number(slo, f"{path}.slo_ttft_s", positive=True)
+                if slo is not None
+                else None,
+            )
+        )
+    names = {objective.name for objective in objectives}
+    tenant_items = reader.sequence(raw.get("tenants"), "tenants")
+    if not tenant_items:
+        reader.fail("tenants", "needs at least one tenant")
+    tenants = tuple(
+        _tenant(reader, item, f"tenants[{index}]", names) for index, item in enumerate(tenant_items)
+    )
+    seen: set[str] = set()
+    for index, tenant in enumerate(tenants):
+        if tenant.name in seen:
+            reader.fail(f"tenants[{index}].name", f"duplicate tenant {tenant.name!r}")
+        seen.add(tenant.name)
+    baselines = []
+    for index, item in enumerate(
+        reader.sequence(raw.get("baselines", list(BASELINES)), "baselines")
+    ):
+        if item not in BASELINES:
+            reader.fail(f"baselines[{index}]", f"unknown baseline {item!r}; known: {BASELINES}")
+        else:
+            baselines.append(item)
+    epp_config, epp_path, variants = _epp(reader, raw.get("epp"))
+    scenario = Scenario(
+        name=reader.string(raw.get("name"), "name"),
+        seed=reader.integer(raw.get("seed"), "seed", 0),
+        duration_s=reader.number(raw.get("duration_s"), "duration_s", positive=True),
+        pool=pool,
+        objectives=tuple(objectives),
+        tenants=tenants,
+        events=_events(reader, raw.get("events"), pool.servers),
+        epp_config=epp_config,
+        epp_config_path=epp_path,
+        variants=variants,
+        baselines=tuple(baselines),
+        drain_s=reader.number(raw.get("drain_s"), "drain_s", 120.0),
+        isolation=reader.boolean(raw.get("isolation"), "isolation", True),
+        model=reader.string(raw.get("model"), "model", "model"),
+        samples=reader.integer(raw.get("samples"), "samples", 200, positive=True),
+    )
+    if reader.errors:
+        raise ScenarioError(reader.errors)
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and parse a scenario file."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ScenarioError([f"cannot read: {error}"], str(path)) from None
+    try:
+        return parse_scenario(document, path.parent)
+    except ScenarioError as error:
+        raise ScenarioError(error.errors, str(path)) from None

@@ -1,0 +1,346 @@
+"""A vLLM-like model server as a pure object on the caller's clock.
+
+What it models:
+- continuous batching: at every step boundary the scheduler moves waiting
+  requests into the running batch (FCFS, up to `max_num_seqs`, while KV-cache
+  blocks last); a request whose LoRA adapter cannot be loaded (all
+  `max_loras` slots busy) is skipped, as vLLM does;
+- a step decodes one token for every running request and lasts
+  decode_ms_per_token x (1 + decode_batch_growth x (batch - 1)); a step that
+  admits requests also prefills them: + prefill_overhead_ms +
+  prefill_ms_per_token x uncached prompt tokens each (+ lora_load_ms per
+  adapter loaded). A request's first token comes at the end of its prefill
+  step, each further token one step later;
+- KV cache: a request holds ceil((prompt + output) / block_size) blocks minus
+  the prompt blocks it finds cached; prefix caching keeps the blocks of
+  shared prompt prefixes (`prefix_group`) in an LRU bounded by the free
+  blocks, and a prompt reuses its leading cached blocks;
+- a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
+  arrives to a full queue is rejected.
+
+Event-efficient: the batch only changes at an admission or a completion, so
+the server advances over whole runs of identical steps at once, keyed by a
+decode-step counter (a request finishes when the counter reaches its
+`finish_step`). Costs are O(log batch) per request, not per token.
+
+The caller (the simulator, or a live demo driving it in real time) calls
+`admit(request, now)`, asks `next_event_time()`, and calls `advance(now)`,
+which reports starts, first tokens and completions to the `ServerListener`.
+No I/O, no clock of its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from math import inf
+from typing import Any, Protocol
+
+from epp.scheduling.endpoint import EndpointMetrics
+
+
+@dataclass(slots=True, frozen=True)
+class ServerParams:
+    """One model server's shape and speed (times in milliseconds)."""
+
+    max_num_seqs: int = 32
+    prefill_ms_per_token: float = 0.2
+    prefill_overhead_ms: float = 5.0
+    decode_ms_per_token: float = 12.0
+    decode_batch_growth: float = 0.02
+    kv_blocks: int = 8000
+    block_size: int = 16
+    max_waiting: int = 0
+    max_loras: int = 0
+    lora_load_ms: float = 20.0
+
+
+@dataclass(slots=True, eq=False)
+class ServerRequest:
+    """A request as the server sees it. The caller fills the first block;
+    the server writes the timings (None until they happen)."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    prefix_group: int = -1
+    prefix_tokens: int = 0
+    lora: str | None = None
+    owner: Any = None
+
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    cached_tokens: int = 0
+    blocks: int = 0
+    finish_step: int = 0
+
+
+class ServerListener(Protocol):
+    def started(self, request: ServerRequest, now: float) -> None:
+        """`request` left the waiting queue and entered the batch."""
+        ...
+
+    def first_token(self, request: ServerRequest, now: float) -> None: ...
+
+    def finished(self, request: ServerRequest, now: float) -> None: ...
+
+
+class ModelServer:
+    """See the module docstring. `running` counts the batch (prefilling
+    requests included); `waiting` the queue; `max_waiting_seen` the longest
+    the queue has been, counting a rejected arrival as one more."""
+
+    __slots__ = (
+        "_cache",
+        "_lora_active",
+        "_prefilling",
+        "_running",
+        "_seg_end",
+        "_seg_start",
+        "_seg_steps",
+        "_seq",
+        "_step",
+        "_step_time",
+        "cached_tokens",
+        "listener",
+        "max_waiting_seen",
+        "params",
+        "prompt_tokens",
+        "rejected",
+        "used_blocks",
+        "waiting",
+    )
+
+    def __init__(self, params: ServerParams, listener: ServerListener) -> None:
+        if params.max_num_seqs <= 0 or params.kv_blocks <= 0 or params.block_size <= 0:
+            raise ValueError("max_num_seqs, kv_blocks and block_size must be positive")
+        self.params = params
+        self.listener = listener
+        self.waiting: deque[ServerRequest] = deque()
+        self._running: list[tuple[int, int, ServerRequest]] = []
+        self._prefilling: list[ServerRequest] = []
+        self._cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._lora_active: dict[str, int] = {}
+        self._step = 0
+        self._seq = 0
+        self._seg_start = 0.0
+        self._seg_steps = 0
+        self._step_time = 0.0
+        self._seg_end = inf
+        self.used_blocks = 0
+        self.max_waiting_seen = 0
+        self.rejected = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    # -- the caller's side ------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return len(self._running) + len(self._prefilling)
+
+    def next_event_time(self) -> float:
+        """When the batch next changes (a step with news ends); inf when idle."""
+        return self._seg_end
+
+    def admit(self, request: ServerRequest, now: float) -> bool:
+        """A request arrives at `now`. False when the waiting queue is full."""
+        self.advance(now)
+        waiting = self.waiting
+        limit = self.params.max_waiting
+        queued = len(waiting) + 1
+        if queued > self.max_waiting_seen:
+            self.max_waiting_seen = queued
+        if limit and queued > limit:
+            self.rejected += 1
+            return False
+        waiting.append(request)
+        if self._seg_end == inf:
+            self._start(now)
+        elif (
+            self._seg_steps > 1
+            and not self._prefilling
+            and len(self._running) < self.params.max_num_seqs
+        ):
+            # Cut the run of decode steps at the end of the current step, so
+            # the newcomer is scheduled at the next step boundary.
+            done = int((now - self._seg_start) / self._step_time)
+            self._seg_start += done * self._step_time
+            self._step += done
+            self._seg_steps = 1
+            self._seg_end = self._seg_start + self._step_time
+        return True
+
+    def advance(self, now: float) -> None:
+        """Play every step that ends at or before `now`."""
+        while self._seg_end <= now:
+            self._finish_segment()
+
+    def fail(self) -> list[ServerRequest]:
+        """The server dies: every request it holds is returned, it is emptied
+        (its prefix cache included) and it stays idle until admitted to again."""
+        lost = [entry[2] for entry in self._running]
+        lost.extend(self._prefilling)
+        lost.extend(self.waiting)
+        self.waiting.clear()
+        self._running.clear()
+        self._prefilling = []
+        self._cache.clear()
+        self._lora_active.clear()
+        self.used_blocks = 0
+        self._seg_end = inf
+        self._seg_steps = 0
+        return lost
+
+    def metrics(self, now: float) -> EndpointMetrics:
+        """What the server's /metrics page would show at `now`."""
+        params = self.params
+        lora_waiting: frozenset[str] = frozenset()
+        if params.max_loras:
+            lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
+        return EndpointMetrics(
+            waiting=float(len(self.waiting)),
+            running=float(self.running),
+            kv_usage=min(1.0, self.used_blocks / params.kv_blocks),
+            lora_running=frozenset(self._lora_active),
+            lora_waiting=lora_waiting,
+            lora_max=params.max_loras,
+            block_size=params.block_size,
+            num_gpu_blocks=params.kv_blocks,
+            updated_at=now,
+        )
+
+    # -- the engine --------------------------------------------------------
+
+    def _finish_segment(self) -> None:
+        now = self._seg_end
+        self._step += self._seg_steps
+        step = self._step
+        listener = self.listener
+        running = self._running
+        if self._prefilling:
+            for request in self._prefilling:
+                request.first_token_at = now
+                listener.first_token(request, now)
+                self._seq += 1
+                request.finish_step = step + request.output_tokens - 1
+                heappush(running, (request.finish_step, self._seq, request))
+            self._prefilling = []
+        while running and running[0][0] <= step:
+            request = heappop(running)[2]
+            self._release(request)
+            request.finished_at = now
+            listener.finished(request, now)
+        self._start(now)
+
+    def _start(self, now: float) -> None:
+        params = self.params
+        waiting = self.waiting
+        running = self._running
+        room = params.max_num_seqs - len(running)
+        prefill_ms = 0.0
+        new: list[ServerRequest] = []
+        index = 0
+        while room > 0 and index < len(waiting):
+            request = waiting[index]
+            lora_ms = self._lora_cost(request)
+            if lora_ms is None:
+                index += 1
+                continue
+            cost = self._reserve(request)
+            if cost is None:
+                break
+            del waiting[index]
+            prefill_ms += cost + lora_ms
+            new.append(request)
+            room -= 1
+        batch = len(running) + len(new)
+        if not batch:
+            self._seg_end = inf
+            self._seg_steps = 0
+            return
+        step_ms = params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
+        self._seg_start = now
+        if new:
+            self._prefilling = new
+            self._seg_steps = 1
+            self._step_time = (step_ms + prefill_ms) / 1000.0
+            listener = self.listener
+            for request in new:
+                request.started_at = now
+                listener.started(request, now)
+        else:
+            self._seg_steps = running[0][0] - self._step
+            self._step_time = step_ms / 1000.0
+        self._seg_end = now + self._seg_steps * self._step_time
+
+    def _lora_cost(self, request: ServerRequest) -> float | None:
+        """The adapter load time `request` adds (0 when none), or None when
+        its adapter needs a slot and none is free."""
+        lora = request.lora
+        params = self.params
+        if lora is None or not params.max_loras:
+            return 0.0
+        active = self._lora_active
+        if lora in active:
+            active[lora] += 1
+            return 0.0
+        if len(active) >= params.max_loras:
+            return None
+        active[lora] = 1
+        return params.lora_load_ms
+
+    def _reserve(self, request: ServerRequest) -> float | None:
+        """Take `request`'s KV blocks; its prefill time in ms, or None when
+        the blocks are not there (it then waits; its adapter is released)."""
+        params = self.params
+        size = params.block_size
+        cached_blocks = 0
+        shared_blocks = 0
+        group = request.prefix_group
+        cache = self._cache
+        if group >= 0:
+            shared_blocks = min(request.prefix_tokens, request.prompt_tokens) // size
+            while cached_blocks < shared_blocks and (group, cached_blocks) in cache:
+                cached_blocks += 1
+        need = -(-(request.prompt_tokens + request.output_tokens) // size) - cached_blocks
+        if self.used_blocks + need > params.kv_blocks:
+            if request.lora is not None and params.max_loras:
+                self._drop_lora(request.lora)
+            return None
+        self.used_blocks += need
+        request.blocks = need
+        cached = cached_blocks * size
+        request.cached_tokens = cached
+        self.prompt_tokens += request.prompt_tokens
+        self.cached_tokens += cached
+        for block in range(shared_blocks):
+            key = (group, block)
+            if block < cached_blocks:
+                cache.move_to_end(key)
+            else:
+                cache[key] = None
+        self._trim_cache()
+        return params.prefill_overhead_ms + params.prefill_ms_per_token * (
+            request.prompt_tokens - cached
+        )
+
+    def _release(self, request: ServerRequest) -> None:
+        self.used_blocks -= request.blocks
+        if request.lora is not None and self.params.max_loras:
+            self._drop_lora(request.lora)
+
+    def _drop_lora(self, lora: str) -> None:
+        left = self._lora_active[lora] - 1
+        if left:
+            self._lora_active[lora] = left
+        else:
+            del self._lora_active[lora]
+
+    def _trim_cache(self) -> None:
+        cache = self._cache
+        free = self.params.kv_blocks - self.used_blocks
+        while len(cache) > free:
+            cache.popitem(last=False)
