@@ -10,8 +10,10 @@ waiting for anything; only requests that really queue create a future.
 Cancelling the task that awaits `admit` removes a queued request at once, or
 hands back the endpoint credit of a request dispatched a moment earlier.
 
-TTL expiry is a timer set for the exact next deadline, re-armed whenever an
-earlier one appears; idle flows are collected by a timer of their own.
+TTL expiry is a timer set for the exact next deadline: a newly queued request
+with an earlier deadline re-arms it, and when it fires it expires what is due
+and re-arms for the next deadline. Idle flows are collected by a timer of
+their own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from math import inf
 
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.flow import FlowKey
@@ -44,7 +47,7 @@ class AdmissionController:
         self._on_flows_collected = on_flows_collected
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
         self._ttl_timer: asyncio.TimerHandle | None = None
-        self._ttl_timer_at = 0.0
+        self._ttl_timer_at = inf
         self._idle_timer: asyncio.TimerHandle | None = None
         self._drained = asyncio.Event()
         self._closing = False
@@ -71,7 +74,8 @@ class AdmissionController:
             return request.outcome
         future = asyncio.get_running_loop().create_future()
         self._waiters[request] = future
-        self._arm_ttl_timer()
+        if request.deadline < self._ttl_timer_at:
+            self._arm_ttl_timer(request.deadline)
         try:
             return await future
         except asyncio.CancelledError:
@@ -113,10 +117,10 @@ class AdmissionController:
         now = self._clock()
         for request in self.core.drain(Outcome.REJECTED_SHUTTING_DOWN, now):
             self._resolve(request, now)
-        for timer in (self._ttl_timer, self._idle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._ttl_timer = self._idle_timer = None
+        self._arm_ttl_timer(None)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     # -- internals -------------------------------------------------------------
 
@@ -141,14 +145,14 @@ class AdmissionController:
         if self._idle_timer is None:
             self._arm_idle_timer()
 
-    def _arm_ttl_timer(self) -> None:
-        deadline = self.core.next_deadline()
-        if deadline is None:
-            return
+    def _arm_ttl_timer(self, deadline: float | None) -> None:
+        """Fire at `deadline` (None: no timer), replacing a later timer."""
         if self._ttl_timer is not None:
-            if self._ttl_timer_at <= deadline:
-                return
             self._ttl_timer.cancel()
+            self._ttl_timer = None
+        if deadline is None:
+            self._ttl_timer_at = inf
+            return
         self._ttl_timer_at = deadline
         delay = max(0.0, deadline - self._clock())
         self._ttl_timer = asyncio.get_running_loop().call_later(delay, self._on_ttl_timer)
@@ -159,7 +163,7 @@ class AdmissionController:
         for request in self.core.expire(now):
             self._resolve(request, now)
         self._after_queue_change()
-        self._arm_ttl_timer()
+        self._arm_ttl_timer(self.core.next_deadline())
 
     def _arm_idle_timer(self) -> None:
         when = self.core.next_idle_check()
