@@ -1,0 +1,70 @@
+"""`epp demo`: the EPP live on this machine, behind a real Envoy, with simulated model servers.
+
+Starts simulated vLLM servers, `epp serve` and Envoy on loopback, plays the
+scenario's load through Envoy in real time, prints the per-tier table of
+`epp simulate`, and stops everything it started (also on Ctrl-C, or when a
+part fails to start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from epp.sim.scenario import ScenarioError, load_scenario
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "config" / "scenarios" / "demo.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "scenario",
+        nargs="?",
+        default=str(DEFAULT_SCENARIO),
+        help="scenario file (default: config/scenarios/demo.yaml, ~30 s of overload)",
+    )
+    parser.add_argument(
+        "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
+    )
+    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from epp.sim.live.demo import run_demo
+    from epp.sim.live.processes import PartFailed
+    from epp.sim.live.report import render_live_text
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as error:
+        print(f"epp demo: {error}", file=sys.stderr)
+        return 2
+    if args.duration is not None:
+        if not args.duration > 0:
+            print("epp demo: --duration must be positive", file=sys.stderr)
+            return 2
+        scenario = dataclasses.replace(scenario, duration_s=args.duration)
+    if scenario.events:
+        print("epp demo: note: server events are not played live", file=sys.stderr)
+    try:
+        result = asyncio.run(run_demo(scenario))
+    except PartFailed as error:
+        print(f"epp demo: {error.part} failed to start: {error.reason}", file=sys.stderr)
+        print("epp demo: everything started was stopped", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nepp demo: interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+    print()
+    print(render_live_text(result.report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.report, indent=2) + "\n")
+        print(f"\nresults written to {args.json}")
+    if result.epp_crashed:
+        print("epp demo: the EPP exited during the run", file=sys.stderr)
+        return 1
+    return 0

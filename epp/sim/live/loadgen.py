@@ -1,0 +1,156 @@
+"""Plays a scenario's tenants in real time against an HTTP endpoint (Envoy).
+
+The requests are the simulator's (`epp.sim.workload.workload`: the same
+arrival times and token counts a simulated run of the scenario sees), sent
+at their arrival times with the tenant's objective and fairness-id headers,
+streaming or not. Each request ends as one `LiveRequest`: its timings and
+an `outcome`, which is `completed` (200 and a whole body), the EPP's drop
+reason (`x-llm-d-request-dropped-reason`, e.g. `rejected-saturated`),
+`http-NNN` for another status, or `error: ...` when no response came (a
+connection reset or the per-request timeout).
+
+The run is bounded: at most `max_requests` requests, none sent after
+`duration`, and every request is given up at `timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from epp.sim.scenario import Scenario, Tenant
+from epp.sim.workload import Arrived, workload
+
+COMPLETED = "completed"
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+TTL_HEADER = "x-llm-d-inference-ttl"
+PROMPT_WORD = "tok "
+"""Four characters: one token at the model servers' 4 characters a token."""
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest:
+    """One request as the client saw it. Times are seconds since the run
+    started; the attribute names match the simulator's requests, so the
+    simulator's statistics read these too."""
+
+    tenant: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    status: int = 0
+    outcome: str | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def answered(self) -> bool:
+        """An HTTP response came back (whatever its status)."""
+        return self.status != 0
+
+
+def request_body(model: str, prompt_tokens: int, output_tokens: int, stream: bool) -> bytes:
+    body: dict[str, object] = {
+        "model": model,
+        "prompt": PROMPT_WORD * prompt_tokens,
+        "max_tokens": output_tokens,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body).encode()
+
+
+def request_headers(tenant: Tenant) -> dict[str, str]:
+    headers = {
+        "content-type": "application/json",
+        OBJECTIVE_HEADER: tenant.objective,
+        FAIRNESS_HEADER: tenant.fairness_id,
+    }
+    if tenant.ttl_s is not None:
+        headers[TTL_HEADER] = f"{tenant.ttl_s:g}s"
+    return headers
+
+
+def outcome_of(status: int, dropped_reason: str | None) -> str:
+    if status == 200:
+        return COMPLETED
+    return dropped_reason or f"http-{status}"
+
+
+class LoadGenerator:
+    """See the module docstring. `run()` returns every request it sent."""
+
+    def __init__(
+        self,
+        url: str,
+        scenario: Scenario,
+        arrivals: Sequence[Arrived] | None = None,
+        max_requests: int = 100_000,
+        timeout: float = 120.0,
+        path: str = "/v1/completions",
+    ) -> None:
+        self.url = url.rstrip("/") + path
+        self.scenario = scenario
+        self.arrivals = list(workload(scenario) if arrivals is None else arrivals)[:max_requests]
+        self.timeout = timeout
+        self.requests: list[LiveRequest] = []
+
+    async def run(self) -> list[LiveRequest]:
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            start = loop.time()
+            tasks: list[asyncio.Task[None]] = []
+            try:
+                for arrived in self.arrivals:
+                    delay = start + arrived.time - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    request = LiveRequest(
+                        arrived.tenant, arrived.time, arrived.prompt_tokens, arrived.output_tokens
+                    )
+                    self.requests.append(request)
+                    tasks.append(asyncio.create_task(self._send(session, request, start)))
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        return self.requests
+
+    async def _send(self, session: aiohttp.ClientSession, request: LiveRequest, start: float):
+        loop = asyncio.get_running_loop()
+        tenant = self.scenario.tenants[request.tenant]
+        body = request_body(
+            self.scenario.model, request.prompt_tokens, request.output_tokens, tenant.stream
+        )
+        try:
+            async with session.post(
+                self.url, data=body, headers=request_headers(tenant)
+            ) as response:
+                request.status = response.status
+                if response.status != 200:
+                    await response.read()
+                    request.outcome = outcome_of(
+                        response.status, response.headers.get(DROPPED_REASON)
+                    )
+                    return
+                if tenant.stream:
+                    async for line in response.content:
+                        if request.first_token_at is None and line.startswith(b"data: {"):
+                            request.first_token_at = loop.time() - start
+                else:
+                    await response.read()
+                    request.first_token_at = loop.time() - start
+                request.finished_at = loop.time() - start
+                request.outcome = COMPLETED
+        except (aiohttp.ClientError, TimeoutError) as error:
+            request.outcome = f"error: {type(error).__name__}"

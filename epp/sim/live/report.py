@@ -1,0 +1,108 @@
+"""The numbers of a live run, in the shape of `epp simulate`'s report.
+
+`{"scenario": {...}, "policies": {"epp": {...}}}`: per objective (tier) and
+per tenant, the simulator's latency statistics (`epp.sim.report.latency_stats`,
+which reads the client-side timings of each `LiveRequest`), and the outcomes
+(`completed`, the EPP's drop reasons, `http-NNN`, `error: ...`). What only a
+simulation can know (fairness service samples, prefix-cache hits, isolation
+runs) is not there.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from epp.sim.live.loadgen import LiveRequest
+from epp.sim.report import latency_stats
+from epp.sim.scenario import Scenario
+
+
+def _stats(requests: list[LiveRequest], slo: float | None) -> dict[str, Any]:
+    if not requests:
+        return {"requests": 0, "completed": 0, "outcomes": {}}
+    return latency_stats(requests, slo)  # type: ignore[arg-type]
+
+
+def live_report(
+    scenario: Scenario, requests: list[LiveRequest], wall_s: float, epp_config: str | None
+) -> dict[str, Any]:
+    tenants = scenario.tenants
+    objectives: dict[str, Any] = {}
+    for objective in scenario.objectives:
+        members = {i for i, t in enumerate(tenants) if t.objective == objective.name}
+        if not members:
+            continue
+        chosen = [r for r in requests if r.tenant in members]
+        objectives[objective.name] = {
+            "priority": objective.priority,
+            **_stats(chosen, objective.slo_ttft_s),
+        }
+    slos = {o.name: o.slo_ttft_s for o in scenario.objectives}
+    tenant_stats = {
+        t.name: {
+            "objective": t.objective,
+            **_stats([r for r in requests if r.tenant == i], slos.get(t.objective)),
+        }
+        for i, t in enumerate(tenants)
+    }
+    policy = {
+        "objectives": objectives,
+        "tenants": tenant_stats,
+        **_stats(requests, None),
+        "outcomes": dict(sorted(Counter(r.outcome for r in requests).items())),
+        "statuses": {str(k): v for k, v in sorted(Counter(r.status for r in requests).items())},
+    }
+    return {
+        "scenario": {
+            "name": scenario.name,
+            "seed": scenario.seed,
+            "duration_s": scenario.duration_s,
+            "servers": scenario.pool.servers,
+            "requests": len(requests),
+            "epp_config": epp_config,
+            "mode": "live",
+            "wall_s": wall_s,
+        },
+        "policies": {"epp": policy},
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def render_live_text(report: dict[str, Any]) -> str:
+    """Aligned text (latencies in milliseconds), with the columns of `epp simulate`."""
+    info = report["scenario"]
+    lines = [
+        f"scenario {info['name']} (live, through Envoy): seed {info['seed']}, "
+        f"{info['duration_s']:g} s, {info['servers']} servers, {info['requests']} requests, "
+        f"{info['wall_s']:.1f} s wall"
+    ]
+    header = (
+        f"  {'':<22}{'reqs':>7}{'done':>7}{'ttft p50':>9}{'p90':>7}{'p99':>8}"
+        f"{'tpot p50':>9}{'p99':>6}{'e2e p50':>8}{'p99':>8}{'req/s':>7}{'tok/s':>8}"
+        f"{'good/s':>7}"
+    )
+    for name, policy in report["policies"].items():
+        lines.append("")
+        lines.append(f"== {name}: outcomes {policy['outcomes']}")
+        lines.append(header)
+        rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]
+        rows += [(f"tenant {k}", v) for k, v in policy["tenants"].items()]
+        for label, s in rows:
+            if not s["requests"]:
+                continue
+            lines.append(
+                f"  {label[:22]:<22}{s['requests']:>7}{s['completed']:>7}"
+                f"{_ms(s['ttft_p50_s']):>9}{_ms(s['ttft_p90_s']):>7}{_ms(s['ttft_p99_s']):>8}"
+                f"{_ms(s['tpot_p50_s']):>9}{_ms(s['tpot_p99_s']):>6}"
+                f"{_ms(s['e2e_p50_s']):>8}{_ms(s['e2e_p99_s']):>8}"
+                f"{s['throughput_rps']:>7.1f}{s['tokens_per_s']:>8.0f}{s['goodput_rps']:>7.1f}"
+            )
+        for objective, s in policy["objectives"].items():
+            others = {k: v for k, v in s["outcomes"].items() if k != "completed"}
+            if others:
+                lines.append(f"  {objective}: not completed {others}")
+    return "\n".join(lines)

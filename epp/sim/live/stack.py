@@ -1,0 +1,237 @@
+"""The whole live system on loopback: simulated model servers, `epp serve`, a real Envoy.
+
+    async with live_stack(StackSettings(...)) as stack:
+        url = stack.envoy.url          # send inference requests here
+
+Each part is started in order (model servers, EPP, Envoy) and waited for;
+a part that fails to start raises `PartFailed` naming it, after the parts
+already running are stopped. On exit (also on cancellation, e.g. Ctrl-C)
+everything is stopped in reverse order and the work directory is removed.
+
+The EPP runs as `python -m epp serve` with files written into the work
+directory from the settings: an InferencePool, one InferenceObjective per
+objective, and the endpoints list (`@FILE`, so it is reloaded when
+changed). Its ext_proc port is chosen at the first start and kept, so
+`restart_epp()` brings it back where Envoy expects it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.sim.live.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
+from epp.sim.live.processes import Child, start_child
+from epp.sim.scenario import Objective
+from epp.sim.server_model import ServerParams
+
+POOL_NAME = "demo-pool"
+NAMESPACE = "default"
+
+
+@dataclass(slots=True, frozen=True)
+class StackSettings:
+    servers: int = 2
+    params: ServerParams = field(default_factory=ServerParams)
+    objectives: tuple[Objective, ...] = ()
+    epp_config: str | None = None
+    """EndpointPickerConfig file; None: the EPP's defaults."""
+    model: str = "model"
+    scrape_interval_s: float = 0.05
+    server_processes: int = 1
+    """The servers are split over this many processes (one per server lets a test kill one)."""
+    epp_args: tuple[str, ...] = ()
+    envoy_template: Path = DEFAULT_TEMPLATE
+    epp_grace_s: float = 2.0
+
+
+def pool_manifest() -> dict:
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": POOL_NAME, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"matchLabels": {"app": POOL_NAME}},
+            "targetPorts": [{"number": 8000}],
+        },
+    }
+
+
+def objective_manifest(objective: Objective) -> dict:
+    return {
+        "apiVersion": "llm-d.ai/v1",
+        "kind": "InferenceObjective",
+        "metadata": {"name": objective.name, "namespace": NAMESPACE},
+        "spec": {"priority": objective.priority, "poolRefs": [{"name": POOL_NAME}]},
+    }
+
+
+@dataclass(slots=True)
+class EppMetricsView:
+    """The numbers of the EPP's /metrics a reliability check needs."""
+
+    queued: float
+    running: float
+    saturation: float | None
+
+
+def read_epp_metrics(text: str) -> EppMetricsView:
+    queued = running = 0.0
+    saturation = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "inference_extension_flow_control_queue_size":
+                queued += sample.value
+            elif sample.name == "inference_objective_running_requests":
+                running += sample.value
+            elif sample.name == "inference_extension_flow_control_pool_saturation":
+                saturation = sample.value
+    return EppMetricsView(queued, running, saturation)
+
+
+class LiveStack:
+    """The running parts; see the module docstring."""
+
+    def __init__(self, settings: StackSettings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.server_processes: list[Child] = []
+        self.endpoints: list[str] = []
+        self.epp: Child | None = None
+        self.epp_port = 0
+        self.envoy: RunningEnvoy | None = None
+        self._epp_stopped = False
+
+    # -- model servers -----------------------------------------------------------
+
+    async def start_servers(self) -> None:
+        settings = self.settings
+        processes = max(1, min(settings.server_processes, settings.servers))
+        counts = [
+            settings.servers // processes + (1 if i < settings.servers % processes else 0)
+            for i in range(processes)
+        ]
+        params = json.dumps(asdict(settings.params))
+        for index, count in enumerate(counts):
+            name = "model servers" if processes == 1 else f"model server {index}"
+            child = await start_child(
+                name,
+                [
+                    "-m",
+                    "epp.sim.live.model_server",
+                    "--count",
+                    str(count),
+                    "--model",
+                    settings.model,
+                    "--params",
+                    params,
+                ],
+                self.workdir,
+            )
+            self.server_processes.append(child)
+            self.endpoints.extend(f"127.0.0.1:{port}" for port in child.ready["ports"])
+
+    # -- the EPP -------------------------------------------------------------------
+
+    def _write_inputs(self) -> list[str]:
+        work = self.workdir
+        (work / "pool.yaml").write_text(yaml.safe_dump(pool_manifest()))
+        (work / "objectives.yaml").write_text(
+            yaml.safe_dump_all([objective_manifest(o) for o in self.settings.objectives])
+        )
+        (work / "endpoints.txt").write_text("\n".join(self.endpoints) + "\n")
+        args = ["--pool", str(work / "pool.yaml"), "--endpoints", f"@{work / 'endpoints.txt'}"]
+        if self.settings.objectives:
+            args += ["--objectives", str(work / "objectives.yaml")]
+        if self.settings.epp_config is not None:
+            args += ["--config-file", self.settings.epp_config]
+        return args
+
+    async def start_epp(self) -> Child:
+        settings = self.settings
+        argv = [
+            "-m",
+            "epp",
+            "serve",
+            "--grpc-port",
+            str(self.epp_port),
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--bind-address",
+            "127.0.0.1",
+            "--refresh-metrics-interval",
+            f"{settings.scrape_interval_s * 1000:g}ms",
+            "--grace",
+            f"{settings.epp_grace_s:g}s",
+            "--log-level",
+            "warning",
+            *self._write_inputs(),
+            *settings.epp_args,
+        ]
+        self.epp = await start_child("epp serve", argv, self.workdir)
+        self._epp_stopped = False
+        self.epp_port = int(self.epp.ready["grpc"])
+        return self.epp
+
+    async def stop_epp(self, kill: bool = False) -> None:
+        if self.epp is not None:
+            self._epp_stopped = True
+            if kill:
+                self.epp.kill()
+            await self.epp.stop()
+
+    async def restart_epp(self) -> Child:
+        await self.stop_epp()
+        return await self.start_epp()
+
+    def epp_crashed(self) -> bool:
+        """The EPP process is gone although nobody stopped it."""
+        return self.epp is not None and not self.epp.alive and not self._epp_stopped
+
+    @property
+    def epp_metrics_url(self) -> str:
+        assert self.epp is not None
+        return f"http://127.0.0.1:{self.epp.ready['metrics']}/metrics"
+
+    async def epp_metrics(self, session: aiohttp.ClientSession) -> EppMetricsView:
+        async with session.get(self.epp_metrics_url) as response:
+            return read_epp_metrics(await response.text())
+
+    @property
+    def epp_pid(self) -> int:
+        assert self.epp is not None
+        return self.epp.pid
+
+    # -- stopping --------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        await self.stop_epp()
+        for child in reversed(self.server_processes):
+            await child.stop()
+
+
+@contextlib.asynccontextmanager
+async def live_stack(settings: StackSettings) -> AsyncIterator[LiveStack]:
+    workdir = Path(tempfile.mkdtemp(prefix="epp-live-"))
+    stack = LiveStack(settings, workdir)
+    try:
+        await stack.start_servers()
+        await stack.start_epp()
+        async with running_envoy(stack.epp_port, template=settings.envoy_template) as envoy:
+            stack.envoy = envoy
+            yield stack
+    finally:
+        stack.envoy = None
+        await stack.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
