@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("epp.validate_command", "validate manifests and configuration files"),
     "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
     "serve": ("epp.serve_command", "run the EPP: ext_proc for Envoy, health, metrics"),
+    "demo": ("epp.sim.demo_command", "run the EPP live behind Envoy with simulated model servers"),
 }
 """name -> (module, one-line help)."""
 
