@@ -1,0 +1,86 @@
+"""The simulator's targets on shortened scenarios, and the command."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from epp.cli import main
+from epp.sim.report import build_report
+from epp.sim.runner import run_scenario
+from epp.sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[3] / "config" / "scenarios"
+
+
+def report_of(name, duration_s, **changes):
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    scenario = dataclasses.replace(scenario, duration_s=duration_s, **changes)
+    return build_report(run_scenario(scenario))["policies"]
+
+
+@pytest.fixture(scope="module")
+def overload():
+    return report_of("overload-three-tiers", 60.0, baselines=("round-robin",))
+
+
+def test_overload_keeps_the_top_tier_isolated_under_ours(overload):
+    assert overload["epp"]["objectives"]["premium"]["isolation_p99"] <= 1.5
+
+
+def test_overload_does_not_isolate_the_top_tier_under_round_robin(overload):
+    assert overload["round-robin"]["objectives"]["premium"]["isolation_p99"] > 5
+
+
+def test_same_seed_same_results(overload):
+    again = report_of("overload-three-tiers", 60.0, baselines=("round-robin",))
+    assert again == overload
+
+
+@pytest.fixture(scope="module")
+def unequal():
+    return report_of("unequal-tenants", 60.0)
+
+
+def test_vtc_shares_token_service_within_its_bound(unequal):
+    band = unequal["epp"]["bands"]["0"]
+    assert band["jain"] >= 0.99
+    assert band["max_service_diff"] <= band["vtc_bound"]
+
+
+@pytest.mark.parametrize("other", ["epp-round-robin", "epp-fcfs", "round-robin"])
+def test_vtc_is_fairer_than(unequal, other):
+    ours, theirs = unequal["epp"]["bands"]["0"], unequal[other]["bands"]["0"]
+    assert ours["jain"] > theirs["jain"]
+    assert ours["max_service_diff"] < theirs["max_service_diff"]
+
+
+def test_with_the_concurrency_gate_no_server_queue_exceeds_its_limit():
+    policies = report_of("burst", 40.0, baselines=("round-robin",), isolation=False)
+    ours = policies["epp"]
+    assert ours["server_waiting_max"] <= ours["server_waiting_limit"]
+    assert ours["server_rejections"] == 0
+    assert policies["round-robin"]["server_rejections"] > 0
+
+
+def test_simulate_prints_the_report_and_writes_json(tmp_path, capsys):
+    scenario = tmp_path / "unloaded.yaml"
+    text = (SCENARIOS / "unloaded.yaml").read_text().replace("duration_s: 120", "duration_s: 10")
+    scenario.write_text(
+        text.replace("../epp/default.yaml", str(SCENARIOS.parent / "epp" / "default.yaml"))
+    )
+    out = tmp_path / "report.json"
+    assert main(["simulate", str(scenario), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "== epp" in printed and "== round-robin" in printed and "== least-queue" in printed
+    report = json.loads(out.read_text())
+    assert report["scenario"]["name"] == "unloaded"
+    assert "ttft_p99_s" in report["policies"]["epp"]["objectives"]["standard"]
+
+
+def test_simulate_reports_a_bad_scenario_by_path(tmp_path, capsys):
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("name: x\nduration_s: 1\npool: {servers: 1, colour: red}\ntenants: []\n")
+    assert main(["simulate", str(scenario)]) == 2
+    assert "pool.colour: unknown key" in capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""The model server's timing formulas, queue limit and prefix cache."""
+
+import pytest
+
+from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
+
+PARAMS = ServerParams(
+    max_num_seqs=4,
+    prefill_ms_per_token=0.5,
+    prefill_overhead_ms=10.0,
+    decode_ms_per_token=20.0,
+    decode_batch_growth=0.1,
+    kv_blocks=1000,
+    block_size=16,
+)
+
+
+class Recorder:
+    def __init__(self):
+        self.done = []
+
+    def started(self, request, now):
+        pass
+
+    def first_token(self, request, now):
+        pass
+
+    def finished(self, request, now):
+        self.done.append(request)
+
+
+def run_until_idle(server):
+    while server.next_event_time() != float("inf"):
+        server.advance(server.next_event_time())
+
+
+def test_first_token_after_one_step_with_prefill_and_last_after_one_step_per_token():
+    server = ModelServer(PARAMS, Recorder())
+    request = ServerRequest(1, prompt_tokens=100, output_tokens=5)
+    server.admit(request, 1.0)
+    run_until_idle(server)
+    assert request.first_token_at == pytest.approx(1.0 + (20.0 + 10.0 + 0.5 * 100) / 1000)
+    assert request.finished_at == pytest.approx(request.first_token_at + 4 * 0.020)
+
+
+def test_decode_steps_grow_with_the_batch():
+    server = ModelServer(PARAMS, Recorder())
+    long = ServerRequest(1, prompt_tokens=10, output_tokens=100)
+    short = ServerRequest(2, prompt_tokens=10, output_tokens=5)
+    server.admit(long, 0.0)
+    server.admit(short, 0.0)
+    run_until_idle(server)
+    batch_of_two = 0.020 * (1 + 0.1)
+    assert short.finished_at - short.first_token_at == pytest.approx(4 * batch_of_two)
+
+
+def test_a_request_arriving_mid_run_joins_at_the_next_step_boundary():
+    server = ModelServer(PARAMS, Recorder())
+    first = ServerRequest(1, prompt_tokens=10, output_tokens=100)
+    server.admit(first, 0.0)
+    server.advance(0.5)
+    late = ServerRequest(2, prompt_tokens=10, output_tokens=2)
+    server.admit(late, 0.5)
+    prefill_end = first.first_token_at
+    steps_done = int((0.5 - prefill_end) / 0.020)
+    run_until_idle(server)
+    assert late.started_at == pytest.approx(prefill_end + (steps_done + 1) * 0.020)
+
+
+def test_a_full_waiting_queue_rejects_and_counts():
+    params = ServerParams(max_num_seqs=1, max_waiting=1)
+    server = ModelServer(params, Recorder())
+    assert server.admit(ServerRequest(1, 10, 100), 0.0)
+    assert server.admit(ServerRequest(2, 10, 100), 0.0)
+    assert not server.admit(ServerRequest(3, 10, 100), 0.0)
+    assert server.rejected == 1
+    assert len(server.waiting) == 1
+
+
+def test_a_shared_prefix_is_served_from_the_cache_the_second_time():
+    server = ModelServer(PARAMS, Recorder())
+    first = ServerRequest(1, 200, 2, prefix_group=0, prefix_tokens=160)
+    server.admit(first, 0.0)
+    run_until_idle(server)
+    second = ServerRequest(2, 200, 2, prefix_group=0, prefix_tokens=160)
+    server.admit(second, 1.0)
+    run_until_idle(server)
+    assert (first.cached_tokens, second.cached_tokens) == (0, 160)
+    assert second.first_token_at - 1.0 == pytest.approx((20.0 + 10.0 + 0.5 * 40) / 1000)
+
+
+def test_a_failed_server_hands_back_every_request_it_held():
+    server = ModelServer(ServerParams(max_num_seqs=1), Recorder())
+    held = [ServerRequest(i, 10, 100) for i in range(3)]
+    for request in held:
+        server.admit(request, 0.0)
+    assert sorted(r.request_id for r in server.fail()) == [0, 1, 2]
+    assert (server.running, len(server.waiting), server.next_event_time()) == (0, 0, float("inf"))
