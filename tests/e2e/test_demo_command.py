@@ -1,0 +1,109 @@
+"""`epp demo`: the whole system on loopback, as a new user first meets it.
+
+Each test runs the command (or the stack it uses) and checks that every
+process it started is gone afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+
+import pytest
+
+from epp.sim.live.processes import PartFailed
+from epp.sim.live.stack import StackSettings, live_stack
+from epp.sim.scenario import Objective
+from epp.sim.server_model import ServerParams
+
+pytestmark = [pytest.mark.envoy]
+
+DEMO = ("-m", "epp", "demo")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def eventually_gone(pid: int, timeout: float = 10.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not gone(pid):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_path):
+    out = tmp_path / "demo.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *DEMO,
+        "--duration",
+        "6",
+        "--json",
+        str(out),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert re.search(r"objective premium\s+\d+", text)
+    epp_pid = int(re.search(r"epp serve: pid (\d+)", text).group(1))
+    assert gone(epp_pid)
+    tiers = json.loads(out.read_text())["policies"]["epp"]["objectives"]
+    assert list(tiers) == ["premium", "standard", "batch"]
+    assert tiers["premium"]["completed"] == tiers["premium"]["requests"] > 0
+    assert tiers["premium"]["ttft_p50_s"] < tiers["batch"]["ttft_p50_s"]
+    outcomes = json.loads(out.read_text())["policies"]["epp"]["outcomes"]
+    assert not [outcome for outcome in outcomes if outcome.startswith("error")]
+
+
+async def test_ctrl_c_stops_everything_the_demo_started():
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *DEMO,
+        "--duration",
+        "30",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    seen = b""
+    while b"playing" not in seen:
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert line, seen.decode()
+        seen += line
+    epp_pid = int(re.search(rb"epp serve: pid (\d+)", seen).group(1))
+    process.send_signal(signal.SIGINT)
+    rest, _ = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 130, rest.decode()
+    assert b"interrupted; everything started was stopped" in rest
+    assert gone(epp_pid)
+
+
+async def test_a_part_that_fails_to_start_is_named_and_the_rest_is_stopped(tmp_path):
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("flowControl: {gate: {kinds: [teleport]}}\n")
+    settings = StackSettings(
+        servers=1,
+        params=ServerParams(),
+        objectives=(Objective("premium", 10),),
+        epp_config=str(bad_config),
+    )
+    stack_seen = []
+    with pytest.raises(PartFailed) as failure:
+        async with live_stack(settings) as stack:
+            stack_seen.append(stack)
+    assert failure.value.part == "epp serve"
+    assert "exited with status" in failure.value.reason
+    assert not stack_seen
+    assert "teleport" in str(failure.value)

@@ -1,0 +1,105 @@
+"""The load generator plays the simulator's workload against an HTTP server."""
+
+from __future__ import annotations
+
+import pytest_asyncio
+from aiohttp import web
+
+from epp.sim.live.loadgen import COMPLETED, LoadGenerator, outcome_of
+from epp.sim.live.model_server import SimulatedServer
+from epp.sim.live.report import live_report, render_live_text
+from epp.sim.scenario import parse_scenario
+from epp.sim.server_model import ServerParams
+from epp.sim.workload import workload
+
+SCENARIO = parse_scenario(
+    {
+        "name": "tiny",
+        "seed": 3,
+        "duration_s": 1.0,
+        "pool": {"servers": 1, "decode_ms_per_token": 1},
+        "objectives": [{"name": "gold", "priority": 5}, {"name": "bronze", "priority": -1}],
+        "tenants": [
+            {
+                "name": "streamer",
+                "objective": "gold",
+                "rate_rps": 20,
+                "prompt_tokens": 50,
+                "output_tokens": 20,
+            },
+            {
+                "name": "batcher",
+                "objective": "bronze",
+                "rate_rps": 10,
+                "stream": False,
+                "prompt_tokens": 50,
+                "output_tokens": 20,
+            },
+        ],
+        "baselines": [],
+    }
+)
+
+
+@pytest_asyncio.fixture
+async def server_url():
+    server = SimulatedServer(ServerParams(decode_ms_per_token=1.0))
+    port = await server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await server.stop()
+
+
+async def test_plays_the_simulators_workload_and_completes_it(server_url):
+    requests = await LoadGenerator(server_url, SCENARIO, timeout=10).run()
+    expected = workload(SCENARIO)
+    assert [(r.arrival, r.tenant) for r in requests] == [(a.time, a.tenant) for a in expected]
+    assert {r.outcome for r in requests} == {COMPLETED}
+    assert all(r.arrival <= r.first_token_at <= r.finished_at for r in requests)
+
+
+async def test_streamed_requests_see_the_first_token_before_the_end(server_url):
+    requests = await LoadGenerator(server_url, SCENARIO, timeout=10).run()
+    streamed = [r for r in requests if r.tenant == 0]
+    assert all(r.first_token_at < r.finished_at for r in streamed)
+
+
+async def test_max_requests_bounds_the_run(server_url):
+    requests = await LoadGenerator(server_url, SCENARIO, max_requests=3, timeout=10).run()
+    assert len(requests) == 3
+
+
+async def test_no_response_is_an_error_outcome_not_a_status():
+    async def hang_up(request: web.Request) -> web.Response:
+        request.transport.close()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", hang_up)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        requests = await LoadGenerator(url, SCENARIO, max_requests=2, timeout=5).run()
+    finally:
+        await runner.cleanup()
+    assert all(r.outcome.startswith("error: ") and not r.answered for r in requests)
+
+
+def test_outcome_is_the_drop_reason_else_the_status():
+    assert outcome_of(200, None) == COMPLETED
+    assert outcome_of(429, "rejected-saturated") == "rejected-saturated"
+    assert outcome_of(502, None) == "http-502"
+
+
+async def test_report_has_one_entry_per_tier_under_policy_epp(server_url):
+    requests = await LoadGenerator(server_url, SCENARIO, timeout=10).run()
+    report = live_report(SCENARIO, requests, 1.5, None)
+    tiers = report["policies"]["epp"]["objectives"]
+    assert set(tiers) == {"gold", "bronze"}
+    assert tiers["gold"]["priority"] == 5
+    assert tiers["gold"]["requests"] + tiers["bronze"]["requests"] == len(requests)
+    assert "objective gold" in render_live_text(report)
