@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 
 from epp.config import parse_bytes, parse_duration
 from epp.server import ServeOptions, serve
@@ -142,4 +143,15 @@ def run(args: argparse.Namespace) -> int:
     if (args.cert_path is None) != (args.key_path is None):
         logging.getLogger("epp.server").error("--cert-path and --key-path go together")
         return 2
-    return asyncio.run(serve(options_from(args)))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(serve(options_from(args)))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when installed (a faster loop for the hot path),
+    else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -1,0 +1,184 @@
+"""End-to-end cost of the EPP: Envoy alone against Envoy + `epp serve`, same run.
+
+    python -m bench.extproc_e2e --json
+
+Two Envoys on loopback:
+- the model server, Envoy answering by itself (config/envoy/direct.yaml):
+  the baseline's load goes straight to it;
+- the gateway (config/envoy/envoy.yaml): ext_proc to `epp serve` (a
+  subprocess), which picks the model server above as the endpoint; request
+  and response bodies go through ext_proc (FULL_DUPLEX_STREAMED), as in
+  production.
+
+The same load drives both: an aiohttp client (keep-alive) posting a 1 KB JSON
+body to /v1/completions. First closed loop (`--concurrency` requests always
+outstanding, `--seconds` each) for throughput, then open loop at a fixed
+`--rate` (500 requests/s) for latency, measured from each request's
+scheduled send time (so a stall is not hidden). Prints one JSON object:
+`direct_rps`, `epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP
+percentile minus baseline percentile at the fixed rate),
+`epp_cpu_us_per_request` (the EPP process's user+system CPU from
+/proc/<pid>/stat over the closed-loop run, per request), and the targets.
+
+The machine's cores are shared by the load generator, both Envoys and the
+EPP, so the ratio understates what the EPP would do on its own core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.envoy import CONFIG_DIR, running_envoy
+from tests.support.epp_process import running_epp
+
+TARGETS = {"ratio": 0.25, "added_p50_ms": 1.0, "added_p99_ms": 5.0}
+BODY = json.dumps({"model": "m", "prompt": "x" * 1000, "max_tokens": 1}).encode()
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(slots=True)
+class ClosedLoop:
+    requests: int
+    errors: int
+    seconds: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+async def closed_loop(url: str, concurrency: int, seconds: float) -> ClosedLoop:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    headers = {"content-type": "application/json"}
+    done = errors = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+
+        async def worker() -> None:
+            nonlocal done, errors
+            while loop.time() < end:
+                async with session.post(url, data=BODY, headers=headers) as response:
+                    await response.read()
+                    if response.status == 200:
+                        done += 1
+                    else:
+                        errors += 1
+
+        started = loop.time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return ClosedLoop(done, errors, loop.time() - started)
+
+
+async def open_loop(url: str, rate: float, seconds: float) -> list[float]:
+    """Latencies (ms) of requests sent at `rate` per second, from their scheduled time."""
+    latencies: list[float] = []
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        loop = asyncio.get_running_loop()
+
+        async def one(scheduled: float) -> None:
+            async with session.post(url, data=BODY, headers=headers) as response:
+                await response.read()
+            if response.status == 200:
+                latencies.append((loop.time() - scheduled) * 1000)
+
+        start = loop.time() + 0.05
+        total = int(rate * seconds)
+        tasks = []
+        for i in range(total):
+            scheduled = start + i / rate
+            delay = scheduled - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(scheduled)))
+        await asyncio.gather(*tasks)
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1]
+
+
+async def warm_up(url: str) -> None:
+    await closed_loop(url, 8, 0.5)
+
+
+async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: float) -> dict:
+    async with running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml") as model_server:
+        direct_url = f"http://127.0.0.1:{model_server.listen_port}/v1/completions"
+        await warm_up(direct_url)
+        direct = await closed_loop(direct_url, concurrency, seconds)
+        direct_latency = await open_loop(direct_url, rate, rate_seconds)
+
+        endpoint = f"127.0.0.1:{model_server.listen_port}"
+        async with (
+            running_epp(f"--endpoints={endpoint}", "--log-level=warning") as epp,
+            running_envoy(epp_port=epp.ports["grpc"]) as gateway,
+        ):
+            epp_url = f"http://127.0.0.1:{gateway.listen_port}/v1/completions"
+            await warm_up(epp_url)
+            cpu_before = cpu_seconds(epp.process.pid)
+            through_epp = await closed_loop(epp_url, concurrency, seconds)
+            cpu = cpu_seconds(epp.process.pid) - cpu_before
+            epp_latency = await open_loop(epp_url, rate, rate_seconds)
+
+    result = {
+        "direct_rps": round(direct.rps, 1),
+        "epp_rps": round(through_epp.rps, 1),
+        "ratio": round(through_epp.rps / direct.rps, 3),
+        "direct_p50_ms": round(percentile(direct_latency, 0.5), 3),
+        "direct_p99_ms": round(percentile(direct_latency, 0.99), 3),
+        "epp_p50_ms": round(percentile(epp_latency, 0.5), 3),
+        "epp_p99_ms": round(percentile(epp_latency, 0.99), 3),
+        "added_p50_ms": round(percentile(epp_latency, 0.5) - percentile(direct_latency, 0.5), 3),
+        "added_p99_ms": round(percentile(epp_latency, 0.99) - percentile(direct_latency, 0.99), 3),
+        "epp_cpu_us_per_request": round(cpu / max(1, through_epp.requests) * 1e6, 1),
+        "errors": direct.errors + through_epp.errors,
+        "rate": rate,
+        "concurrency": concurrency,
+        "cores": os.cpu_count(),
+    }
+    result["targets"] = TARGETS
+    result["targets_met"] = (
+        result["ratio"] >= TARGETS["ratio"]
+        and result["added_p50_ms"] <= TARGETS["added_p50_ms"]
+        and result["added_p99_ms"] <= TARGETS["added_p99_ms"]
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=5.0, help="closed-loop run length")
+    parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
+    parser.add_argument("--rate-seconds", type=float, default=5.0, help="open-loop run length")
+    args = parser.parse_args(argv)
+    result = asyncio.run(measure(args.concurrency, args.seconds, args.rate, args.rate_seconds))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+        print("targets met" if result["targets_met"] else "targets NOT met", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
