@@ -297,7 +297,8 @@ class EppServer:
         assert self.options.endpoints is not None
         self.store.replace_all(read_endpoints(self.options.endpoints))
 
-    def _watch_files(self) -> None:
+    def watch_files(self) -> None:
+        """Register the input files with the watcher (which `start` runs)."""
         options = self.options
         if options.config_file is not None:
             self.watcher.watch("the configuration", [options.config_file], self.reload_config)
@@ -309,7 +310,6 @@ class EppServer:
             self.watcher.watch("the pool", [options.pool_file], self.reload_pool)
         if options.endpoints is not None and options.endpoints.startswith("@"):
             self.watcher.watch("the endpoints", [options.endpoints[1:]], self.reload_endpoints)
-        self.watcher.start()
 
     # -- running -----------------------------------------------------------------
 
@@ -328,7 +328,8 @@ class EppServer:
             staleness=self.config.flow_control.gate.metrics_staleness,
         )
         await self._stack.enter_async_context(scraper)
-        self._watch_files()
+        self.watch_files()
+        self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)
         await self._start_servers()
         self._announce()

@@ -1,0 +1,178 @@
+"""EppServer in process: file changes reload, invalid changes are refused and
+the last good state stays, queued requests survive every reload."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from epp.flowcontrol.request import FlowRequest, State
+from epp.server import EppServer, ServeOptions, StartupError, read_endpoints
+
+CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+flowControl:
+  gate: {{kinds: [concurrency], maxPerEndpoint: 1}}
+  defaultPriorityBand: {{maxRequests: {max_requests}}}
+"""
+OBJECTIVE = """\
+apiVersion: llm-d.ai/v1
+kind: InferenceObjective
+metadata: {{name: gold, namespace: default}}
+spec:
+  priority: {priority}
+  poolRefs: [{{name: reload-pool}}]
+"""
+GOLD = {"x-llm-d-inference-objective": "gold"}
+
+
+def write(path: Path, text: str) -> None:
+    """Replace the file with a visibly newer one (mtime granularity is coarse)."""
+    path.write_text(text)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10_000_000))
+
+
+@pytest.fixture
+def files(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.format(max_requests=10))
+    objectives = tmp_path / "objectives"
+    objectives.mkdir()
+    (objectives / "gold.yaml").write_text(OBJECTIVE.format(priority=5))
+    endpoints = tmp_path / "endpoints.txt"
+    endpoints.write_text("10.0.0.1:8000\n")
+    return config, objectives, endpoints
+
+
+@pytest.fixture
+def server(files):
+    config, objectives, endpoints = files
+    return EppServer(
+        ServeOptions(
+            config_file=str(config),
+            objectives=(str(objectives),),
+            pool_name="reload-pool",
+            endpoints=f"@{endpoints}",
+        )
+    )
+
+
+def queue_one(server: EppServer, name: str) -> FlowRequest:
+    request = FlowRequest(name, "tenant", server.priority_of(GOLD), arrival=0.0, byte_size=10)
+    assert server.core.enqueue(request, 0.0) is None
+    return request
+
+
+def test_objective_priority_change_applies_to_new_requests(server, files):
+    _, objectives, _ = files
+    server.watch_files()
+    write(objectives / "gold.yaml", OBJECTIVE.format(priority=9))
+    server.watcher.check()
+    assert server.priority_of(GOLD) == 9
+
+
+def test_objective_added_to_a_watched_folder_is_loaded(server, files):
+    _, objectives, _ = files
+    server.watch_files()
+    (objectives / "silver.yaml").write_text(
+        OBJECTIVE.format(priority=3).replace("name: gold", "name: silver")
+    )
+    server.watcher.check()
+    assert server.priority_of({"x-llm-d-inference-objective": "silver"}) == 3
+
+
+def test_invalid_objectives_are_refused_with_file_document_and_field(server, files, caplog):
+    _, objectives, _ = files
+    server.watch_files()
+    write(objectives / "gold.yaml", OBJECTIVE.format(priority='"high"'))
+    with caplog.at_level(logging.ERROR):
+        server.watcher.check()
+    assert server.priority_of(GOLD) == 5
+    assert f"{objectives / 'gold.yaml'}[0]" in caplog.text
+    assert "spec.priority" in caplog.text
+    assert server.watcher.refusals == 1
+
+
+def test_config_change_keeps_queued_requests_and_applies_new_limits(server, files):
+    config, _, _ = files
+    server.watch_files()
+    requests = [queue_one(server, f"r{i}") for i in range(4)]
+    write(config, CONFIG.format(max_requests=3))
+    server.watcher.check()
+    assert server.watcher.reloads == 1
+    assert [r.state for r in requests] == [State.DISPATCHED] + [State.QUEUED] * 3
+    assert server.core.enqueue(FlowRequest("r5", "tenant", 5, 0.0), 0.0) is not None
+
+
+def test_invalid_config_is_refused_and_the_old_one_stays(server, files, caplog):
+    config, _, _ = files
+    server.watch_files()
+    write(config, CONFIG.format(max_requests="many"))
+    with caplog.at_level(logging.ERROR):
+        server.watcher.check()
+    assert "flowControl.defaultPriorityBand.maxRequests" in caplog.text
+    assert server.config.flow_control.default_band.max_requests == 10
+
+
+def test_endpoints_file_change_replaces_the_pool(server, files):
+    _, _, endpoints = files
+    server.watch_files()
+    write(endpoints, "10.0.0.2:8000, 10.0.0.3:8000\n")
+    server.watcher.check()
+    assert sorted(server.store.addresses()) == ["10.0.0.2:8000", "10.0.0.3:8000"]
+
+
+def test_invalid_endpoints_file_keeps_the_last_good_pool(server, files):
+    _, _, endpoints = files
+    server.watch_files()
+    write(endpoints, "10.0.0.2:notaport\n")
+    server.watcher.check()
+    assert server.store.addresses() == ["10.0.0.1:8000"]
+
+
+def test_without_objectives_or_pool_the_shipped_samples_apply():
+    server = EppServer(ServeOptions(endpoints="10.0.0.1:8000"))
+    assert server.priority_of({"x-llm-d-inference-objective": "premium"}) == 10
+    assert server.priority_of({"x-llm-d-inference-objective": "batch"}) == -5
+
+
+def test_objectives_apply_to_a_pool_synthesised_from_pool_name(files):
+    _, objectives, _ = files
+    server = EppServer(
+        ServeOptions(objectives=(str(objectives),), pool_name="other", endpoints="10.0.0.1:80")
+    )
+    assert server.priority_of(GOLD) == 0
+
+
+def test_file_mode_without_endpoints_is_a_startup_error():
+    with pytest.raises(StartupError, match="--endpoints"):
+        EppServer(ServeOptions())
+
+
+def test_shipped_defaults_are_the_config_samples():
+    root = Path(__file__).resolve().parents[3]
+    for name in ("objectives.yaml", "pool.yaml"):
+        shipped = (root / "epp" / "defaults" / name).read_text()
+        assert shipped == (root / "config" / "samples" / name).read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "addresses"),
+    [
+        ("10.0.0.1:80,10.0.0.2:80", ["10.0.0.1:80", "10.0.0.2:80"]),
+        ("", []),
+    ],
+)
+def test_inline_endpoint_lists(text, addresses):
+    assert [spec.address for spec in read_endpoints(text)] == addresses
+
+
+def test_endpoint_file_allows_lines_and_comments(tmp_path):
+    path = tmp_path / "endpoints"
+    path.write_text("# pool\n10.0.0.1:80\n10.0.0.2:80  # second\n")
+    assert [spec.address for spec in read_endpoints(f"@{path}")] == ["10.0.0.1:80", "10.0.0.2:80"]
