@@ -1,0 +1,65 @@
+"""EppServer in cluster mode (`--pool-name` without `--endpoints`) against
+the emulated API server: readiness waits for the sync, then pods are
+endpoints and objectives give priorities."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp.server import EppServer, ServeOptions
+from tests.support.kube import KubeEmulator, eventually, objective, pod, pool
+
+
+def kubeconfig(kube: KubeEmulator, path) -> str:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": kube.url}}],
+        "users": [{"name": "tester", "user": {"token": "secret"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "emulator", "user": "tester"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+async def readiness(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="readiness"), timeout=5
+        )
+    return reply.status
+
+
+async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_path):
+    async with KubeEmulator() as kube:
+        server = EppServer(
+            ServeOptions(
+                grpc_port=0,
+                grpc_health_port=0,
+                metrics_port=0,
+                bind_address="127.0.0.1",
+                pool_name="pool-a",
+                kubeconfig=kubeconfig(kube, tmp_path / "kubeconfig"),
+                grace=0.1,
+            )
+        )
+        await server.start()
+        try:
+            port = server.ports["grpc_health"]
+            assert await readiness(port) == health_pb2.HealthCheckResponse.NOT_SERVING
+            kube.apply(pool())
+            kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
+            kube.apply(objective("premium", priority=10))
+            await eventually(lambda: server.health.ready, timeout=5)
+            assert await readiness(port) == health_pb2.HealthCheckResponse.SERVING
+            await eventually(lambda: server.store.addresses() == ["10.0.0.1:8000"])
+            await eventually(
+                lambda: server.priority_of({"x-llm-d-inference-objective": "premium"}) == 10
+            )
+        finally:
+            await asyncio.wait_for(server.stop(), 10)
