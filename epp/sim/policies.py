@@ -26,12 +26,14 @@ from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.gates import build_gate
+from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.sim.engine import NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
 
 CHARS_PER_TOKEN = 4
+UNIQUE_BLOCKS = 1 << 64
 POOL_NAME = "sim-pool"
 
 
@@ -53,29 +55,54 @@ def with_fairness(config: EppConfig, fairness: Fairness) -> EppConfig:
     return replace(config, flow_control=flow)
 
 
-class PromptText:
-    """Prompt text for prefix affinity: a tenant's shared prefix is the same
-    text in every request, the rest is unique to the request. Only the part
-    the prefix scorer can read (`max_chars`) is built."""
+def prefix_text(group: str, tokens: int) -> str:
+    """The shared prefix of `group`: `tokens` tokens of text of its own."""
+    chars = tokens * CHARS_PER_TOKEN
+    unit = f"<{group}|"
+    return (unit * (chars // len(unit) + 1))[:chars]
 
-    def __init__(self, scenario: Scenario, max_chars: int) -> None:
-        self.max_chars = max_chars
-        self._prefix = [
-            (f"<{t.prefix_group}|" * (t.prefix_tokens * CHARS_PER_TOKEN))[
-                : min(t.prefix_tokens * CHARS_PER_TOKEN, max_chars)
-            ]
+
+class PromptBlocks:
+    """The prefix-cache block hashes of a simulated prompt, given to the
+    scheduler directly (`InferenceRequest.prefix_hashes`) instead of text it
+    would have to hash: the simulator models prompts at block level.
+
+    A prompt of `prompt_tokens` tokens has min(chars // block_chars,
+    max_blocks) blocks, as its text would. Its leading blocks that lie wholly
+    inside the tenant's shared prefix hash exactly as the prefix text would
+    (`block_hashes` of that text, seeded with the target model), computed
+    once per tenant; every later block is unique to the request, so it gets
+    a value of its own, chained after them: 2**64 + request_id * max_blocks
+    + position, which no xxh64 digest (< 2**64) and no other request's
+    block can equal.
+    """
+
+    __slots__ = ("_block_chars", "_max_blocks", "_prefixes")
+
+    def __init__(self, scenario: Scenario, block_chars: int, max_blocks: int) -> None:
+        self._block_chars = block_chars
+        self._max_blocks = max_blocks
+        self._prefixes = [
+            block_hashes(
+                prefix_text(t.prefix_group, t.prefix_tokens),
+                t.lora or scenario.model,
+                block_chars,
+                max_blocks,
+            )
             if t.prefix_group
-            else ""
+            else ()
             for t in scenario.tenants
         ]
 
-    def of(self, request: SimRequest) -> str:
-        prefix = self._prefix[request.tenant]
-        rest = min(request.prompt_tokens * CHARS_PER_TOKEN, self.max_chars) - len(prefix)
-        if rest <= 0:
-            return prefix
-        unit = f"{request.request_id:x}."
-        return prefix + (unit * (rest // len(unit) + 1))[:rest]
+    def of(self, request: SimRequest) -> tuple[int, int, tuple[int, ...]]:
+        """The (block_chars, max_blocks, hashes) cache entry for `request`."""
+        max_blocks = self._max_blocks
+        count = min(request.prompt_tokens * CHARS_PER_TOKEN // self._block_chars, max_blocks)
+        shared = self._prefixes[request.tenant][:count]
+        if len(shared) < count:
+            base = UNIQUE_BLOCKS + request.request_id * max_blocks
+            shared += tuple(range(base + len(shared), base + count))
+        return (self._block_chars, max_blocks, shared)
 
 
 class EppPolicy:
@@ -102,8 +129,8 @@ class EppPolicy:
         self._stream = [tenant.stream for tenant in scenario.tenants]
         self._model = scenario.model
         scheduling = config.scheduling
-        self._text = PromptText(
-            scenario, scheduling.prefix_block_chars * scheduling.prefix_max_blocks
+        self._blocks = PromptBlocks(
+            scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
         )
 
     def arrive(self, request: SimRequest, now: float) -> None:
@@ -111,11 +138,11 @@ class EppPolicy:
         payload = SimInference(
             self._model,
             request.lora or self._model,
-            self._text.of(request),
-            self._stream[tenant],
-            request.output_tokens,
+            stream=self._stream[tenant],
+            max_tokens=request.output_tokens,
             sim=request,
         )
+        payload.prefix_hashes = self._blocks.of(request)
         flow_request = FlowRequest(
             str(request.request_id),
             self._fairness_id[tenant],
@@ -175,7 +202,6 @@ class EppPolicy:
             if flow_request.endpoint is None:
                 sim.end(request, flow_request.outcome.reason, now)
                 continue
-            payload.prompt = ""
             payload.prefix_hashes = None
             sim.send(request, index_of[flow_request.endpoint], now)
 
