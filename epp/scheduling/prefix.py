@@ -13,20 +13,25 @@ cache: the EPP does not see the model server's cache, it remembers where it
 sent which prefixes.
 
 `PrefixIndex` keeps, per endpoint, an LRU of the block hashes it was sent
-(bounded by `capacity`), and a reverse map hash -> endpoints. A prompt's
-blocks are recorded deepest first, so an endpoint's copy of block i is never
-older than its copy of block i+1, and the LRU evicts deep blocks before
-their prefix. Hence an endpoint holding block i holds every block before it,
-the holders of a chain's blocks are nested, and an endpoint's match length
-(blocks matched up to its first miss) is found by binary search: matching
-costs O(log blocks) set operations per distinct match length, not one
-lookup per endpoint and block.
+(bounded by `capacity`), and which endpoints hold each chain's first block.
+A prompt's blocks are recorded deepest first, so an endpoint's copy of block
+i is never older than its copy of block i+1, and the LRU evicts deep blocks
+before their prefix. Hence an endpoint holding block i holds every block
+before it: the blocks an endpoint holds of a chain are a leading run, and
+its match length (blocks matched up to its first miss) is found by binary
+search. The endpoints that hold a chain's first block are the only ones
+with a match; they are searched together, split at each probe into those
+holding the probed block and the rest, so matching costs O(log blocks)
+membership tests per holder and nothing for endpoints without the prefix.
+Recording costs one binary search, then bulk LRU operations (new blocks
+appended, held ones moved to the end, the oldest evicted).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from itertools import compress, repeat
 from struct import Struct
 
 from xxhash import xxh64_intdigest
@@ -51,70 +56,103 @@ def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> 
     return tuple(hashes)
 
 
-class PrefixIndex:
-    """Per-endpoint LRUs of block hashes with a reverse index."""
+def _is_root(entry: tuple[int, bool]) -> bool:
+    return entry[1]
 
-    __slots__ = ("_holders", "_lrus", "capacity")
+
+def held_blocks(lru: Mapping[int, object], hashes: Sequence[int]) -> int:
+    """How many leading blocks of `hashes` are in `lru` (a leading run, by
+    the nesting property)."""
+    if hashes[0] not in lru:
+        return 0
+    count = len(hashes)
+    if hashes[-1] in lru:
+        return count
+    lo, hi = 1, count - 1  # held: at least lo blocks, at most hi
+    while lo < hi:
+        middle = (lo + hi + 1) // 2
+        if hashes[middle - 1] in lru:
+            lo = middle
+        else:
+            hi = middle - 1
+    return lo
+
+
+class PrefixIndex:
+    """Per-endpoint LRUs of block hashes, and the holders of each chain's
+    first block (see the module docstring). An LRU maps a block to whether
+    it is a chain's first block."""
+
+    __slots__ = ("_lrus", "_roots", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"prefix LRU capacity must be positive, got {capacity}")
         self.capacity = capacity
-        self._lrus: dict[str, OrderedDict[int, None]] = {}
-        self._holders: dict[int, set[str]] = {}
+        self._lrus: dict[str, OrderedDict[int, bool]] = {}
+        self._roots: dict[int, set[str]] = {}
 
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
-        """`endpoint` was sent a prompt with these block hashes (in prompt order)."""
+        """`endpoint` was sent a prompt with these chained block hashes (in
+        prompt order)."""
         lru = self._lrus.get(endpoint)
         if lru is None:
             lru = self._lrus[endpoint] = OrderedDict()
-        holders = self._holders
-        for block in reversed(hashes):
-            if block in lru:
-                lru.move_to_end(block)
-                continue
-            lru[block] = None
-            holder_set = holders.get(block)
-            if holder_set is None:
-                holders[block] = {endpoint}
-            else:
-                holder_set.add(endpoint)
-            if len(lru) > self.capacity:
-                self._forget(endpoint, lru.popitem(last=False)[0])
+        if not hashes:
+            return
+        held = held_blocks(lru, hashes)
+        if held < len(hashes):
+            lru.update(zip(reversed(hashes[held:]), repeat(False)))
+            if not held:
+                root = hashes[0]
+                lru[root] = True
+                holders = self._roots.get(root)
+                if holders is None:
+                    self._roots[root] = {endpoint}
+                else:
+                    holders.add(endpoint)
+        if held:
+            deque(map(lru.move_to_end, hashes[held - 1 :: -1]), 0)
+        excess = len(lru) - self.capacity
+        if excess > 0:
+            for root, _ in filter(_is_root, map(lru.popitem, repeat(False, excess))):
+                self._drop_root(endpoint, root)
 
-    def matches(self, hashes: tuple[int, ...]) -> dict[str, int]:
+    def matches(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first block: how many leading blocks
         it holds (matching stops at the first block it misses)."""
-        holders = self._holders
-        first = holders.get(hashes[0]) if hashes else None
+        first = self._roots.get(hashes[0]) if hashes else None
         if not first:
             return {}
+        lrus = self._lrus
         matched: dict[str, int] = {}
         # (group, lo, hi): every endpoint of group holds block lo, none beyond hi.
-        pending = [(first, 0, len(hashes) - 1)]
+        pending = [([(endpoint, lrus[endpoint]) for endpoint in first], 0, len(hashes) - 1)]
         while pending:
             group, lo, hi = pending.pop()
             if lo == hi:
-                for endpoint in group:
+                for endpoint, _ in group:
                     matched[endpoint] = lo + 1
                 continue
             middle = (lo + hi + 1) // 2
-            holding = holders.get(hashes[middle])
-            deeper = group & holding if holding else None
-            if deeper:
-                pending.append((deeper, middle, hi))
-                if len(deeper) == len(group):
-                    continue
-                group = group - deeper
-            pending.append((group, lo, middle - 1))
+            block = hashes[middle]
+            deeper = [entry for entry in group if block in entry[1]]
+            if not deeper:
+                pending.append((group, lo, middle - 1))
+                continue
+            pending.append((deeper, middle, hi))
+            if len(deeper) < len(group):
+                pending.append(
+                    ([entry for entry in group if block not in entry[1]], lo, middle - 1)
+                )
         return matched
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Forget everything recorded for `endpoint`."""
         lru = self._lrus.pop(endpoint, None)
         if lru is not None:
-            for block in lru:
-                self._forget(endpoint, block)
+            for root in compress(lru, lru.values()):
+                self._drop_root(endpoint, root)
 
     def endpoints(self) -> set[str]:
         return set(self._lrus)
@@ -123,8 +161,8 @@ class PrefixIndex:
         lru = self._lrus.get(endpoint)
         return len(lru) if lru is not None else 0
 
-    def _forget(self, endpoint: str, block: int) -> None:
-        holder_set = self._holders[block]
-        holder_set.discard(endpoint)
-        if not holder_set:
-            del self._holders[block]
+    def _drop_root(self, endpoint: str, root: int) -> None:
+        holders = self._roots[root]
+        holders.discard(endpoint)
+        if not holders:
+            del self._roots[root]

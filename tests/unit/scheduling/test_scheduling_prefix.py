@@ -1,3 +1,7 @@
+from collections import OrderedDict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from xxhash import xxh64_intdigest
 
 from epp.scheduling.prefix import PrefixIndex, block_hashes
@@ -99,3 +103,55 @@ def test_a_removed_endpoint_matches_nothing():
     index.remove_endpoint("e1")
     assert index.matches((1, 2)) == {"e2": 2}
     assert index.endpoints() == {"e2"}
+
+
+def chain(text: str) -> tuple[int, ...]:
+    """Chained block ids of `text`, one character per block: block i stands
+    for the whole prefix text[: i + 1], as a chained hash does."""
+    return tuple(hash(text[: end + 1]) for end in range(len(text)))
+
+
+class ReferenceLru:
+    """The plain definition: one LRU per endpoint, blocks touched deepest
+    first, a match counts leading blocks up to the first miss."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lrus: dict[str, OrderedDict[int, None]] = {}
+
+    def record(self, endpoint: str, hashes: tuple[int, ...]) -> None:
+        lru = self.lrus.setdefault(endpoint, OrderedDict())
+        for block in reversed(hashes):
+            lru[block] = None
+            lru.move_to_end(block)
+            if len(lru) > self.capacity:
+                lru.popitem(last=False)
+
+    def matches(self, hashes: tuple[int, ...]) -> dict[str, int]:
+        matched = {}
+        for endpoint, lru in self.lrus.items():
+            count = 0
+            while count < len(hashes) and hashes[count] in lru:
+                count += 1
+            if count:
+                matched[endpoint] = count
+        return matched
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.integers(1, 12),
+    steps=st.lists(
+        st.tuples(st.sampled_from("abcd"), st.text("xy", min_size=1, max_size=8)), max_size=40
+    ),
+    probes=st.lists(st.text("xy", min_size=1, max_size=8), min_size=1, max_size=5),
+)
+def test_matches_equal_the_plain_per_endpoint_lru(capacity, steps, probes):
+    index, reference = PrefixIndex(capacity), ReferenceLru(capacity)
+    for endpoint, text in steps:
+        index.record(endpoint, chain(text))
+        reference.record(endpoint, chain(text))
+    for text in probes + [text for _, text in steps]:
+        assert index.matches(chain(text)) == reference.matches(chain(text))
+    for endpoint in reference.lrus:
+        assert index.size(endpoint) == len(reference.lrus[endpoint])
