@@ -62,9 +62,16 @@ class RequestFactory:
         self._n = 0
 
     def make(self, now: float) -> FlowRequest:
+        """A request of a random tenant; the first `flows` requests go to
+        each tenant once, so that every flow exists from the start (a steady
+        state, not the first appearance of tenants, is what is measured)."""
         rng = self._rng
         self._n += 1
-        fairness_id, priority = rng.choice(self._tenants)
+        tenants = self._tenants
+        if self._n <= len(tenants):
+            fairness_id, priority = tenants[self._n - 1]
+        else:
+            fairness_id, priority = rng.choice(tenants)
         return FlowRequest(
             request_id=f"req-{self._n}",
             fairness_id=fairness_id,

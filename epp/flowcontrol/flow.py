@@ -22,18 +22,18 @@ class Flow(FifoQueue):
     100k flows, every object touched per dispatch is a likely cache miss).
     Under a deadline ordering `queue` is a heap of its own."""
 
-    __slots__ = (
-        "bytes",
+    __slots__ = (  # noqa: RUF023 - hot fields first: they share the object's first cache line
+        "queue",
         "count",
+        "bytes",
+        "ring_member",
+        "in_flight",
         "counter",
-        "fairness_id",
         "heap_seq",
+        "fairness_id",
+        "priority",
         "idle_since",
         "idle_tracked",
-        "in_flight",
-        "priority",
-        "queue",
-        "ring_member",
     )
 
     def __init__(self, fairness_id: str, priority: int, queue: RequestQueue | None) -> None:
