@@ -32,7 +32,7 @@ from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import fresh_unsaturated, in_subset, with_room
 from epp.scheduling.pickers import build_picker
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import Scorer, build_scorer
+from epp.scheduling.scorers import Scorer, SparseScorer, build_scorer
 
 
 class Scheduler:
@@ -48,6 +48,8 @@ class Scheduler:
         "_clock",
         "_concurrency",
         "_config",
+        "_dense",
+        "_dense_weights",
         "_healthy",
         "_healthy_until",
         "_healthy_version",
@@ -55,7 +57,9 @@ class Scheduler:
         "_membership",
         "_picker",
         "_pool",
-        "_weights",
+        "_positions",
+        "_positions_of",
+        "_sparse",
         "scorers",
     )
 
@@ -74,7 +78,17 @@ class Scheduler:
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
             (scorer.weight, build_scorer(scorer.name, config)) for scorer in config.scorers
         )
-        self._weights = tuple(weight for weight, _ in self.scorers)
+        self._sparse = tuple(
+            (weight, scorer) for weight, scorer in self.scorers if isinstance(scorer, SparseScorer)
+        )
+        self._dense = tuple(
+            scorer for _, scorer in self.scorers if not isinstance(scorer, SparseScorer)
+        )
+        self._dense_weights = tuple(
+            weight for weight, scorer in self.scorers if not isinstance(scorer, SparseScorer)
+        )
+        self._positions_of: Sequence[Endpoint] | None = None
+        self._positions: dict[str, int] = {}
         self._picker = build_picker(config.picker, rng)
         self._membership = -1
         self._known: frozenset[str] = frozenset()
@@ -122,8 +136,24 @@ class Scheduler:
         self, request: InferenceRequest, candidates: Sequence[Endpoint]
     ) -> list[float]:
         """The weighted sum of every scorer's scores, one per candidate."""
-        columns = [scorer.score(request, candidates) for _, scorer in self.scorers]
-        return weighted_sum(columns, self._weights, len(candidates))
+        columns = [scorer.score(request, candidates) for scorer in self._dense]
+        totals = weighted_sum(columns, self._dense_weights, len(candidates))
+        for weight, scorer in self._sparse:
+            scores = scorer.sparse_scores(request)
+            if not scores:
+                continue
+            positions = self._positions_by_address(candidates)
+            for address, score in scores.items():
+                position = positions.get(address)
+                if position is not None:
+                    totals[position] += weight * score
+        return totals
+
+    def _positions_by_address(self, candidates: Sequence[Endpoint]) -> dict[str, int]:
+        if candidates is not self._positions_of:
+            self._positions = {endpoint.address: index for index, endpoint in enumerate(candidates)}
+            self._positions_of = candidates
+        return self._positions
 
     def _fresh_unsaturated(self, pool: PoolSnapshot) -> list[Endpoint]:
         """The pool's endpoints with fresh, unsaturated metrics, recomputed
@@ -153,15 +183,18 @@ class Scheduler:
 def weighted_sum(
     columns: Sequence[Sequence[float]], weights: Sequence[float], size: int
 ) -> list[float]:
-    """sum_k weights[k] * columns[k][i] for each i. Up to three columns (the
-    default profile has three scorers) are summed in one pass over the
-    candidates, which halves the cost of one pass per column."""
-    if len(columns) == 3:
-        (w1, w2, w3), (c1, c2, c3) = weights, columns
-        return [w1 * a + w2 * b + w3 * c for a, b, c in zip(c1, c2, c3, strict=True)]
-    if len(columns) == 2:
+    """sum_k weights[k] * columns[k][i] for each i, as a new list. Up to three
+    columns are summed in one pass over the candidates."""
+    count = len(columns)
+    if count == 2:
         (w1, w2), (c1, c2) = weights, columns
         return [w1 * a + w2 * b for a, b in zip(c1, c2, strict=True)]
+    if count == 3:
+        (w1, w2, w3), (c1, c2, c3) = weights, columns
+        return [w1 * a + w2 * b + w3 * c for a, b, c in zip(c1, c2, c3, strict=True)]
+    if count == 1:
+        weight = weights[0]
+        return [weight * score for score in columns[0]]
     totals = [0.0] * size
     for weight, column in zip(weights, columns, strict=True):
         totals = [total + weight * score for total, score in zip(totals, column, strict=True)]

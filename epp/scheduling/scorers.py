@@ -11,10 +11,11 @@ scorer remembers the prompt's blocks there), `forget` that an endpoint left.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
-from operator import add, attrgetter, mul
-from typing import Any, Protocol
+from operator import attrgetter
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint
@@ -24,7 +25,8 @@ from epp.scheduling.request import InferenceRequest
 
 class Scorer(Protocol):
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        """One score in [0, 1] per endpoint, in the same order."""
+        """One score in [0, 1] per endpoint, in the same order. The caller
+        does not modify the list, so a scorer may return the same one again."""
         ...
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
@@ -33,6 +35,17 @@ class Scorer(Protocol):
 
     def forget(self, address: str) -> None:
         """The endpoint at `address` left the pool."""
+        ...
+
+
+@runtime_checkable
+class SparseScorer(Scorer, Protocol):
+    """A scorer that rates most endpoints 0 for most requests (prefix
+    affinity): it can name just the others, so the scheduler adds their
+    scores instead of summing a column of zeros."""
+
+    def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
+        """Score by endpoint address; an endpoint not named scores 0."""
         ...
 
 
@@ -89,21 +102,34 @@ class QueueScorer:
     placed between two scrapes would see the same queues and pile onto the
     same endpoint. Counts are keyed by the observed `Endpoint` object, which
     the data layer replaces at every scrape, so a scrape resets them.
+
+    The queues of the latest candidate sequence are kept, a pick adds one to
+    the chosen one, and the scores are recomputed only after a change.
     """
 
-    __slots__ = ("_latest", "_sent", "_waiting")
+    __slots__ = ("_candidates", "_latest", "_loads", "_positions", "_scores", "_sent")
 
     def __init__(self) -> None:
         self._sent: dict[Endpoint, int] = {}
         self._latest: dict[str, Endpoint] = {}
-        self._waiting = PerCandidates(attrgetter("metrics.waiting"))
+        self._candidates: Sequence[Endpoint] | None = None
+        self._loads: list[float] = []
+        self._positions: dict[Endpoint, int] = {}
+        self._scores: list[float] | None = None
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        waiting = self._waiting.of(endpoints)
-        if not self._sent:
-            return lower_is_better(waiting)
-        sent = map(self._sent.get, endpoints, repeat(0))
-        return lower_is_better(list(map(add, waiting, sent)))
+        if endpoints is not self._candidates:
+            sent = self._sent
+            self._loads = [
+                endpoint.metrics.waiting + sent.get(endpoint, 0) for endpoint in endpoints
+            ]
+            self._positions = {endpoint: index for index, endpoint in enumerate(endpoints)}
+            self._candidates = endpoints
+            self._scores = None
+        scores = self._scores
+        if scores is None:
+            scores = self._scores = lower_is_better(self._loads)
+        return scores
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
         previous = self._latest.get(endpoint.address)
@@ -112,6 +138,10 @@ class QueueScorer:
                 del self._sent[previous]
             self._latest[endpoint.address] = endpoint
         self._sent[endpoint] = self._sent.get(endpoint, 0) + 1
+        position = self._positions.get(endpoint)
+        if position is not None:
+            self._loads[position] += 1
+            self._scores = None
 
     def forget(self, address: str) -> None:
         previous = self._latest.pop(address, None)
@@ -162,6 +192,9 @@ class LoraAffinityScorer(StatelessScorer):
         return scores
 
 
+NO_SCORES: Mapping[str, float] = MappingProxyType({})
+
+
 class PrefixCacheScorer:
     """Matched leading prompt blocks / all prompt blocks (see `prefix`).
 
@@ -191,13 +224,19 @@ class PrefixCacheScorer:
         request.prefix_hashes = (self.block_chars, self.max_blocks, hashes)
         return hashes
 
-    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+    def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
         hashes = self.hashes(request)
         matched = self._index.matches(hashes) if hashes else None
         if not matched:
+            return NO_SCORES
+        scale = 1.0 / len(hashes)
+        return {address: count * scale for address, count in matched.items()}
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        scores = self.sparse_scores(request)
+        if not scores:
             return [0.0] * len(endpoints)
-        held = map(matched.get, self._addresses.of(endpoints), repeat(0))
-        return list(map(mul, held, repeat(1.0 / len(hashes))))
+        return list(map(scores.get, self._addresses.of(endpoints), repeat(0.0)))
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
         self._index.record(endpoint.address, self.hashes(request))
