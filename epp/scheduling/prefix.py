@@ -32,11 +32,13 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from itertools import compress, repeat
+from operator import itemgetter
 from struct import Struct
 
 from xxhash import xxh64_intdigest
 
 _pack_le_uint64 = Struct("<Q").pack
+_second = itemgetter(1)
 
 
 def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
@@ -54,10 +56,6 @@ def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> 
         previous = xxh64_intdigest(chunk + _pack_le_uint64(previous))
         hashes.append(previous)
     return tuple(hashes)
-
-
-def _is_root(entry: tuple[int, bool]) -> bool:
-    return entry[1]
 
 
 def held_blocks(lru: Mapping[int, object], hashes: Sequence[int]) -> int:
@@ -102,7 +100,8 @@ class PrefixIndex:
             return
         held = held_blocks(lru, hashes)
         if held < len(hashes):
-            lru.update(zip(reversed(hashes[held:]), repeat(False)))
+            for block in hashes[: held - 1 : -1] if held else hashes[::-1]:
+                lru[block] = False
             if not held:
                 root = hashes[0]
                 lru[root] = True
@@ -115,7 +114,7 @@ class PrefixIndex:
             deque(map(lru.move_to_end, hashes[held - 1 :: -1]), 0)
         excess = len(lru) - self.capacity
         if excess > 0:
-            for root, _ in filter(_is_root, map(lru.popitem, repeat(False, excess))):
+            for root, _ in filter(_second, map(lru.popitem, repeat(False, excess))):
                 self._drop_root(endpoint, root)
 
     def matches(self, hashes: Sequence[int]) -> dict[str, int]:

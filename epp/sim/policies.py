@@ -163,6 +163,7 @@ class EppPolicy:
 
     def finished(self, request: SimRequest, now: float) -> None:
         self.core.complete(request.owner, now, request.prompt_tokens, self._served(request))
+        request.owner = None  # its FlowRequest is done with: let it go now
         self._dispatch(now)
         self.sim.want_timer(self.core.next_idle_check())
 
