@@ -79,16 +79,18 @@ def held_blocks(lru: Mapping[int, object], hashes: Sequence[int]) -> int:
 class PrefixIndex:
     """Per-endpoint LRUs of block hashes, and the holders of each chain's
     first block (see the module docstring). An LRU maps a block to whether
-    it is a chain's first block."""
+    it is a chain's first block. Holder sets are immutable; an endpoint's
+    set of itself alone is shared by every first block only it holds."""
 
-    __slots__ = ("_lrus", "_roots", "capacity")
+    __slots__ = ("_alone", "_lrus", "_roots", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"prefix LRU capacity must be positive, got {capacity}")
         self.capacity = capacity
         self._lrus: dict[str, OrderedDict[int, bool]] = {}
-        self._roots: dict[int, set[str]] = {}
+        self._roots: dict[int, frozenset[str]] = {}
+        self._alone: dict[str, frozenset[str]] = {}
 
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
@@ -96,6 +98,7 @@ class PrefixIndex:
         lru = self._lrus.get(endpoint)
         if lru is None:
             lru = self._lrus[endpoint] = OrderedDict()
+            self._alone[endpoint] = frozenset((endpoint,))
         if not hashes:
             return
         held = held_blocks(lru, hashes)
@@ -105,11 +108,9 @@ class PrefixIndex:
             if not held:
                 root = hashes[0]
                 lru[root] = True
+                alone = self._alone[endpoint]
                 holders = self._roots.get(root)
-                if holders is None:
-                    self._roots[root] = {endpoint}
-                else:
-                    holders.add(endpoint)
+                self._roots[root] = alone if holders is None else holders | alone
         if held:
             deque(map(lru.move_to_end, hashes[held - 1 :: -1]), 0)
         excess = len(lru) - self.capacity
@@ -152,6 +153,7 @@ class PrefixIndex:
         if lru is not None:
             for root in compress(lru, lru.values()):
                 self._drop_root(endpoint, root)
+            del self._alone[endpoint]
 
     def endpoints(self) -> set[str]:
         return set(self._lrus)
@@ -161,7 +163,8 @@ class PrefixIndex:
         return len(lru) if lru is not None else 0
 
     def _drop_root(self, endpoint: str, root: int) -> None:
-        holders = self._roots[root]
-        holders.discard(endpoint)
-        if not holders:
+        holders = self._roots[root] - self._alone[endpoint]
+        if holders:
+            self._roots[root] = holders
+        else:
             del self._roots[root]

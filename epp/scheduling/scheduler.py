@@ -32,7 +32,7 @@ from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import fresh_unsaturated, in_subset, with_room
 from epp.scheduling.pickers import build_picker
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import Scorer, SparseScorer, build_scorer
+from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer, build_scorer
 
 
 class Scheduler:
@@ -54,6 +54,7 @@ class Scheduler:
         "_healthy_until",
         "_healthy_version",
         "_known",
+        "_learning",
         "_membership",
         "_picker",
         "_pool",
@@ -87,6 +88,9 @@ class Scheduler:
         self._dense_weights = tuple(
             weight for weight, scorer in self.scorers if not isinstance(scorer, SparseScorer)
         )
+        self._learning = tuple(
+            scorer for _, scorer in self.scorers if not isinstance(scorer, StatelessScorer)
+        )
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
         self._picker = build_picker(config.picker, rng)
@@ -112,7 +116,9 @@ class Scheduler:
         if pool.membership != self._membership:
             self._forget_departed(pool)
         endpoints: Sequence[Endpoint] = pool.endpoints
-        healthy: Sequence[Endpoint] = self._fresh_unsaturated(pool)
+        healthy: Sequence[Endpoint] = self._healthy
+        if pool.version != self._healthy_version or self._clock() > self._healthy_until:
+            healthy = self._fresh_unsaturated(pool)
         if request.subset is not None:
             endpoints = in_subset(endpoints, request.subset)
             if not endpoints:
@@ -128,7 +134,7 @@ class Scheduler:
             if not candidates:
                 return None
             chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
-        for _, scorer in self.scorers:
+        for scorer in self._learning:
             scorer.picked(request, chosen)
         return chosen
 
@@ -136,8 +142,18 @@ class Scheduler:
         self, request: InferenceRequest, candidates: Sequence[Endpoint]
     ) -> list[float]:
         """The weighted sum of every scorer's scores, one per candidate."""
-        columns = [scorer.score(request, candidates) for scorer in self._dense]
-        totals = weighted_sum(columns, self._dense_weights, len(candidates))
+        dense = self._dense
+        if len(dense) == 2:
+            (w1, w2), (s1, s2) = self._dense_weights, dense
+            totals = [
+                w1 * a + w2 * b
+                for a, b in zip(
+                    s1.score(request, candidates), s2.score(request, candidates), strict=True
+                )
+            ]
+        else:
+            columns = [scorer.score(request, candidates) for scorer in dense]
+            totals = weighted_sum(columns, self._dense_weights, len(candidates))
         for weight, scorer in self._sparse:
             scores = scorer.sparse_scores(request)
             if not scores:
