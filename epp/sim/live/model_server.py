@@ -309,6 +309,15 @@ class SimulatedServer:
         output_tokens = _max_tokens(body)
         if output_tokens is None:
             return _error(400, "`max_tokens` must be a positive integer", "BadRequestError")
+        params = self.model.model.params
+        context = params.kv_blocks * params.block_size
+        if prompt_tokens + output_tokens > context:
+            return _error(
+                400,
+                f"This model's maximum context length is {context} tokens; the request "
+                f"asks for {prompt_tokens + output_tokens}",
+                "BadRequestError",
+            )
         pending = self.model.submit(prompt_tokens, output_tokens)
         if pending is None:
             return _error(429, "the waiting queue is full", "TooManyRequests")

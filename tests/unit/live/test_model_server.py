@@ -138,3 +138,13 @@ async def test_models_and_health(server_url):
             assert (await response.json())["data"][0]["id"] == "sim-model"
         async with session.get(f"{server_url}/health") as response:
             assert response.status == 200
+
+
+async def test_a_request_longer_than_the_kv_cache_answers_400_at_once(server_url):
+    context = FAST.kv_blocks * FAST.block_size
+    status, body, _ = await post(
+        f"{server_url}/v1/completions",
+        {"model": "m", "prompt": "x" * 4 * context, "max_tokens": 1},
+    )
+    assert status == 400
+    assert f"maximum context length is {context} tokens" in json.loads(body)["error"]["message"]
