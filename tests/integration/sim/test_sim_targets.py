@@ -84,3 +84,19 @@ def test_simulate_reports_a_bad_scenario_by_path(tmp_path, capsys):
     scenario.write_text("name: x\nduration_s: 1\npool: {servers: 1, colour: red}\ntenants: []\n")
     assert main(["simulate", str(scenario)]) == 2
     assert "pool.colour: unknown key" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def prefix_heavy():
+    return report_of("prefix-heavy", 40.0, baselines=("round-robin",))
+
+
+def test_prefix_heavy_ours_hits_the_prefix_cache_more_than_round_robin(prefix_heavy):
+    ours, theirs = prefix_heavy["epp"], prefix_heavy["round-robin"]
+    assert ours["prefix_cache_hit_rate"] > theirs["prefix_cache_hit_rate"]
+
+
+def test_prefix_heavy_ours_has_a_lower_median_ttft_than_round_robin(prefix_heavy):
+    ours = prefix_heavy["epp"]["objectives"]["standard"]
+    theirs = prefix_heavy["round-robin"]["objectives"]["standard"]
+    assert ours["ttft_p50_s"] < theirs["ttft_p50_s"]
