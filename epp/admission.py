@@ -30,7 +30,9 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 
 OutcomeListener = Callable[[FlowRequest, float], None]
-"""Told of every admitted request's outcome, with the time it was decided."""
+"""Told of every admitted request's outcome, with the time it was decided.
+(`on_complete` is told when a dispatched request gives its endpoint back,
+whichever path completed it, so that the two together count what runs.)"""
 
 
 class AdmissionController:
@@ -40,10 +42,12 @@ class AdmissionController:
         clock: Callable[[], float] = time.monotonic,
         on_outcome: OutcomeListener | None = None,
         on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
+        on_complete: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.core = core
         self._clock = clock
         self._on_outcome = on_outcome
+        self._on_complete = on_complete
         self._on_flows_collected = on_flows_collected
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
         self._ttl_timer: asyncio.TimerHandle | None = None
@@ -96,6 +100,8 @@ class AdmissionController:
         next requests go."""
         now = self._clock()
         if self.core.complete(request, now, input_tokens, output_tokens):
+            if self._on_complete is not None:
+                self._on_complete(request)
             self._dispatch(now)
             if self._idle_timer is None:
                 self._arm_idle_timer()

@@ -202,13 +202,17 @@ class EppMetrics:
             self._child(self.request_errors, (model, target, event.reason)).inc()
             return
         request = event.request
-        self._child(self.running, (model,)).dec()
         self._child(self.request_duration, (model, target)).observe(
             max(0.0, self._clock() - request.arrival)
         )
         if event.input_tokens is not None:
             self._child(self.input_tokens, (model, target)).observe(event.input_tokens)
             self._child(self.output_tokens, (model, target)).observe(event.output_tokens)
+
+    def on_complete(self, request: FlowRequest) -> None:
+        """A dispatched request gave its endpoint back (however it ended)."""
+        model, _ = _models(request)
+        self._child(self.running, (model,)).dec()
 
     def on_flows_collected(self, keys: Iterable[FlowKey]) -> None:
         for key in keys:

@@ -198,6 +198,7 @@ class EppServer:
             self.core,
             on_outcome=self.metrics.on_outcome,
             on_flows_collected=self.metrics.on_flows_collected,
+            on_complete=self.metrics.on_complete,
         )
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(max_body_bytes=options.max_body_bytes)

@@ -34,8 +34,12 @@ class Pool:
         self.reported: list[tuple[FlowRequest, Outcome, float]] = []
         self.collected: list[list[FlowKey]] = []
         self.collected_event = asyncio.Event()
+        self.completed: list[FlowRequest] = []
         self.admission = AdmissionController(
-            self.core, on_outcome=self.report, on_flows_collected=self.on_collected
+            self.core,
+            on_outcome=self.report,
+            on_flows_collected=self.on_collected,
+            on_complete=self.completed.append,
         )
 
     def report(self, request: FlowRequest, now: float) -> None:
@@ -227,3 +231,17 @@ async def test_idle_flows_are_collected_by_the_timer_and_reported():
     await asyncio.wait_for(pool.collected_event.wait(), 1.0)
     assert pool.collected == [[FlowKey("tenant-x", 0)]]
     assert pool.core.band(0) is None or pool.core.band(0).flows == {}
+
+
+async def test_on_complete_is_told_of_a_request_dispatched_just_before_its_client_left():
+    pool = Pool(max_in_flight=1)
+    holder = await pool.occupy()
+    waiting = new_request()
+    task = await pool.queue(waiting)
+    pool.admission.complete(holder)
+    assert waiting.state is State.DISPATCHED
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pool.completed == [holder, waiting]
+    assert pool.core.in_flight == 0

@@ -52,7 +52,7 @@ def test_a_collected_flow_loses_its_series_and_frees_its_slot():
     assert fairness_ids(metrics) == {"b"}
 
 
-def test_running_requests_go_up_at_dispatch_and_down_at_release():
+def test_running_requests_go_up_at_dispatch_and_down_at_completion():
     metrics = EppMetrics("pool")
     request = finished("a")
     metrics.on_outcome(request, 2.0)
@@ -62,13 +62,19 @@ def test_running_requests_go_up_at_dispatch_and_down_at_release():
         )
         == 1
     )
-    metrics.on_stream_event(Release(request, 10, 4))
+    metrics.on_complete(request)
     assert (
         metrics.registry.get_sample_value(
             "inference_objective_running_requests", {"model_name": "m"}
         )
         == 0
     )
+
+
+def test_a_release_records_duration_and_tokens():
+    metrics = EppMetrics("pool")
+    request = finished("a")
+    metrics.on_stream_event(Release(request, 10, 4))
     assert (
         metrics.registry.get_sample_value(
             "inference_objective_output_tokens_sum", {"model_name": "m", "target_model_name": "t"}
