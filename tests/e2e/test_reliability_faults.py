@@ -45,11 +45,6 @@ async def test_server_killed_new_requests_avoid_the_dead_endpoint(tmp_path):
     assert result.details["failed_after_kill_window"] == 0, result.details
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="requests dispatched while their client hangs up are never released: "
-    "inference_objective_running_requests stays above 0",
-)
 async def test_thousand_clients_disconnecting_while_queued_leave_nothing_behind(tmp_path):
     result = await disconnect_while_queued(tmp_path, clients=1000, holder_tokens=600)
     assert result.details["peak_queued"] >= 1000
