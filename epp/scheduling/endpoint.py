@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
 DEFAULT_ENGINE = "vllm"
@@ -67,8 +68,10 @@ class EndpointMetrics:
 NO_METRICS = EndpointMetrics()
 
 
+@lru_cache(maxsize=4096)
 def address_ip(address: str) -> str:
-    """The IP of an `ip:port` address (IPv6 in brackets: `[::1]:8000`)."""
+    """The IP of an `ip:port` address (IPv6 in brackets: `[::1]:8000`);
+    memoised, since every snapshot re-creates its endpoints."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"endpoint address {address!r} is not ip:port")

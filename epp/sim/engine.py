@@ -167,7 +167,8 @@ class Simulation:
         if when != self._scheduled[server_index]:
             self._scheduled[server_index] = when
             if when != inf:
-                self._push(when, SERVER, server_index)
+                self._seq += 1
+                heappush(self._heap, (when, self._seq, SERVER, server_index))
 
     def end(self, request: SimRequest, outcome: str, now: float) -> None:
         """`request` ends without (further) service."""
@@ -229,6 +230,9 @@ class Simulation:
         end_time = self.end_time
         progress = self._progress
         progress_step = max(1, count // 100)
+        service = self.service_by_tenant
+        weights = self._weights
+        waiting_by_tenant = self.waiting_by_tenant
         while True:
             arrival_time = requests[next_index].arrival if next_index < count else inf
             if heap and heap[0][0] <= arrival_time:
@@ -245,13 +249,12 @@ class Simulation:
                     following = server.next_event_time()
                     scheduled[index] = following
                     if following != inf:
-                        self._push(following, SERVER, index)
+                        self._seq += 1
+                        heappush(heap, (following, self._seq, SERVER, index))
                     while finished:
                         done = finished.pop()
                         done.outcome = COMPLETED
-                        self.service_by_tenant[done.tenant] += (
-                            self._weights[done.tenant][1] * done.output_tokens
-                        )
+                        service[done.tenant] += weights[done.tenant][1] * done.output_tokens
                         policy.finished(done, when)
                 elif kind == TIMER:
                     if when != self._timer_at:
@@ -281,7 +284,7 @@ class Simulation:
                 request = requests[next_index]
                 next_index += 1
                 self.now = arrival_time
-                self.waiting_by_tenant[request.tenant] += 1
+                waiting_by_tenant[request.tenant] += 1
                 policy.arrive(request, arrival_time)
                 if progress is not None and next_index % progress_step == 0:
                     progress(arrival_time)

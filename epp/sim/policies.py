@@ -128,6 +128,7 @@ class EppPolicy:
         self._fairness_id = [tenant.fairness_id for tenant in scenario.tenants]
         self._stream = [tenant.stream for tenant in scenario.tenants]
         self._model = scenario.model
+        self._target = [tenant.lora or scenario.model for tenant in scenario.tenants]
         scheduling = config.scheduling
         self._blocks = PromptBlocks(
             scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
@@ -135,22 +136,25 @@ class EppPolicy:
 
     def arrive(self, request: SimRequest, now: float) -> None:
         tenant = request.tenant
+        prompt_tokens = request.prompt_tokens
         payload = SimInference(
             self._model,
-            request.lora or self._model,
-            stream=self._stream[tenant],
-            max_tokens=request.output_tokens,
-            sim=request,
+            self._target[tenant],
+            "",
+            self._stream[tenant],
+            request.output_tokens,
+            None,
+            self._blocks.of(request),
+            request,
         )
-        payload.prefix_hashes = self._blocks.of(request)
         flow_request = FlowRequest(
             str(request.request_id),
             self._fairness_id[tenant],
             self._priority[tenant],
             now,
-            byte_size=request.prompt_tokens * CHARS_PER_TOKEN,
-            input_tokens=request.prompt_tokens,
-            ttl=self._ttl[tenant],
+            prompt_tokens * CHARS_PER_TOKEN,
+            prompt_tokens,
+            self._ttl[tenant],
             payload=payload,
         )
         request.owner = flow_request

@@ -243,16 +243,20 @@ class ModelServer:
         prefill_ms = 0.0
         new: list[ServerRequest] = []
         index = 0
+        loras = params.max_loras
         while room > 0 and index < len(waiting):
             request = waiting[index]
-            lora_ms = self._lora_cost(request)
+            lora_ms = self._lora_cost(request) if loras and request.lora is not None else 0.0
             if lora_ms is None:
                 index += 1
                 continue
             cost = self._reserve(request)
             if cost is None:
                 break
-            del waiting[index]
+            if index:
+                del waiting[index]
+            else:
+                waiting.popleft()
             prefill_ms += cost + lora_ms
             new.append(request)
             room -= 1
