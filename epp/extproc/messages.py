@@ -25,6 +25,13 @@ def header_dict(headers: pb.HttpHeaders | pb.HttpTrailers) -> dict[str, str]:
     }
 
 
+def header_count_and_bytes(headers: pb.HttpHeaders) -> tuple[int, int]:
+    """How many header fields and how many bytes of names and values."""
+    fields = headers.headers.headers
+    size = sum(len(h.key) + (len(h.raw_value) or len(h.value)) for h in fields)
+    return len(fields), size
+
+
 def _set_headers(mutation: pb.HeaderMutation, values: Iterable[tuple[str, str]]) -> None:
     for key, value in values:
         option = mutation.set_headers.add()

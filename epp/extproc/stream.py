@@ -55,7 +55,13 @@ PriorityResolver = Callable[[Mapping[str, str]], int]
 
 @dataclass(slots=True, frozen=True)
 class StreamSettings:
+    """Limits of one request. Requests over the header limits get 431: Envoy's
+    own limits are set above these (config/envoy/), so that an oversized
+    request gets a clear answer from the EPP instead of a closed connection."""
+
     max_body_bytes: int = 16 * 1024 * 1024
+    max_header_count: int = 1000
+    max_header_bytes: int = 64 * 1024
     default_fairness_id: str = "default-flow"
 
 
@@ -192,6 +198,16 @@ class ExtProcStream:
     def _on_request_headers(self, message: ProcessingRequest) -> list[Event]:
         http_headers = message.request_headers
         self.headers = headers = messages.header_dict(http_headers)
+        count, size = messages.header_count_and_bytes(http_headers)
+        settings = self._settings
+        if count > settings.max_header_count or size > settings.max_header_bytes:
+            return self._reject(
+                431,
+                "request-header-fields-too-large",
+                f"request headers too large: {count} headers, {size} bytes "
+                f"(limits {settings.max_header_count} headers, "
+                f"{settings.max_header_bytes} bytes)",
+            )
         if http_headers.end_of_stream:
             return self._reject(400, "bad-request", "bad request: a request body is required")
         length = headers.get(h.CONTENT_LENGTH)

@@ -201,6 +201,25 @@ def test_declared_content_length_over_limit_is_413_at_headers():
     assert immediate_status(events) == 413
 
 
+def test_more_headers_than_the_limit_is_431_at_headers():
+    stream = machine(max_header_count=10)
+    flood = {**CHAT, **{f"x-flood-{i}": "v" for i in range(10)}}
+    events = stream.receive(request_headers(flood), 0.0)
+    assert immediate_status(events) == 431
+    assert stream.request is None
+
+
+def test_headers_over_the_byte_limit_are_431_at_headers():
+    stream = machine(max_header_bytes=1024)
+    events = stream.receive(request_headers({**CHAT, "x-big": "v" * 1024}), 0.0)
+    assert immediate_status(events) == 431
+
+
+def test_headers_within_the_limits_pass():
+    stream = machine(max_header_count=len(CHAT), max_header_bytes=1024)
+    assert stream.receive(request_headers(CHAT), 0.0) == []
+
+
 def test_body_growing_over_limit_is_413_and_the_rest_is_ignored():
     stream = machine(max_body_bytes=100)
     stream.receive(request_headers(CHAT), 0.0)
