@@ -3,16 +3,18 @@
 For each request it takes the current pool snapshot and narrows it:
 1. Envoy's subset hint, if any (no match: the request ends with
    `rejected-no-endpoints`);
-2. endpoints with an in-flight credit left in the concurrency gate, if one
+2. endpoints with fresh metrics below the saturation thresholds, failing
+   open to all of step 1 only when no endpoint qualifies (when some do but
+   have no credit, the request waits: an endpoint whose scrapes fail is
+   likely dead, and a dead endpoint frees its credits fastest of all);
+3. endpoints with an in-flight credit left in the concurrency gate, if one
    is given (none: the request waits at the head of its queue until a
-   completion frees a credit);
-3. endpoints with fresh metrics below the saturation thresholds, failing
-   open to all of step 2 when none qualifies.
+   completion frees a credit).
 Then every configured scorer rates the candidates in [0, 1], the weighted
 scores are summed, the picker chooses, and the scorers are told where the
 request went (the prefix scorer records the prompt's blocks there).
 
-Step 2 is applied lazily: the candidates of step 3 are scored first, and
+Step 3 is applied lazily: the candidates of step 2 are scored first, and
 only if the chosen endpoint has no credit left are all full endpoints
 removed and the rest scored again. The result is the same as filtering
 first; the common case (the choice has room) costs one credit check
@@ -130,7 +132,7 @@ class Scheduler:
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
         gate = self._concurrency
         if gate is not None and not gate.has_room(chosen.address):
-            candidates = with_room(healthy, gate) or with_room(endpoints, gate)
+            candidates = with_room(candidates, gate)
             if not candidates:
                 return None
             chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]

@@ -120,6 +120,12 @@ def test_no_credits_anywhere_makes_the_request_wait():
     assert scheduler(pool, gate=gate).place(flow_request()) is None
 
 
+def test_a_failing_endpoint_with_credits_is_not_used_while_healthy_ones_are_full():
+    pool = pool_of(endpoint(1), endpoint(2, failing=True))
+    gate = full_gate("10.0.0.1:8000")
+    assert scheduler(pool, gate=gate).place(flow_request()) is None
+
+
 def test_credits_bound_a_stale_pool_too():
     pool = pool_of(endpoint(1, updated_at=None), endpoint(2, updated_at=None))
     gate = full_gate("10.0.0.1:8000")
