@@ -34,11 +34,6 @@ async def test_server_killed_mid_load_every_request_ends_with_a_response(tmp_pat
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler falls back to endpoints whose scrape fails when the healthy ones have no "
-    "credit (Scheduler.choose: with_room(endpoints)), so a dead endpoint keeps getting requests",
-)
 async def test_server_killed_new_requests_avoid_the_dead_endpoint(tmp_path):
     result = await server_killed(tmp_path, rate=30.0, duration=4.0)
     assert result.details["sent_after_kill_window"] > 0
