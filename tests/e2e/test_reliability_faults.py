@@ -1,8 +1,7 @@
 """Reliability through the real Envoy, small versions of bench/reliability.py's cases.
 
 Each case starts its own stack (simulated servers, `epp serve`, Envoy) and
-stops it. Requirements that the EPP does not meet yet are marked
-xfail(strict=True) with the cause, so they turn into failures once fixed."""
+stops it."""
 
 from __future__ import annotations
 
