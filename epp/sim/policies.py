@@ -33,7 +33,6 @@ from epp.sim.engine import NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
 
 CHARS_PER_TOKEN = 4
-UNIQUE_BLOCKS = 1 << 64
 POOL_NAME = "sim-pool"
 
 
@@ -72,9 +71,10 @@ class PromptBlocks:
     inside the tenant's shared prefix hash exactly as the prefix text would
     (`block_hashes` of that text, seeded with the target model), computed
     once per tenant; every later block is unique to the request, so it gets
-    a value of its own, chained after them: 2**64 + request_id * max_blocks
-    + position, which no xxh64 digest (< 2**64) and no other request's
-    block can equal.
+    a value of its own, chained after them: -1 - (request_id * max_blocks +
+    position), which no xxh64 digest (never negative) and no other request's
+    block can equal. (Small negative integers are cheaper to make and hash
+    than 64-bit ones.)
     """
 
     __slots__ = ("_block_chars", "_max_blocks", "_prefixes")
@@ -98,11 +98,12 @@ class PromptBlocks:
         """The (block_chars, max_blocks, hashes) cache entry for `request`."""
         max_blocks = self._max_blocks
         count = min(request.prompt_tokens * CHARS_PER_TOKEN // self._block_chars, max_blocks)
-        shared = self._prefixes[request.tenant][:count]
-        if len(shared) < count:
-            base = UNIQUE_BLOCKS + request.request_id * max_blocks
-            shared += tuple(range(base + len(shared), base + count))
-        return (self._block_chars, max_blocks, shared)
+        shared = self._prefixes[request.tenant]
+        if len(shared) >= count:
+            return (self._block_chars, max_blocks, shared[:count])
+        first = -1 - request.request_id * max_blocks - len(shared)
+        unique = tuple(range(first, first - (count - len(shared)), -1))
+        return (self._block_chars, max_blocks, shared + unique if shared else unique)
 
 
 class EppPolicy:
