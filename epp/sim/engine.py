@@ -102,14 +102,17 @@ class Simulation:
         self.addresses = [address_of(index) for index in range(pool.servers)]
         self.index_of = {address: index for index, address in enumerate(self.addresses)}
         self.up = [True] * pool.servers
+        groups = sorted({t.prefix_group for t in scenario.tenants if t.prefix_group})
+        shapes = [
+            (groups.index(t.prefix_group) if t.prefix_group else -1, t.prefix_tokens, t.lora)
+            for t in scenario.tenants
+        ]
         self.requests = [
             SimRequest(
-                request_id=number,
-                prompt_tokens=item.prompt_tokens,
-                output_tokens=item.output_tokens,
-                prefix_group=self._group(item.tenant),
-                prefix_tokens=scenario.tenants[item.tenant].prefix_tokens,
-                lora=scenario.tenants[item.tenant].lora,
+                number,
+                item.prompt_tokens,
+                item.output_tokens,
+                *shapes[item.tenant],
                 tenant=item.tenant,
                 arrival=item.time,
             )
@@ -134,13 +137,6 @@ class Simulation:
         self.waiting_samples: list[list[int]] = []
         self.service_samples: list[list[float]] = []
         self.queued_samples: list[dict[int, int]] = []
-
-    def _group(self, tenant: int) -> int:
-        group = self.scenario.tenants[tenant].prefix_group
-        if group is None:
-            return -1
-        names = sorted({t.prefix_group for t in self.scenario.tenants if t.prefix_group})
-        return names.index(group)
 
     # -- what policies read -------------------------------------------------
 
