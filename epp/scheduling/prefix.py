@@ -104,16 +104,17 @@ class PrefixIndex:
         if not hashes:
             return
         held = held_blocks(lru, hashes)
-        if held < len(hashes):
-            for block in hashes[: held - 1 : -1] if held else hashes[::-1]:
+        if not held:
+            for block in hashes[:0:-1]:
                 lru[block] = False
-            if not held:
-                root = hashes[0]
-                lru[root] = True
-                alone = self._alone[endpoint]
-                holders = self._roots.get(root)
-                self._roots[root] = alone if holders is None else holders | alone
-        if held:
+            root = hashes[0]
+            lru[root] = True
+            alone = self._alone[endpoint]
+            holders = self._roots.get(root)
+            self._roots[root] = alone if holders is None else holders | alone
+        else:
+            for block in hashes[: held - 1 : -1]:
+                lru[block] = False
             deque(map(lru.move_to_end, hashes[held - 1 :: -1]), 0)
         excess = len(lru) - self.capacity
         if excess > 0:
@@ -165,8 +166,11 @@ class PrefixIndex:
         return len(lru) if lru is not None else 0
 
     def _drop_root(self, endpoint: str, root: int) -> None:
-        holders = self._roots[root] - self._alone[endpoint]
-        if holders:
+        alone = self._alone[endpoint]
+        holders = self._roots[root]
+        if holders is alone:
+            del self._roots[root]
+        elif holders := holders - alone:
             self._roots[root] = holders
         else:
             del self._roots[root]
