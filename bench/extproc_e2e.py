@@ -18,10 +18,15 @@ scheduled send time (so a stall is not hidden). Prints one JSON object:
 `direct_rps`, `epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP
 percentile minus baseline percentile at the fixed rate),
 `epp_cpu_us_per_request` (the EPP process's user+system CPU from
-/proc/<pid>/stat over the closed-loop run, per request), and the targets.
+/proc/<pid>/stat over the closed-loop run, per request),
+`epp_cpu_us_per_request_at_rate` (the same over the fixed-rate run), the CPU
+per request of the load generator (`client_*`, this process) and of the
+Envoys (`gateway_*`, `model_server_*`) in both runs, and the targets.
 
 The machine's cores are shared by the load generator, both Envoys and the
-EPP, so the ratio understates what the EPP would do on its own core.
+EPP, so the ratio understates what the EPP would do on its own core; the
+per-process CPU shows who used them. `--repeat N` runs the whole measure N
+times and prints the median of every number (and each run under `runs`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import json
 import os
 import statistics
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +67,25 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by the given subprocesses over a stretch."""
+
+    def __init__(self, **pids: int) -> None:
+        self._pids = pids
+        self._start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        now = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+        now["client"] = time.process_time()
+        return now
+
+    def per_request_us(self, requests: int) -> dict[str, float]:
+        end = self._now()
+        return {
+            name: round((end[name] - self._start[name]) / max(1, requests) * 1e6, 1) for name in end
+        }
 
 
 async def closed_loop(url: str, concurrency: int, seconds: float) -> ClosedLoop:
@@ -123,7 +149,9 @@ async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: f
     async with running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml") as model_server:
         direct_url = f"http://127.0.0.1:{model_server.listen_port}/v1/completions"
         await warm_up(direct_url)
+        meter = CpuMeter(model_server=model_server.process.pid)
         direct = await closed_loop(direct_url, concurrency, seconds)
+        direct_cpu = meter.per_request_us(direct.requests)
         direct_latency = await open_loop(direct_url, rate, rate_seconds)
 
         endpoint = f"127.0.0.1:{model_server.listen_port}"
@@ -133,10 +161,17 @@ async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: f
         ):
             epp_url = f"http://127.0.0.1:{gateway.listen_port}/v1/completions"
             await warm_up(epp_url)
-            cpu_before = cpu_seconds(epp.process.pid)
+            pids = {
+                "epp": epp.process.pid,
+                "gateway": gateway.process.pid,
+                "model_server": model_server.process.pid,
+            }
+            meter = CpuMeter(**pids)
             through_epp = await closed_loop(epp_url, concurrency, seconds)
-            cpu = cpu_seconds(epp.process.pid) - cpu_before
+            epp_cpu = meter.per_request_us(through_epp.requests)
+            meter = CpuMeter(epp=epp.process.pid)
             epp_latency = await open_loop(epp_url, rate, rate_seconds)
+            epp_cpu_at_rate = meter.per_request_us(len(epp_latency))["epp"]
 
     result = {
         "direct_rps": round(direct.rps, 1),
@@ -148,12 +183,22 @@ async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: f
         "epp_p99_ms": round(percentile(epp_latency, 0.99), 3),
         "added_p50_ms": round(percentile(epp_latency, 0.5) - percentile(direct_latency, 0.5), 3),
         "added_p99_ms": round(percentile(epp_latency, 0.99) - percentile(direct_latency, 0.99), 3),
-        "epp_cpu_us_per_request": round(cpu / max(1, through_epp.requests) * 1e6, 1),
+        "epp_cpu_us_per_request": epp_cpu["epp"],
+        "epp_cpu_us_per_request_at_rate": epp_cpu_at_rate,
+        "client_cpu_us_per_request_direct": direct_cpu["client"],
+        "client_cpu_us_per_request_epp": epp_cpu["client"],
+        "model_server_cpu_us_per_request_direct": direct_cpu["model_server"],
+        "model_server_cpu_us_per_request_epp": epp_cpu["model_server"],
+        "gateway_cpu_us_per_request": epp_cpu["gateway"],
         "errors": direct.errors + through_epp.errors,
         "rate": rate,
         "concurrency": concurrency,
         "cores": os.cpu_count(),
     }
+    return with_targets(result)
+
+
+def with_targets(result: dict) -> dict:
     result["targets"] = TARGETS
     result["targets_met"] = (
         result["ratio"] >= TARGETS["ratio"]
@@ -163,6 +208,23 @@ async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: f
     return result
 
 
+async def repeated(times: int, run: Callable[[], Awaitable[dict]]) -> dict:
+    """Median of every number over `times` runs of `run`; each run under `runs`."""
+    runs = [await run() for _ in range(times)]
+    if times == 1:
+        return runs[0]
+    median = {
+        key: round(statistics.median(run[key] for run in runs), 3)
+        for key, value in runs[0].items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+    median["runs"] = [
+        {key: value for key, value in run.items() if key not in ("targets", "targets_met")}
+        for run in runs
+    ]
+    return with_targets(median)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -170,8 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="closed-loop run length")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
     parser.add_argument("--rate-seconds", type=float, default=5.0, help="open-loop run length")
+    parser.add_argument("--repeat", type=int, default=1, help="runs; medians are reported")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.concurrency, args.seconds, args.rate, args.rate_seconds))
+
+    def run() -> Awaitable[dict]:
+        return measure(args.concurrency, args.seconds, args.rate, args.rate_seconds)
+
+    result = asyncio.run(repeated(max(1, args.repeat), run))
     if args.json:
         print(json.dumps(result))
     else:
