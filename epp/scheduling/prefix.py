@@ -133,21 +133,20 @@ class PrefixIndex:
         pending = [([(endpoint, lrus[endpoint]) for endpoint in first], 0, len(hashes) - 1)]
         while pending:
             group, lo, hi = pending.pop()
-            if lo == hi:
-                for endpoint, _ in group:
-                    matched[endpoint] = lo + 1
-                continue
-            middle = (lo + hi + 1) // 2
-            block = hashes[middle]
-            deeper = [entry for entry in group if block in entry[1]]
-            if not deeper:
-                pending.append((group, lo, middle - 1))
-                continue
-            pending.append((deeper, middle, hi))
-            if len(deeper) < len(group):
-                pending.append(
-                    ([entry for entry in group if block not in entry[1]], lo, middle - 1)
-                )
+            while lo < hi:
+                middle = (lo + hi + 1) // 2
+                block = hashes[middle]
+                deeper = [entry for entry in group if block in entry[1]]
+                if not deeper:
+                    hi = middle - 1
+                    continue
+                if len(deeper) < len(group):
+                    shallower = [entry for entry in group if block not in entry[1]]
+                    pending.append((shallower, lo, middle - 1))
+                    group = deeper
+                lo = middle
+            for endpoint, _ in group:
+                matched[endpoint] = lo + 1
         return matched
 
     def remove_endpoint(self, endpoint: str) -> None:
