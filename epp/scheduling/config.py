@@ -26,7 +26,8 @@ class SchedulingConfig:
     """Scorers and picker (`max-score-picker`, `weighted-random-picker`,
     `random-picker`). Prefix-cache blocks are `prefix_block_chars` characters
     (16 tokens x 4 characters, as the reference EPP), at most
-    `prefix_max_blocks` per prompt, `prefix_lru_capacity` hashes per endpoint.
+    `prefix_max_blocks` per prompt, at most `prefix_lru_capacity` hashes per
+    endpoint (in two generations, see `prefix`).
 
     Before scoring, endpoints whose metrics are older than `metrics_staleness`
     seconds, or whose waiting queue reaches `saturation_queue_depth` or KV-cache

@@ -16,31 +16,32 @@ with it chains the same way without building a new byte string per block.
 The values differ from the reference's, which nothing outside this process
 ever sees.
 
-`PrefixIndex` keeps, per endpoint, an LRU of the block hashes it was sent
-(bounded by `capacity`), and which endpoints hold each chain's first block.
-A prompt's blocks are recorded deepest first, so an endpoint's copy of block
-i is never older than its copy of block i+1, and the LRU evicts deep blocks
-before their prefix. Hence an endpoint holding block i holds every block
-before it: the blocks an endpoint holds of a chain are a leading run, and
-its match length (blocks matched up to its first miss) is found by binary
-search. The endpoints that hold a chain's first block are the only ones
-with a match; they are searched together, split at each probe into those
-holding the probed block and the rest, so matching costs O(log blocks)
-membership tests per holder and nothing for endpoints without the prefix.
-Recording costs one binary search, then bulk LRU operations (new blocks
-appended, held ones moved to the end, the oldest evicted).
+`PrefixIndex` remembers, per endpoint, the blocks of the prompts it was
+sent, in two generations of at most capacity // 2 blocks each: all of a
+prompt's blocks are stored in the young generation; when they would
+overflow it, the old generation is forgotten at once and the young one
+becomes the old. So an endpoint holds the blocks of its latest prompts,
+between about capacity / 2 and `capacity` of them (the reference EPP keeps
+an exact LRU of `capacity`), at the cost of one dict store per block and no
+per-block eviction.
+
+Recording a prompt stores every one of its blocks, so an endpoint's block i
+of a chain is never older than its block i+1: an endpoint holding block i
+holds every block before it, and the blocks it holds of a chain are a
+leading run. Its match length (blocks matched up to its first miss) is thus
+found by binary search. The endpoints that hold a chain's first block are
+the only ones with a match; they are searched together, split at each probe
+into those holding the probed block and the rest, so matching costs
+O(log blocks) membership tests per holder and nothing for endpoints without
+the prefix.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
-from itertools import compress, repeat
-from operator import itemgetter
+from collections.abc import Sequence
+from itertools import compress
 
 from xxhash import xxh64_intdigest
-
-_second = itemgetter(1)
 
 
 def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
@@ -60,66 +61,67 @@ def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> 
     return tuple(hashes)
 
 
-def held_blocks(lru: Mapping[int, object], hashes: Sequence[int]) -> int:
-    """How many leading blocks of `hashes` are in `lru` (a leading run, by
-    the nesting property)."""
-    if hashes[0] not in lru:
-        return 0
-    count = len(hashes)
-    if hashes[-1] in lru:
-        return count
-    lo, hi = 1, count - 1  # held: at least lo blocks, at most hi
-    while lo < hi:
-        middle = (lo + hi + 1) // 2
-        if hashes[middle - 1] in lru:
-            lo = middle
-        else:
-            hi = middle - 1
-    return lo
+class Generations:
+    """The blocks one endpoint holds: `young` and `old` map a block to
+    whether it is a chain's first block."""
+
+    __slots__ = ("old", "young")
+
+    def __init__(self) -> None:
+        self.young: dict[int, bool] = {}
+        self.old: dict[int, bool] = {}
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.young or block in self.old
+
+    def __len__(self) -> int:
+        young = self.young
+        return len(young) + sum(1 for block in self.old if block not in young)
+
+    def roots(self) -> set[int]:
+        return set(compress(self.young, self.young.values())) | set(
+            compress(self.old, self.old.values())
+        )
 
 
 class PrefixIndex:
-    """Per-endpoint LRUs of block hashes, and the holders of each chain's
-    first block (see the module docstring). An LRU maps a block to whether
-    it is a chain's first block. Holder sets are immutable; an endpoint's
-    set of itself alone is shared by every first block only it holds."""
+    """Per-endpoint generations of block hashes, and the holders of each
+    chain's first block (see the module docstring). Holder sets are
+    immutable; an endpoint's set of itself alone is shared by every first
+    block only it holds."""
 
-    __slots__ = ("_alone", "_lrus", "_roots", "capacity")
+    __slots__ = ("_alone", "_generation", "_held", "_roots", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"prefix LRU capacity must be positive, got {capacity}")
         self.capacity = capacity
-        self._lrus: dict[str, OrderedDict[int, bool]] = {}
+        self._generation = max(1, capacity // 2)
+        self._held: dict[str, Generations] = {}
         self._roots: dict[int, frozenset[str]] = {}
         self._alone: dict[str, frozenset[str]] = {}
 
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
         prompt order)."""
-        lru = self._lrus.get(endpoint)
-        if lru is None:
-            lru = self._lrus[endpoint] = OrderedDict()
+        held = self._held.get(endpoint)
+        if held is None:
+            held = self._held[endpoint] = Generations()
             self._alone[endpoint] = frozenset((endpoint,))
         if not hashes:
             return
-        held = held_blocks(lru, hashes)
-        if not held:
-            for block in hashes[:0:-1]:
-                lru[block] = False
-            root = hashes[0]
-            lru[root] = True
+        young = held.young
+        if len(young) + len(hashes) > self._generation and young:
+            self._forget_old(endpoint, held)
+            young = held.young
+        root = hashes[0]
+        if root not in young and root not in held.old:
             alone = self._alone[endpoint]
             holders = self._roots.get(root)
             self._roots[root] = alone if holders is None else holders | alone
-        else:
-            for block in hashes[: held - 1 : -1]:
-                lru[block] = False
-            deque(map(lru.move_to_end, hashes[held - 1 :: -1]), 0)
-        excess = len(lru) - self.capacity
-        if excess > 0:
-            for root, _ in filter(_second, map(lru.popitem, repeat(False, excess))):
-                self._drop_root(endpoint, root)
+        for block in hashes[:0:-1]:
+            young[block] = False
+        young[root] = True
 
     def matches(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first block: how many leading blocks
@@ -127,42 +129,55 @@ class PrefixIndex:
         first = self._roots.get(hashes[0]) if hashes else None
         if not first:
             return {}
-        lrus = self._lrus
+        held = self._held
         matched: dict[str, int] = {}
         # (group, lo, hi): every endpoint of group holds block lo, none beyond hi.
-        pending = [([(endpoint, lrus[endpoint]) for endpoint in first], 0, len(hashes) - 1)]
+        # An entry is (endpoint, young, old).
+        pending = [([(e, held[e].young, held[e].old) for e in first], 0, len(hashes) - 1)]
         while pending:
             group, lo, hi = pending.pop()
             while lo < hi:
                 middle = (lo + hi + 1) // 2
                 block = hashes[middle]
-                deeper = [entry for entry in group if block in entry[1]]
+                deeper = [entry for entry in group if block in entry[1] or block in entry[2]]
                 if not deeper:
                     hi = middle - 1
                     continue
                 if len(deeper) < len(group):
-                    shallower = [entry for entry in group if block not in entry[1]]
+                    shallower = [
+                        entry for entry in group if block not in entry[1] and block not in entry[2]
+                    ]
                     pending.append((shallower, lo, middle - 1))
                     group = deeper
                 lo = middle
-            for endpoint, _ in group:
-                matched[endpoint] = lo + 1
+            for entry in group:
+                matched[entry[0]] = lo + 1
         return matched
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Forget everything recorded for `endpoint`."""
-        lru = self._lrus.pop(endpoint, None)
-        if lru is not None:
-            for root in compress(lru, lru.values()):
+        held = self._held.pop(endpoint, None)
+        if held is not None:
+            for root in held.roots():
                 self._drop_root(endpoint, root)
             del self._alone[endpoint]
 
     def endpoints(self) -> set[str]:
-        return set(self._lrus)
+        return set(self._held)
 
     def size(self, endpoint: str) -> int:
-        lru = self._lrus.get(endpoint)
-        return len(lru) if lru is not None else 0
+        """How many blocks `endpoint` holds."""
+        held = self._held.get(endpoint)
+        return len(held) if held is not None else 0
+
+    def _forget_old(self, endpoint: str, held: Generations) -> None:
+        """Forget the old generation; the young one becomes the old."""
+        young = held.young
+        for root in compress(held.old, held.old.values()):
+            if root not in young:
+                self._drop_root(endpoint, root)
+        held.old = young
+        held.young = {}
 
     def _drop_root(self, endpoint: str, root: int) -> None:
         alone = self._alone[endpoint]

@@ -1,5 +1,3 @@
-from collections import OrderedDict
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from xxhash import xxh64_intdigest
@@ -70,7 +68,17 @@ def test_an_unknown_first_block_matches_nothing():
     assert index.matches((7, 1, 2)) == {}
 
 
-def test_the_least_recently_used_block_is_evicted_beyond_capacity():
+def test_the_old_generation_is_forgotten_when_the_young_one_overflows():
+    index = PrefixIndex(capacity=4)
+    index.record("e1", (1, 2))
+    index.record("e1", (5, 6))
+    index.record("e1", (7, 8))
+    assert index.matches((1, 2)) == {}
+    assert index.matches((5, 6)) == {"e1": 2}
+    assert index.size("e1") == 4
+
+
+def test_blocks_recorded_again_outlive_their_old_generation():
     index = PrefixIndex(capacity=4)
     index.record("e1", (1, 2))
     index.record("e1", (5, 6))
@@ -81,11 +89,13 @@ def test_the_least_recently_used_block_is_evicted_beyond_capacity():
     assert index.matches((5, 6)) == {"e1": 2}
 
 
-def test_deep_blocks_are_evicted_before_their_prefix():
-    index = PrefixIndex(capacity=3)
+def test_deep_blocks_are_forgotten_before_their_prefix():
+    index = PrefixIndex(capacity=4)
     index.record("e1", (1, 2, 3))
+    index.record("e1", (1,))
     index.record("e1", (9,))
-    assert index.matches((1, 2, 3)) == {"e1": 2}
+    index.record("e1", (8,))
+    assert index.matches((1, 2, 3)) == {"e1": 1}
 
 
 def test_many_holders_get_their_own_match_lengths():
@@ -111,47 +121,65 @@ def chain(text: str) -> tuple[int, ...]:
     return tuple(hash(text[: end + 1]) for end in range(len(text)))
 
 
-class ReferenceLru:
-    """The plain definition: one LRU per endpoint, blocks touched deepest
-    first, a match counts leading blocks up to the first miss."""
+class ReferenceGenerations:
+    """The plain definition: per endpoint a young and an old set of blocks;
+    a prompt whose blocks would overflow the young one (capacity // 2)
+    first turns it into the old one, forgetting the old; a match counts
+    leading blocks up to the first miss."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.lrus: dict[str, OrderedDict[int, None]] = {}
+        self.generation = max(1, capacity // 2)
+        self.held: dict[str, list[set[int]]] = {}
 
     def record(self, endpoint: str, hashes: tuple[int, ...]) -> None:
-        lru = self.lrus.setdefault(endpoint, OrderedDict())
-        for block in reversed(hashes):
-            lru[block] = None
-            lru.move_to_end(block)
-            if len(lru) > self.capacity:
-                lru.popitem(last=False)
+        young, old = self.held.setdefault(endpoint, [set(), set()])
+        if young and len(young) + len(hashes) > self.generation:
+            young, old = set(), young
+            self.held[endpoint] = [young, old]
+        young.update(hashes)
+
+    def blocks(self, endpoint: str) -> set[int]:
+        young, old = self.held[endpoint]
+        return young | old
 
     def matches(self, hashes: tuple[int, ...]) -> dict[str, int]:
         matched = {}
-        for endpoint, lru in self.lrus.items():
-            count = 0
-            while count < len(hashes) and hashes[count] in lru:
+        for endpoint in self.held:
+            blocks, count = self.blocks(endpoint), 0
+            while count < len(hashes) and hashes[count] in blocks:
                 count += 1
             if count:
                 matched[endpoint] = count
         return matched
 
 
+recordings = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.text("xy", min_size=1, max_size=8)), max_size=40
+)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    capacity=st.integers(1, 12),
-    steps=st.lists(
-        st.tuples(st.sampled_from("abcd"), st.text("xy", min_size=1, max_size=8)), max_size=40
-    ),
+    capacity=st.integers(1, 24),
+    steps=recordings,
     probes=st.lists(st.text("xy", min_size=1, max_size=8), min_size=1, max_size=5),
 )
-def test_matches_equal_the_plain_per_endpoint_lru(capacity, steps, probes):
-    index, reference = PrefixIndex(capacity), ReferenceLru(capacity)
+def test_matches_and_sizes_equal_the_plain_definition(capacity, steps, probes):
+    index, reference = PrefixIndex(capacity), ReferenceGenerations(capacity)
     for endpoint, text in steps:
         index.record(endpoint, chain(text))
         reference.record(endpoint, chain(text))
     for text in probes + [text for _, text in steps]:
         assert index.matches(chain(text)) == reference.matches(chain(text))
-    for endpoint in reference.lrus:
-        assert index.size(endpoint) == len(reference.lrus[endpoint])
+    for endpoint in reference.held:
+        assert index.size(endpoint) == len(reference.blocks(endpoint))
+
+
+@settings(max_examples=100, deadline=None)
+@given(capacity=st.integers(16, 40), steps=recordings)
+def test_an_endpoint_holds_its_latest_prompt_and_at_most_capacity_blocks(capacity, steps):
+    index = PrefixIndex(capacity)
+    for endpoint, text in steps:
+        index.record(endpoint, chain(text))
+        assert index.matches(chain(text))[endpoint] == len(text)
+        assert index.size(endpoint) <= capacity
