@@ -229,8 +229,8 @@ class Simulation:
         service = self.service_by_tenant
         weights = self._weights
         waiting_by_tenant = self.waiting_by_tenant
+        arrival_time = requests[0].arrival if count else inf
         while True:
-            arrival_time = requests[next_index].arrival if next_index < count else inf
             if heap and heap[0][0] <= arrival_time:
                 when, _, kind, data = heappop(heap)
                 if when > end_time:
@@ -279,11 +279,12 @@ class Simulation:
             elif next_index < count:
                 request = requests[next_index]
                 next_index += 1
-                self.now = arrival_time
+                self.now = now = arrival_time
+                arrival_time = requests[next_index].arrival if next_index < count else inf
                 waiting_by_tenant[request.tenant] += 1
-                policy.arrive(request, arrival_time)
+                policy.arrive(request, now)
                 if progress is not None and next_index % progress_step == 0:
-                    progress(arrival_time)
+                    progress(now)
             else:
                 break
         for request in requests:

@@ -167,10 +167,12 @@ class EppPolicy:
         self.sim.want_timer(self.core.next_deadline())
 
     def finished(self, request: SimRequest, now: float) -> None:
-        self.core.complete(request.owner, now, request.prompt_tokens, self._served(request))
+        core = self.core
+        core.complete(request.owner, now, request.prompt_tokens, self._served(request))
         request.owner = None  # its FlowRequest is done with: let it go now
-        self._dispatch(now)
-        self.sim.want_timer(self.core.next_idle_check())
+        if core.queued_requests:
+            self._dispatch(now)
+        self.sim.want_timer(core.next_idle_check())
 
     def pool_changed(self, now: float) -> None:
         self._dispatch(now)

@@ -39,6 +39,8 @@ from typing import Any, Protocol
 
 from epp.scheduling.endpoint import EndpointMetrics
 
+NO_ADAPTERS: frozenset[str] = frozenset()
+
 
 @dataclass(slots=True, frozen=True)
 class ServerParams:
@@ -197,19 +199,20 @@ class ModelServer:
     def metrics(self, now: float) -> EndpointMetrics:
         """What the server's /metrics page would show at `now`."""
         params = self.params
-        lora_waiting: frozenset[str] = frozenset()
+        lora_running = lora_waiting = NO_ADAPTERS
         if params.max_loras:
+            lora_running = frozenset(self._lora_active)
             lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
         return EndpointMetrics(
-            waiting=float(len(self.waiting)),
-            running=float(self.running),
-            kv_usage=min(1.0, self.used_blocks / params.kv_blocks),
-            lora_running=frozenset(self._lora_active),
-            lora_waiting=lora_waiting,
-            lora_max=params.max_loras,
-            block_size=params.block_size,
-            num_gpu_blocks=params.kv_blocks,
-            updated_at=now,
+            float(len(self.waiting)),
+            float(len(self._running) + len(self._prefilling)),
+            min(1.0, self.used_blocks / params.kv_blocks),
+            lora_running,
+            lora_waiting,
+            params.max_loras,
+            params.block_size,
+            params.kv_blocks,
+            now,
         )
 
     # -- the engine --------------------------------------------------------
