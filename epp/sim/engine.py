@@ -19,10 +19,11 @@ routing policy sees values as stale as a live scraper would.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from math import inf
+from types import MappingProxyType
 from typing import Protocol
 
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
@@ -31,6 +32,7 @@ from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
 SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT = range(6)
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 COMPLETED = "completed"
 SERVER_REJECTED = "server-rejected"
@@ -100,6 +102,7 @@ class Simulation:
         self.end_time = scenario.duration_s + scenario.drain_s
         self.servers = [ModelServer(pool.params, self) for _ in range(pool.servers)]
         self.addresses = [address_of(index) for index in range(pool.servers)]
+        self.names = [f"server-{index}" for index in range(pool.servers)]
         self.index_of = {address: index for index, address in enumerate(self.addresses)}
         self.up = [True] * pool.servers
         groups = sorted({t.prefix_group for t in scenario.tenants if t.prefix_group})
@@ -201,8 +204,10 @@ class Simulation:
     def _build_snapshot(self) -> PoolSnapshot:
         self._version += 1
         endpoints = tuple(
-            Endpoint(f"server-{index}", self.addresses[index], metrics=self._metrics[index])
-            for index, up in enumerate(self.up)
+            Endpoint(name, address, NO_LABELS, metrics)
+            for name, address, metrics, up in zip(
+                self.names, self.addresses, self._metrics, self.up, strict=True
+            )
             if up
         )
         return PoolSnapshot(endpoints, self._version, self._membership)
