@@ -71,7 +71,7 @@ async def test_malformed_input_short_of_deep_nesting_is_answered_400(tmp_path):
 
 
 async def test_epp_restarted_under_load_fails_closed_then_recovers(tmp_path):
-    result = await epp_restart(tmp_path, rate=30.0, duration=5.0, down_s=1.0)
+    result = await epp_restart(tmp_path, rate=30.0, duration=10.0, down_s=1.0)
     no_loss_no_crash(result)
     during = result.details["statuses_during_outage"]
     # Envoy holds a request while it reconnects to the EPP: those sent late in
