@@ -51,6 +51,7 @@ class Scheduler:
         "_concurrency",
         "_config",
         "_dense",
+        "_dense_pair",
         "_dense_weights",
         "_healthy",
         "_healthy_until",
@@ -82,7 +83,9 @@ class Scheduler:
             (scorer.weight, build_scorer(scorer.name, config)) for scorer in config.scorers
         )
         self._sparse = tuple(
-            (weight, scorer) for weight, scorer in self.scorers if isinstance(scorer, SparseScorer)
+            (weight, scorer.sparse_scores)
+            for weight, scorer in self.scorers
+            if isinstance(scorer, SparseScorer)
         )
         self._dense = tuple(
             scorer for _, scorer in self.scorers if not isinstance(scorer, SparseScorer)
@@ -90,8 +93,18 @@ class Scheduler:
         self._dense_weights = tuple(
             weight for weight, scorer in self.scorers if not isinstance(scorer, SparseScorer)
         )
+        self._dense_pair = (
+            (
+                self._dense_weights[0],
+                self._dense[0].score,
+                self._dense_weights[1],
+                self._dense[1].score,
+            )
+            if len(self._dense) == 2
+            else None
+        )
         self._learning = tuple(
-            scorer for _, scorer in self.scorers if not isinstance(scorer, StatelessScorer)
+            scorer.picked for _, scorer in self.scorers if not isinstance(scorer, StatelessScorer)
         )
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
@@ -136,35 +149,34 @@ class Scheduler:
             if not candidates:
                 return None
             chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
-        for scorer in self._learning:
-            scorer.picked(request, chosen)
+        for picked in self._learning:
+            picked(request, chosen)
         return chosen
 
     def total_scores(
         self, request: InferenceRequest, candidates: Sequence[Endpoint]
     ) -> list[float]:
         """The weighted sum of every scorer's scores, one per candidate."""
-        dense = self._dense
-        if len(dense) == 2:
-            (w1, w2), (s1, s2) = self._dense_weights, dense
+        pair = self._dense_pair
+        if pair is not None:
+            w1, score1, w2, score2 = pair
             totals = [
                 w1 * a + w2 * b
                 for a, b in zip(
-                    s1.score(request, candidates), s2.score(request, candidates), strict=True
+                    score1(request, candidates), score2(request, candidates), strict=True
                 )
             ]
         else:
-            columns = [scorer.score(request, candidates) for scorer in dense]
+            columns = [scorer.score(request, candidates) for scorer in self._dense]
             totals = weighted_sum(columns, self._dense_weights, len(candidates))
-        for weight, scorer in self._sparse:
-            scores = scorer.sparse_scores(request)
-            if not scores:
-                continue
-            positions = self._positions_by_address(candidates)
-            for address, score in scores.items():
-                position = positions.get(address)
-                if position is not None:
-                    totals[position] += weight * score
+        for weight, sparse_scores in self._sparse:
+            scores = sparse_scores(request)
+            if scores:
+                positions = self._positions_by_address(candidates)
+                for address, score in scores.items():
+                    position = positions.get(address)
+                    if position is not None:
+                        totals[position] += weight * score
         return totals
 
     def _positions_by_address(self, candidates: Sequence[Endpoint]) -> dict[str, int]:
