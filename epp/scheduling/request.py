@@ -20,6 +20,8 @@ class InferenceRequest:
 
     `prefix_hashes` is the scheduler's cache of the prompt's block hashes, as
     (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
+    A caller that models prompts at block level (the simulator) fills it
+    instead of `prompt`; the hashes must be chained as `prefix` describes.
     """
 
     model: str
