@@ -26,7 +26,8 @@ from epp.scheduling.request import InferenceRequest
 class Scorer(Protocol):
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         """One score in [0, 1] per endpoint, in the same order. The caller
-        does not modify the list, so a scorer may return the same one again."""
+        does not modify the list and reads it before telling the scorer of
+        a pick, so a scorer may return the same list again and update it."""
         ...
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
@@ -103,11 +104,23 @@ class QueueScorer:
     same endpoint. Counts are keyed by the observed `Endpoint` object, which
     the data layer replaces at every scrape, so a scrape resets them.
 
-    The queues of the latest candidate sequence are kept, a pick adds one to
-    the chosen one, and the scores are recomputed only after a change.
+    The queues of the latest candidate sequence are kept and a pick adds one
+    to the chosen one. Its score alone is updated when the lowest and highest
+    queues stay as they were (the common case); otherwise all are recomputed
+    at the next `score`.
     """
 
-    __slots__ = ("_candidates", "_latest", "_loads", "_positions", "_scores", "_sent")
+    __slots__ = (
+        "_candidates",
+        "_high",
+        "_latest",
+        "_loads",
+        "_low",
+        "_positions",
+        "_scale",
+        "_scores",
+        "_sent",
+    )
 
     def __init__(self) -> None:
         self._sent: dict[Endpoint, int] = {}
@@ -116,6 +129,7 @@ class QueueScorer:
         self._loads: list[float] = []
         self._positions: dict[Endpoint, int] = {}
         self._scores: list[float] | None = None
+        self._high = self._low = self._scale = 0.0
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         if endpoints is not self._candidates:
@@ -128,7 +142,15 @@ class QueueScorer:
             self._scores = None
         scores = self._scores
         if scores is None:
-            scores = self._scores = lower_is_better(self._loads)
+            loads = self._loads
+            self._high = high = max(loads)
+            self._low = low = min(loads)
+            if high == low:
+                scores = [1.0] * len(loads)
+            else:
+                self._scale = scale = 1.0 / (high - low)
+                scores = [(high - load) * scale for load in loads]
+            self._scores = scores
         return scores
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
@@ -139,8 +161,18 @@ class QueueScorer:
             self._latest[endpoint.address] = endpoint
         self._sent[endpoint] = self._sent.get(endpoint, 0) + 1
         position = self._positions.get(endpoint)
-        if position is not None:
-            self._loads[position] += 1
+        if position is None:
+            return
+        loads = self._loads
+        load = loads[position]
+        loads[position] = load + 1
+        scores = self._scores
+        if scores is None:
+            return
+        low = self._low
+        if load + 1 <= self._high and (load > low or low in loads):
+            scores[position] = (self._high - (load + 1)) * self._scale
+        else:
             self._scores = None
 
     def forget(self, address: str) -> None:

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics
@@ -10,6 +12,7 @@ from epp.scheduling.scorers import (
     QueueScorer,
     RunningRequestsScorer,
     build_scorer,
+    lower_is_better,
 )
 
 REQUEST = InferenceRequest(model="m", target_model="m")
@@ -112,3 +115,19 @@ def test_a_forgotten_endpoint_loses_its_prefixes():
 def test_an_unknown_scorer_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown scorer 'nope'"):
         build_scorer("nope", SchedulingConfig())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    waiting=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 5), max_size=30),
+)
+def test_queue_scores_after_picks_equal_scores_computed_afresh(waiting, picks):
+    pool = [endpoint(index, waiting=count) for index, count in enumerate(waiting)]
+    scorer, loads = QueueScorer(), list(map(float, waiting))
+    for pick in picks:
+        scorer.score(REQUEST, pool)
+        chosen = pick % len(pool)
+        scorer.picked(REQUEST, pool[chosen])
+        loads[chosen] += 1
+        assert scorer.score(REQUEST, pool) == lower_is_better(loads)
