@@ -23,6 +23,12 @@ def with_room(endpoints: Sequence[Endpoint], gate: ConcurrencyGate) -> Sequence[
     return [endpoint for endpoint in endpoints if has_room(endpoint.address)]
 
 
+def reachable(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+    """Only endpoints whose latest metrics read did not fail: alive, even if
+    saturated or not read lately."""
+    return [endpoint for endpoint in endpoints if not endpoint.metrics.failing]
+
+
 def fresh_unsaturated(
     endpoints: Sequence[Endpoint],
     now: float,

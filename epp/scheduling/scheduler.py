@@ -4,9 +4,11 @@ For each request it takes the current pool snapshot and narrows it:
 1. Envoy's subset hint, if any (no match: the request ends with
    `rejected-no-endpoints`);
 2. endpoints with fresh metrics below the saturation thresholds, failing
-   open to all of step 1 only when no endpoint qualifies (when some do but
-   have no credit, the request waits: an endpoint whose scrapes fail is
-   likely dead, and a dead endpoint frees its credits fastest of all);
+   open only when no endpoint qualifies: first to the endpoints whose latest
+   metrics read succeeded (alive, if saturated), then to all of step 1.
+   When some qualify but have no credit, the request waits: an endpoint
+   whose reads fail is likely dead, and a dead endpoint frees its credits
+   fastest of all;
 3. endpoints with an in-flight credit left in the concurrency gate, if one
    is given (none: the request waits at the head of its queue until a
    completion frees a credit).
@@ -31,7 +33,7 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
-from epp.scheduling.filters import fresh_unsaturated, in_subset, with_room
+from epp.scheduling.filters import fresh_unsaturated, in_subset, reachable, with_room
 from epp.scheduling.pickers import build_picker
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer, build_scorer
@@ -139,7 +141,7 @@ class Scheduler:
             if not endpoints:
                 return Outcome.REJECTED_NO_ENDPOINTS
             healthy = in_subset(healthy, request.subset)
-        candidates = healthy or endpoints
+        candidates = healthy or reachable(endpoints) or endpoints
         if not candidates:
             return None
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]

@@ -126,6 +126,11 @@ def test_a_failing_endpoint_with_credits_is_not_used_while_healthy_ones_are_full
     assert scheduler(pool, gate=gate).place(flow_request()) is None
 
 
+def test_when_no_endpoint_is_healthy_a_saturated_one_goes_before_a_failing_one():
+    pool = pool_of(endpoint(1, failing=True), endpoint(2, waiting=50, kv_usage=0.95))
+    assert {scheduler(pool, seed=s).place(flow_request()) for s in range(20)} == {"10.0.0.2:8000"}
+
+
 def test_credits_bound_a_stale_pool_too():
     pool = pool_of(endpoint(1, updated_at=None), endpoint(2, updated_at=None))
     gate = full_gate("10.0.0.1:8000")
