@@ -56,6 +56,7 @@ log = logging.getLogger("bench.reliability")
 OBJECTIVES = (Objective("premium", 10), Objective("standard", 0), Objective("batch", -5))
 FAST_SERVER = ServerParams(max_num_seqs=8, decode_ms_per_token=5.0, prefill_overhead_ms=2.0)
 HANDLED_MALFORMED = {400, 413, 431}
+SOAK_MEMORY_GROWTH_LIMIT = 0.10
 LARGE_VALID = ("huge JSON array", "wide JSON object")
 """Valid requests, only large: served (200) or refused by the model server
 (400, e.g. longer than its context); either is a clear answer."""
@@ -450,6 +451,7 @@ async def soak(
             rss_after_warmup=baseline,
             rss_final=final,
             rss_max=max(rss for _, rss in samples),
+            rss_every_30_s=[rss for at, rss in samples if int(at) % 30 == 0],
         )
         return finish(result, stack, started)
 
@@ -498,7 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(run_all(args.cases, Path(tmp), args.soak_seconds))
     document = {
         "cases": {r.name: asdict(r) for r in results},
-        "ok": all(r.lost == 0 and r.epp_crashes == 0 for r in results),
+        "ok": all(
+            r.lost == 0
+            and r.epp_crashes == 0
+            and (r.memory_growth is None or r.memory_growth < SOAK_MEMORY_GROWTH_LIMIT)
+            for r in results
+        ),
     }
     text = json.dumps(document, indent=2, default=str)
     if args.json == "-":
