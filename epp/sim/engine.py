@@ -6,8 +6,8 @@ of the scenario and its seed. Arrivals come from the pre-drawn workload and
 are merged with the heap rather than pushed into it.
 
 Each model server has at most one live entry in the heap (its
-`next_event_time`); entries made stale by an admission that moved that time
-are skipped when popped. Servers report starts at once and completions after
+`next_event_time`, kept in `_scheduled`); entries made stale by an admission
+that moved that time are skipped when popped. Servers report starts at once and completions after
 they have advanced, so a completion that dispatches more work never re-enters
 a server in the middle of its step.
 
@@ -243,11 +243,9 @@ class Simulation:
                 self.now = when
                 if kind == SERVER:
                     index = data
-                    server = servers[index]
-                    if server.next_event_time() != when:
+                    if scheduled[index] != when:
                         continue
-                    server.advance(when)
-                    following = server.next_event_time()
+                    following = servers[index].advance(when)
                     scheduled[index] = following
                     if following != inf:
                         self._seq += 1

@@ -29,7 +29,7 @@ from epp.scheduling.gates import build_gate
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.sim.engine import NO_ENDPOINTS, SimRequest, Simulation
+from epp.sim.engine import COMPLETED, NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
 
 CHARS_PER_TOKEN = 4
@@ -135,6 +135,8 @@ class EppPolicy:
         self._blocks = PromptBlocks(
             scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
         )
+        self._idle_checks = False
+        """Whether the core had an idle check due when last asked."""
 
     def arrive(self, request: SimRequest, now: float) -> None:
         tenant = request.tenant
@@ -171,11 +173,21 @@ class EppPolicy:
 
     def finished(self, request: SimRequest, now: float) -> None:
         core = self.core
-        core.complete(request.owner, now, request.prompt_tokens, self._served(request))
+        if request.outcome == COMPLETED:
+            served = request.output_tokens
+        else:  # the server was lost: one token at most
+            served = 0 if request.first_token_at is None else 1
+        core.complete(request.owner, now, request.prompt_tokens, served)
         request.owner = None  # its FlowRequest is done with: let it go now
         if core.queued_requests:
             self._dispatch(now)
-        self.sim.want_timer(core.next_idle_check())
+        if not self._idle_checks:
+            # New idle checks fall due after every earlier one, so only the
+            # first one (the heap was empty) can bring the timer forward.
+            due = core.next_idle_check()
+            if due is not None:
+                self._idle_checks = True
+                self.sim.want_timer(due)
 
     def pool_changed(self, now: float) -> None:
         self._dispatch(now)
@@ -186,6 +198,7 @@ class EppPolicy:
             self.sim.end(expired.payload.sim, expired.outcome.reason, now)
         core.collect_idle(now)
         self._dispatch(now)
+        self._idle_checks = core.next_idle_check() is not None
 
     def next_timer(self) -> float:
         times = [
@@ -195,14 +208,6 @@ class EppPolicy:
 
     def queued_by_priority(self) -> dict[int, int]:
         return {band.priority: band.count for band in self.core.bands()}
-
-    def _served(self, request: SimRequest) -> int:
-        """Output tokens produced (all of them unless the server was lost)."""
-        if request.outcome == "completed":
-            return request.output_tokens
-        if request.first_token_at is None:
-            return 0
-        return 1
 
     def _dispatch(self, now: float) -> None:
         sim = self.sim

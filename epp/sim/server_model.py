@@ -149,7 +149,8 @@ class ModelServer:
 
     def admit(self, request: ServerRequest, now: float) -> bool:
         """A request arrives at `now`. False when the waiting queue is full."""
-        self.advance(now)
+        if self._seg_end <= now:
+            self.advance(now)
         waiting = self.waiting
         limit = self.params.max_waiting
         queued = len(waiting) + 1
@@ -175,10 +176,12 @@ class ModelServer:
             self._seg_end = self._seg_start + self._step_time
         return True
 
-    def advance(self, now: float) -> None:
-        """Play every step that ends at or before `now`."""
+    def advance(self, now: float) -> float:
+        """Play every step that ends at or before `now`; returns
+        `next_event_time()`."""
         while self._seg_end <= now:
             self._finish_segment()
+        return self._seg_end
 
     def fail(self) -> list[ServerRequest]:
         """The server dies: every request it holds is returned, it is emptied
@@ -242,6 +245,9 @@ class ModelServer:
         params = self.params
         waiting = self.waiting
         running = self._running
+        if not waiting:
+            self._decode(now)
+            return
         room = params.max_num_seqs - len(running)
         prefill_ms = 0.0
         new: list[ServerRequest] = []
@@ -263,25 +269,36 @@ class ModelServer:
             prefill_ms += cost + lora_ms
             new.append(request)
             room -= 1
+        if not new:
+            self._decode(now)
+            return
         batch = len(running) + len(new)
-        if not batch:
+        step_ms = params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
+        self._seg_start = now
+        self._prefilling = new
+        self._seg_steps = 1
+        self._step_time = (step_ms + prefill_ms) / 1000.0
+        self._seg_end = now + self._step_time
+        listener = self.listener
+        for request in new:
+            request.started_at = now
+            listener.started(request, now)
+
+    def _decode(self, now: float) -> None:
+        """Decode the running batch until its next request finishes (idle
+        when there is none)."""
+        running = self._running
+        if not running:
             self._seg_end = inf
             self._seg_steps = 0
             return
+        batch = len(running)
+        params = self.params
         step_ms = params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
         self._seg_start = now
-        if new:
-            self._prefilling = new
-            self._seg_steps = 1
-            self._step_time = (step_ms + prefill_ms) / 1000.0
-            listener = self.listener
-            for request in new:
-                request.started_at = now
-                listener.started(request, now)
-        else:
-            self._seg_steps = running[0][0] - self._step
-            self._step_time = step_ms / 1000.0
-        self._seg_end = now + self._seg_steps * self._step_time
+        self._seg_steps = steps = running[0][0] - self._step
+        self._step_time = step_time = step_ms / 1000.0
+        self._seg_end = now + steps * step_time
 
     def _lora_cost(self, request: ServerRequest) -> float | None:
         """The adapter load time `request` adds (0 when none), or None when
