@@ -72,10 +72,13 @@ class PromptBlocks:
     inside the tenant's shared prefix hash exactly as the prefix text would
     (`block_hashes` of that text, seeded with the target model), computed
     once per tenant; every later block is unique to the request, so it gets
-    a value of its own, chained after them: -1 - (request_id * max_blocks +
-    position), which no xxh64 digest (never negative) and no other request's
-    block can equal. (Small negative integers are cheaper to make and hash
-    than 64-bit ones.)
+    a value of its own, chained after them: -1 - (request_id * (max_blocks
+    + 1) + position), which no xxh64 digest (never negative) and no other
+    request's block can equal. (Small negative integers are cheaper to make
+    and hash than 64-bit ones. The stride, odd for the usual power-of-two
+    max_blocks, spreads the requests' low bits, hence their slots in the
+    index's hash tables: with a power-of-two stride the blocks crowd into a
+    few slots and every insertion probes.)
     """
 
     __slots__ = ("_block_chars", "_max_blocks", "_prefixes")
@@ -102,7 +105,7 @@ class PromptBlocks:
         shared = self._prefixes[request.tenant]
         if len(shared) >= count:
             return (self._block_chars, max_blocks, shared[:count])
-        first = -1 - request.request_id * max_blocks - len(shared)
+        first = -1 - request.request_id * (max_blocks + 1) - len(shared)
         unique = tuple(range(first, first - (count - len(shared)), -1))
         return (self._block_chars, max_blocks, shared + unique if shared else unique)
 
