@@ -42,13 +42,8 @@ ARRIVALS = ("constant", "poisson")
 DISTRIBUTIONS = ("constant", "uniform", "lognormal", "trace")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """A scenario with errors; `errors` holds one "path: message" each."""
-
-    def __init__(self, errors: list[str], source: str | None = None) -> None:
-        prefix = f"{source}: " if source else ""
-        super().__init__("\n".join(prefix + error for error in errors))
-        self.errors = errors
 
 
 @dataclass(slots=True, frozen=True)
