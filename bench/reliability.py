@@ -87,6 +87,26 @@ def epp_config(path: Path, max_per_endpoint: int, ttl: str = "60s") -> str:
     return str(path)
 
 
+def case_settings(
+    workdir: Path,
+    case: str,
+    servers: int,
+    max_per_endpoint: int = FAST_SERVER.max_num_seqs,
+    params: ServerParams = FAST_SERVER,
+    **extra: object,
+) -> StackSettings:
+    """The stack of one case: simulated servers, the three tiers' objectives,
+    and a concurrency-gated EPP config written into `workdir`."""
+    return StackSettings(
+        servers=servers,
+        params=params,
+        objectives=OBJECTIVES,
+        epp_config=epp_config(workdir / f"{case}.yaml", max_per_endpoint),
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        **extra,
+    )
+
+
 def steady_scenario(rate: float, duration: float, output_tokens: int = 20) -> Scenario:
     """Three tenants, one per tier, at `rate` in total, streaming."""
     share = rate / 3
@@ -153,14 +173,7 @@ async def server_killed(
 ) -> CaseResult:
     result = CaseResult("server_killed")
     started = time.monotonic()
-    settings = StackSettings(
-        servers=2,
-        server_processes=2,
-        params=FAST_SERVER,
-        objectives=OBJECTIVES,
-        epp_config=epp_config(workdir / "killed.yaml", FAST_SERVER.max_num_seqs),
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-    )
+    settings = case_settings(workdir, "killed", servers=2, server_processes=2)
     async with live_stack(settings) as stack:
         assert stack.envoy is not None
         load = LoadGenerator(stack.envoy.url, steady_scenario(rate, duration), timeout=30)
@@ -193,13 +206,7 @@ async def disconnect_while_queued(
     result = CaseResult("disconnect_while_queued")
     started = time.monotonic()
     params = ServerParams(max_num_seqs=1, decode_ms_per_token=5.0)
-    settings = StackSettings(
-        servers=1,
-        params=params,
-        objectives=OBJECTIVES,
-        epp_config=epp_config(workdir / "disconnect.yaml", 1),
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-    )
+    settings = case_settings(workdir, "disconnect", servers=1, max_per_endpoint=1, params=params)
     async with live_stack(settings) as stack:
         assert stack.envoy is not None
         url = f"{stack.envoy.url}/v1/completions"
@@ -314,13 +321,8 @@ async def malformed_input(
     result = CaseResult("malformed_input")
     started = time.monotonic()
     max_body = 8 * 1024 * 1024
-    settings = StackSettings(
-        servers=1,
-        params=FAST_SERVER,
-        objectives=OBJECTIVES,
-        epp_config=epp_config(workdir / "malformed.yaml", 8),
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-        epp_args=("--max-body-bytes", str(max_body)),
+    settings = case_settings(
+        workdir, "malformed", servers=1, epp_args=("--max-body-bytes", str(max_body))
     )
     rng = random.Random(8)
     statuses: dict[str, int] = {}
@@ -376,13 +378,7 @@ async def epp_restart(
 ) -> CaseResult:
     result = CaseResult("epp_restart")
     started = time.monotonic()
-    settings = StackSettings(
-        servers=2,
-        params=FAST_SERVER,
-        objectives=OBJECTIVES,
-        epp_config=epp_config(workdir / "restart.yaml", FAST_SERVER.max_num_seqs),
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-    )
+    settings = case_settings(workdir, "restart", servers=2)
     async with live_stack(settings) as stack:
         assert stack.envoy is not None
         load = LoadGenerator(stack.envoy.url, steady_scenario(rate, duration), timeout=30)
@@ -424,13 +420,7 @@ async def soak(
     30 req/s takes about three minutes), so that what is left is a leak."""
     result = CaseResult("soak")
     started = time.monotonic()
-    settings = StackSettings(
-        servers=2,
-        params=FAST_SERVER,
-        objectives=OBJECTIVES,
-        epp_config=epp_config(workdir / "soak.yaml", FAST_SERVER.max_num_seqs),
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-    )
+    settings = case_settings(workdir, "soak", servers=2)
     async with live_stack(settings) as stack:
         assert stack.envoy is not None
         pid = stack.epp_pid
