@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from epp.fieldreader import FieldReader
 from epp.flowcontrol.config import (
     BandConfig,
     Fairness,
@@ -138,33 +139,8 @@ def parse_bytes(value: Any) -> int:
     raise ValueError(f'must be a byte count or quantity such as "1Gi", got {value!r}')
 
 
-class _Reader:
+class _Reader(FieldReader):
     """Reads typed values and collects every error with its path."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-
-    def fail(self, path: str, message: str) -> None:
-        self.errors.append(f"{path}: {message}")
-
-    def mapping(self, value: Any, path: str, allowed: frozenset[str] | set[str]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.fail(path, f"must be a mapping, got {type(value).__name__}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                self.fail(f"{path}.{key}", "unknown field")
-        return {key: item for key, item in value.items() if key in allowed}
-
-    def sequence(self, value: Any, path: str) -> list[Any]:
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.fail(path, f"must be a list, got {type(value).__name__}")
-            return []
-        return value
 
     def integer(self, value: Any, path: str, default: int, minimum: int | None = 0) -> int:
         if value is None:

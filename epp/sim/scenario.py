@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from epp.config import ConfigError, EppConfig, load_config
+from epp.fieldreader import FieldReader
 from epp.flowcontrol.config import Fairness
 from epp.sim.server_model import ServerParams
 
@@ -192,34 +193,15 @@ TOP_KEYS = {
 }
 
 
-class _Reader:
-    """Collects errors by path while reading a parsed YAML document."""
+class _Reader(FieldReader):
+    """Collects errors by path while reading a parsed YAML document; relative
+    file names are looked up beside the scenario (`base`)."""
+
+    unknown_field = "unknown key"
 
     def __init__(self, base: Path | None) -> None:
-        self.errors: list[str] = []
+        super().__init__()
         self.base = base
-
-    def fail(self, path: str, message: str) -> None:
-        self.errors.append(f"{path}: {message}")
-
-    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.fail(path, f"must be a mapping, got {type(value).__name__}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                self.fail(f"{path}.{key}" if path else str(key), "unknown key")
-        return {key: value[key] for key in value if key in allowed}
-
-    def sequence(self, value: Any, path: str) -> list[Any]:
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.fail(path, f"must be a list, got {type(value).__name__}")
-            return []
-        return value
 
     def number(
         self, value: Any, path: str, default: float | None = None, positive: bool = False
