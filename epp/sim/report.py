@@ -186,6 +186,25 @@ def _fmt(value: Any, scale: float = 1000.0) -> str:
     return "-" if value is None else f"{value * scale:.0f}"
 
 
+LATENCY_HEADER = (
+    f"  {'':<22}{'reqs':>7}{'done':>7}{'ttft p50':>9}{'p90':>7}{'p99':>8}"
+    f"{'tpot p50':>9}{'p99':>6}{'e2e p50':>8}{'p99':>8}{'req/s':>7}{'tok/s':>8}"
+    f"{'good/s':>7}"
+)
+"""The columns of `latency_row`, shared by `epp simulate` and `epp demo`."""
+
+
+def latency_row(label: str, s: dict[str, Any]) -> str:
+    """One objective's or tenant's latencies (ms), throughput and goodput."""
+    return (
+        f"  {label[:22]:<22}{s['requests']:>7}{s['completed']:>7}"
+        f"{_fmt(s['ttft_p50_s']):>9}{_fmt(s['ttft_p90_s']):>7}{_fmt(s['ttft_p99_s']):>8}"
+        f"{_fmt(s['tpot_p50_s']):>9}{_fmt(s['tpot_p99_s']):>6}"
+        f"{_fmt(s['e2e_p50_s']):>8}{_fmt(s['e2e_p99_s']):>8}"
+        f"{s['throughput_rps']:>7.1f}{s['tokens_per_s']:>8.0f}{s['goodput_rps']:>7.1f}"
+    )
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as aligned text tables (latencies in milliseconds)."""
     lines = []
@@ -194,11 +213,7 @@ def render_text(report: dict[str, Any]) -> str:
         f"scenario {info['name']}: seed {info['seed']}, {info['duration_s']:g} s, "
         f"{info['servers']} servers, {info['requests']} requests"
     )
-    header = (
-        f"  {'':<22}{'reqs':>7}{'done':>7}{'ttft p50':>9}{'p90':>7}{'p99':>8}"
-        f"{'tpot p50':>9}{'p99':>6}{'e2e p50':>8}{'p99':>8}{'req/s':>7}{'tok/s':>8}"
-        f"{'good/s':>7}{'isol':>6}"
-    )
+    header = LATENCY_HEADER + f"{'isol':>6}"
     for name, policy in report["policies"].items():
         lines.append("")
         lines.append(
@@ -213,12 +228,7 @@ def render_text(report: dict[str, Any]) -> str:
         for label, s in rows:
             isolation = s.get("isolation_p99")
             lines.append(
-                f"  {label[:22]:<22}{s['requests']:>7}{s['completed']:>7}"
-                f"{_fmt(s['ttft_p50_s']):>9}{_fmt(s['ttft_p90_s']):>7}{_fmt(s['ttft_p99_s']):>8}"
-                f"{_fmt(s['tpot_p50_s']):>9}{_fmt(s['tpot_p99_s']):>6}"
-                f"{_fmt(s['e2e_p50_s']):>8}{_fmt(s['e2e_p99_s']):>8}"
-                f"{s['throughput_rps']:>7.1f}{s['tokens_per_s']:>8.0f}{s['goodput_rps']:>7.1f}"
-                f"{'-' if isolation is None else f'{isolation:.2f}':>6}"
+                latency_row(label, s) + f"{'-' if isolation is None else f'{isolation:.2f}':>6}"
             )
         for priority, band in policy["bands"].items():
             if len(band["tenants"]) < 2:

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from epp.sim.live.loadgen import LiveRequest
-from epp.sim.report import latency_stats
+from epp.sim.report import LATENCY_HEADER, latency_row, latency_stats
 from epp.sim.scenario import Scenario
 
 
@@ -68,10 +68,6 @@ def live_report(
     }
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
-
-
 def render_live_text(report: dict[str, Any]) -> str:
     """Aligned text (latencies in milliseconds), with the columns of `epp simulate`."""
     info = report["scenario"]
@@ -80,27 +76,16 @@ def render_live_text(report: dict[str, Any]) -> str:
         f"{info['duration_s']:g} s, {info['servers']} servers, {info['requests']} requests, "
         f"{info['wall_s']:.1f} s wall"
     ]
-    header = (
-        f"  {'':<22}{'reqs':>7}{'done':>7}{'ttft p50':>9}{'p90':>7}{'p99':>8}"
-        f"{'tpot p50':>9}{'p99':>6}{'e2e p50':>8}{'p99':>8}{'req/s':>7}{'tok/s':>8}"
-        f"{'good/s':>7}"
-    )
     for name, policy in report["policies"].items():
         lines.append("")
         lines.append(f"== {name}: outcomes {policy['outcomes']}")
-        lines.append(header)
+        lines.append(LATENCY_HEADER)
         rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]
         rows += [(f"tenant {k}", v) for k, v in policy["tenants"].items()]
         for label, s in rows:
             if not s["requests"]:
                 continue
-            lines.append(
-                f"  {label[:22]:<22}{s['requests']:>7}{s['completed']:>7}"
-                f"{_ms(s['ttft_p50_s']):>9}{_ms(s['ttft_p90_s']):>7}{_ms(s['ttft_p99_s']):>8}"
-                f"{_ms(s['tpot_p50_s']):>9}{_ms(s['tpot_p99_s']):>6}"
-                f"{_ms(s['e2e_p50_s']):>8}{_ms(s['e2e_p99_s']):>8}"
-                f"{s['throughput_rps']:>7.1f}{s['tokens_per_s']:>8.0f}{s['goodput_rps']:>7.1f}"
-            )
+            lines.append(latency_row(label, s))
         for objective, s in policy["objectives"].items():
             others = {k: v for k, v in s["outcomes"].items() if k != "completed"}
             if others:
