@@ -167,6 +167,7 @@ class FlowController:
                     self._remove(request, placement, now)
                     done.append(request)
                     continue
+                # `_remove`'s bookkeeping, written out: a call here costs ~5% of a pair
                 flow = request.flow
                 size = request.byte_size
                 flow.count -= 1
