@@ -125,7 +125,7 @@ class EndpointStore:
         current = self._endpoints.get(address)
         if current is None or current.metrics.failing:
             return False
-        self._endpoints[address] = replace(current, metrics=replace(current.metrics, failing=True))
+        self._endpoints[address] = replace(current, metrics=current.metrics._replace(failing=True))
         self._changed(membership=False)
         return True
 

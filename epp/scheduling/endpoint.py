@@ -11,19 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
 DEFAULT_ENGINE = "vllm"
 
 
-@dataclass(slots=True, frozen=True)
-class EndpointMetrics:
+class EndpointMetrics(NamedTuple):
     """The latest model-server metrics of one endpoint.
 
-    `kv_usage` is a fraction in [0, 1]. `lora_max` of 0 means the server
+    `kv_usage` is a fraction in [0, 1] and the counts are not negative (the
+    metrics reader checks what it reads). `lora_max` of 0 means the server
     reported no LoRA information. `updated_at` is when these values were
     read (None: never); `failing` is set when the latest read failed, which
     makes the endpoint stale at once while its last values stay visible.
+
+    A named tuple rather than a frozen dataclass: one is built per endpoint
+    per scrape, and a tuple is built in C, about 4x faster than a frozen
+    dataclass, whose fields are each set by a call to `object.__setattr__`.
     """
 
     waiting: float = 0.0
@@ -36,15 +41,6 @@ class EndpointMetrics:
     num_gpu_blocks: int | None = None
     updated_at: float | None = None
     failing: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.kv_usage <= 1.0:
-            raise ValueError(f"KV-cache usage must be a fraction in [0, 1], got {self.kv_usage}")
-        if self.waiting < 0 or self.running < 0:
-            raise ValueError(
-                f"request counts must not be negative, got waiting {self.waiting}, "
-                f"running {self.running}"
-            )
 
     def is_stale(self, now: float, staleness: float) -> bool:
         """Whether these values are missing, failed, or older than `staleness` at `now`."""
