@@ -1,22 +1,29 @@
-"""gRPC health (grpc-health-checking) for kubelet probes and Envoy.
+"""gRPC health for kubelet probes and Envoy.
 
 Services: "liveness" is SERVING for the whole life of the process (the event
 loop answers); "readiness", "" (the server as a whole) and the ext_proc
 service turn SERVING once the EPP has its objectives and endpoints (files
 loaded, or the cluster synced) and NOT_SERVING when it starts shutting down.
-One servicer is registered on the ext_proc port and on the health port.
+
+The health port is a grpc.aio server with grpc-health-checking's servicer
+(Check and Watch); the ext_proc port (epp.grpc_h2) answers Check from the
+same states (`check_route`).
 """
 
 from __future__ import annotations
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+
+from epp.grpc_h2 import Call, Status
 
 LIVENESS = "liveness"
 READINESS = "readiness"
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 READY_SERVICES = ("", READINESS, EXT_PROC)
+CHECK_METHOD = "/grpc.health.v1.Health/Check"
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -27,27 +34,67 @@ class Health:
 
     def __init__(self) -> None:
         self.servicer = health_aio.HealthServicer()
+        self.statuses: dict[str, int] = {}
         self.ready = False
         self._closing = False
 
     async def start(self) -> None:
-        await self.servicer.set(LIVENESS, SERVING)
+        await self._set(LIVENESS, SERVING)
         for service in READY_SERVICES:
-            await self.servicer.set(service, NOT_SERVING)
+            await self._set(service, NOT_SERVING)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+
+    def check_route(self, call: Call) -> HealthCheck:
+        return HealthCheck(self.statuses, call)
 
     async def set_ready(self) -> None:
         if self._closing:
             return
         self.ready = True
         for service in READY_SERVICES:
-            await self.servicer.set(service, SERVING)
+            await self._set(service, SERVING)
 
     async def shutting_down(self) -> None:
         """Readiness goes NOT_SERVING for good; liveness stays SERVING."""
         self._closing = True
         self.ready = False
         for service in READY_SERVICES:
-            await self.servicer.set(service, NOT_SERVING)
+            await self._set(service, NOT_SERVING)
+
+    async def _set(self, service: str, status: int) -> None:
+        self.statuses[service] = status
+        await self.servicer.set(service, status)
+
+
+class HealthCheck:
+    """`Health/Check` on epp.grpc_h2: one request, one answer; NOT_FOUND for
+    an unknown service, as grpc-health-checking answers."""
+
+    __slots__ = ("_call", "_service", "_statuses")
+
+    def __init__(self, statuses: dict[str, int], call: Call) -> None:
+        self._statuses = statuses
+        self._call = call
+        self._service: str | None = None
+
+    def on_message(self, payload: bytes) -> None:
+        try:
+            self._service = health_pb2.HealthCheckRequest.FromString(payload).service
+        except DecodeError:
+            self._call.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
+
+    def on_half_close(self) -> None:
+        status = self._statuses.get(self._service or "")
+        if self._service is None:
+            self._call.finish(Status.INVALID_ARGUMENT, "no HealthCheckRequest")
+        elif status is None:
+            self._call.finish(Status.NOT_FOUND, "unknown service")
+        else:
+            answer = health_pb2.HealthCheckResponse(status=status)  # type: ignore[arg-type]
+            self._call.send(answer.SerializeToString())
+            self._call.finish()
+
+    def on_cancel(self) -> None:
+        pass

@@ -3,8 +3,8 @@
 Flag names follow the reference EPP where it has one. Durations are Go-style
 ("50ms", "10s"); see epp.server for how the inputs are chosen.
 
-`run` picks gRPC's transport before gRPC is first imported (see
-`GRPC_EXPERIMENTS`), so epp.server is imported there, not at the top.
+epp.server (gRPC, aiohttp, prometheus-client) is imported in `run`, not at
+the top, so that the other subcommands start light.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,17 +21,6 @@ if TYPE_CHECKING:
     from epp.server import ServeOptions
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-GRPC_EXPERIMENTS = "-event_engine_listener"
-"""gRPC core's classic TCP listener and endpoints instead of its EventEngine ones.
-
-With EventEngine, every ext_proc message crosses one more thread (an
-event_engine worker) before grpc.aio's poller thread hands it to the event
-loop. Measured behind Envoy (bench/extproc_e2e.py, 2 cores): syscalls per
-request 91 -> 61 (futex 14 -> 3), EPP CPU per request about 10% lower.
-Applied only when the environment does not set GRPC_EXPERIMENTS itself, and
-only if gRPC was not imported yet (gRPC reads it once, at import).
-"""
 
 
 def _duration(text: str) -> float:
@@ -163,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
     if (args.cert_path is None) != (args.key_path is None):
         logging.getLogger("epp.server").error("--cert-path and --key-path go together")
         return 2
-    os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
     from epp.server import serve
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:

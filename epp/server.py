@@ -9,7 +9,7 @@ down gracefully:
                                              |               (priorities -> bands)
                                      AdmissionController --> EppMetrics
                                              |
-                               ExtProcServicer (grpc.aio, port 9002) + Health
+                               ExtProcService (epp.grpc_h2, port 9002) + Health
 
 Where the pool, objectives and endpoints come from (`Inputs`):
 - files (`--endpoints` given): `--pool FILE`, `--objectives PATH...`,
@@ -59,13 +59,14 @@ from epp.config import EppConfig, load_config
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
-from epp.extproc.server import ExtProcServicer, add_to_server, server_options
+from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.filewatch import FileWatcher
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate
-from epp.health import Health
+from epp.grpc_h2 import GrpcServer
+from epp.health import CHECK_METHOD, Health
 from epp.manifests import ManifestError, load_objectives, load_pool
 from epp.metrics import EppMetrics, serve_metrics
 from epp.scheduling.gates import build_gate, pool_saturation
@@ -77,6 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.server")
 
 SCRAPE_TIMEOUT = 1.0
+GRPC_FRAMING_ALLOWANCE = 1024 * 1024
+"""Room over the body limit for the rest of an ext_proc message."""
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections once started (default
 700): the hot path allocates many short-lived objects and few cycles."""
@@ -176,7 +179,8 @@ class EppServer:
         self.registry: ObjectiveRegistry | None = None
         self.watcher = FileWatcher(options.watch_interval)
         self._stack = contextlib.AsyncExitStack()
-        self._grpc_servers: list[grpc.aio.Server] = []
+        self._ext_proc_server: GrpcServer | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._objectives_paths: tuple[str | Path, ...] = options.objectives or (
             defaults.OBJECTIVES,
         )
@@ -202,7 +206,7 @@ class EppServer:
         )
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(max_body_bytes=options.max_body_bytes)
-        self.servicer = ExtProcServicer(
+        self.service = ExtProcService(
             self.admission,
             self.priority_of,
             self.settings,
@@ -366,29 +370,25 @@ class EppServer:
     async def _start_servers(self) -> None:
         options = self.options
         address = options.bind_address
-        server = grpc.aio.server(options=server_options(self.settings))
-        add_to_server(self.servicer, server)
-        self.health.add_to(server)
-        target = f"{address}:{options.grpc_port}"
+        ssl_context = None
         if options.secure_serving:
-            from epp.tls import server_credentials
+            from epp.tls import server_ssl_context
 
-            port = server.add_secure_port(
-                target, server_credentials(options.cert_path, options.key_path)
-            )
-        else:
-            port = server.add_insecure_port(target)
-        await server.start()
-        self._grpc_servers.append(server)
-        self.ports["grpc"] = port
+            ssl_context = server_ssl_context(options.cert_path, options.key_path)
+        self._ext_proc_server = GrpcServer(
+            {PROCESS_METHOD: self.service.open, CHECK_METHOD: self.health.check_route},
+            max_message_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
+        )
+        self.ports["grpc"] = await self._ext_proc_server.start(
+            address, options.grpc_port, ssl_context
+        )
 
-        health_server = grpc.aio.server()
-        self.health.add_to(health_server)
-        self.ports["grpc_health"] = health_server.add_insecure_port(
+        self._health_server = grpc.aio.server()
+        self.health.add_to(self._health_server)
+        self.ports["grpc_health"] = self._health_server.add_insecure_port(
             f"{address}:{options.grpc_health_port}"
         )
-        await health_server.start()
-        self._grpc_servers.append(health_server)
+        await self._health_server.start()
 
         runner, self.ports["metrics"] = await serve_metrics(
             self.metrics, address, options.metrics_port
@@ -426,11 +426,10 @@ class EppServer:
             self.options.grace,
         )
         await self.admission.shutdown(self.options.grace)
-        grpc_server, *others = self._grpc_servers or [None]
-        if grpc_server is not None:
-            await grpc_server.stop(max(0.0, deadline - loop.time()))
-        for server in others:
-            await server.stop(None)
+        if self._ext_proc_server is not None:
+            await self._ext_proc_server.stop(max(0.0, deadline - loop.time()))
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         if self._ready_task is not None:
             self._ready_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import socket
+import ssl
+import tempfile
 from pathlib import Path
 
-import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -53,14 +54,20 @@ def self_signed_certificate(common_name: str | None = None) -> tuple[bytes, byte
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def server_credentials(
-    cert_path: str | None = None, key_path: str | None = None
-) -> grpc.ServerCredentials:
-    """Credentials from the given PEM files, or self-signed when neither is given."""
+def server_ssl_context(cert_path: str | None = None, key_path: str | None = None) -> ssl.SSLContext:
+    """TLS for the ext_proc port from the given PEM files, or self-signed when
+    neither is given: TLS 1.2 or later, ALPN `h2` (gRPC clients require it)."""
     if (cert_path is None) != (key_path is None):
         raise ValueError("--cert-path and --key-path go together")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
     if cert_path is not None and key_path is not None:
-        certificate, key = Path(cert_path).read_bytes(), Path(key_path).read_bytes()
-    else:
-        certificate, key = self_signed_certificate()
-    return grpc.ssl_server_credentials([(key, certificate)])
+        context.load_cert_chain(cert_path, key_path)
+        return context
+    certificate, key = self_signed_certificate()
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as directory:
+        chain = Path(directory) / "chain.pem"
+        chain.write_bytes(key + certificate)
+        context.load_cert_chain(chain)
+    return context

@@ -7,5 +7,5 @@ openai     OpenAI-style request bodies
 usage      token usage in responses; restoring a rewritten model name
 events     what the stream machine hands out
 stream     one Process stream as a sans-I/O state machine
-server     the grpc.aio adapter
+server     the ExternalProcessor service: a Process call fed to a stream machine
 """

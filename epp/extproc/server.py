@@ -1,38 +1,40 @@
-"""The grpc.aio adapter: Envoy's `ExternalProcessor/Process` streams fed to ExtProcStream.
+"""The ext_proc service: Envoy's `ExternalProcessor/Process` calls fed to ExtProcStream.
 
-One task per stream reads ProcessingRequests, feeds the machine and carries
-out its events: replies are written in order, `AdmissionNeeded` awaits
-`admission.admit`, `Release` calls `admission.complete`. When Envoy drops
-the stream (client gone), grpc.aio cancels the task: a pending `admit` is
-cancelled with it (which removes the request from its queue), and the
-`finally` closes the machine, releasing a dispatched request exactly once.
-
-Release and Rejected events are settled before the replies of the same batch
-are written: Envoy may end the stream as soon as it has the last reply, and
-the task is then cancelled inside that write.
+Served by epp.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
+gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
+whose replies are sent in order; `AdmissionNeeded` starts one task awaiting
+`admission.admit` (messages arriving meanwhile wait their turn); `Release`
+calls `admission.complete`. The call ends OK once Envoy has sent its last
+message and the admission is settled. When Envoy resets the stream (its
+client went away) the pending admission is cancelled, which removes the
+request from its queue, and the machine is closed, which releases a
+dispatched request exactly once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
-from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.grpc_h2 import Call, Status
 
 log = logging.getLogger(__name__)
 
+PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
 
 class Admission(Protocol):
-    """What the adapter needs from flow control (epp.admission.AdmissionController)."""
+    """What the service needs from flow control (epp.admission.AdmissionController)."""
 
     async def admit(self, request: FlowRequest) -> Outcome: ...
 
@@ -45,7 +47,9 @@ StreamListener = Callable[[Rejected | Release], None]
 """Told of every local error reply and every release (for metrics)."""
 
 
-class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
+class ExtProcService:
+    """Makes an `ExtProcCall` per Process call (its `open` is the route)."""
+
     def __init__(
         self,
         admission: Admission,
@@ -54,62 +58,110 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         clock: Callable[[], float] = time.monotonic,
         listener: StreamListener | None = None,
     ) -> None:
-        self._admission = admission
-        self._priority_of = priority_of
-        self._settings = settings or StreamSettings()
-        self._clock = clock
-        self._listener = listener
+        self.admission = admission
+        self.priority_of = priority_of
+        self.settings = settings or StreamSettings()
+        self.clock = clock
+        self.listener = listener
         self.open_streams = 0
 
-    async def Process(
-        self,
-        request_iterator: AsyncIterator[ProcessingRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> None:
-        stream = ExtProcStream(self._priority_of, self._settings)
+    def open(self, call: Call) -> ExtProcCall:
         self.open_streams += 1
-        try:
-            async for message in request_iterator:
-                await self._carry_out(stream, stream.receive(message, self._clock()), context)
-        finally:
-            self.open_streams -= 1
-            for event in stream.close():
-                self._settle(event)
+        return ExtProcCall(self, call)
 
-    async def _carry_out(
-        self, stream: ExtProcStream, events: list[Event], context: grpc.aio.ServicerContext
-    ) -> None:
+    def settle(self, event: Rejected | Release) -> None:
+        if isinstance(event, Release):
+            self.admission.complete(event.request, event.input_tokens, event.output_tokens)
+        if self.listener is not None:
+            self.listener(event)
+
+
+class ExtProcCall:
+    """One Process call: see the module docstring."""
+
+    __slots__ = (
+        "_admitting",
+        "_call",
+        "_closed",
+        "_half_closed",
+        "_machine",
+        "_service",
+        "_waiting",
+    )
+
+    def __init__(self, service: ExtProcService, call: Call) -> None:
+        self._service = service
+        self._call = call
+        self._machine = ExtProcStream(service.priority_of, service.settings)
+        self._admitting: asyncio.Task[None] | None = None
+        self._waiting: list[ProcessingRequest] = []
+        self._half_closed = False
+        self._closed = False
+
+    def on_message(self, payload: bytes) -> None:
+        try:
+            message = ProcessingRequest.FromString(payload)
+        except DecodeError:
+            self._end(Status.INVALID_ARGUMENT, "not a ProcessingRequest")
+            return
+        if self._admitting is not None:
+            self._waiting.append(message)
+            return
+        self._carry_out(self._machine.receive(message, self._service.clock()))
+
+    def on_half_close(self) -> None:
+        self._half_closed = True
+        if self._admitting is None:
+            self._end(Status.OK)
+
+    def on_cancel(self) -> None:
+        if self._admitting is not None:
+            self._admitting.cancel()
+        self._close()
+
+    def _carry_out(self, events: list[Event]) -> None:
+        """Settle releases and rejections before sending the replies that
+        may let Envoy end the stream; then send them in order."""
         for event in events:
             if isinstance(event, Release | Rejected):
-                self._settle(event)
+                self._service.settle(event)
         for event in events:
             if isinstance(event, ProcessingResponse):
-                await context.write(event)
+                self._call.send(event.SerializeToString())
             elif isinstance(event, AdmissionNeeded):
-                try:
-                    outcome = await self._admission.admit(event.request)
-                except Exception:
-                    log.exception("admission failed for request %s", event.request.request_id)
-                    follow_up = stream.admission_failed()
-                else:
-                    follow_up = stream.admitted(outcome)
-                await self._carry_out(stream, follow_up, context)
+                self._admitting = asyncio.ensure_future(self._admit(event.request))
 
-    def _settle(self, event: Event) -> None:
-        if isinstance(event, Release):
-            self._admission.complete(event.request, event.input_tokens, event.output_tokens)
-        if self._listener is not None and isinstance(event, Release | Rejected):
-            self._listener(event)
+    async def _admit(self, request: FlowRequest) -> None:
+        try:
+            outcome = await self._service.admission.admit(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("admission failed for request %s", request.request_id)
+            follow_up = self._machine.admission_failed()
+        else:
+            follow_up = self._machine.admitted(outcome)
+        self._admitting = None
+        try:
+            self._carry_out(follow_up)
+            waiting, self._waiting = self._waiting, []
+            for message in waiting:
+                self._carry_out(self._machine.receive(message, self._service.clock()))
+        except Exception:
+            log.exception("request %s: failed after admission", request.request_id)
+            self._end(Status.INTERNAL, "internal error")
+            return
+        if self._half_closed:
+            self._end(Status.OK)
 
+    def _end(self, status: Status, message: str = "") -> None:
+        self._close()
+        self._call.finish(status, message)
 
-def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
-    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
-
-
-def server_options(settings: StreamSettings) -> list[tuple[str, int]]:
-    """gRPC channel options: room for a whole body in one message, plus framing."""
-    limit = settings.max_body_bytes + 1024 * 1024
-    return [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-    ]
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._service.open_streams -= 1
+        for event in self._machine.close():
+            self._service.settle(event)

@@ -11,15 +11,15 @@ import json
 from dataclasses import dataclass, field
 
 import aiohttp
-import grpc
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from epp.extproc.server import ExtProcServicer, add_to_server, server_options
+from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -81,7 +81,7 @@ class Stack:
     url: str
     admission: FixedAdmission
     upstream: Upstream
-    servicer: ExtProcServicer
+    service: ExtProcService
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -97,14 +97,12 @@ async def stack():
 
     settings = StreamSettings(max_body_bytes=MAX_BODY)
     admission = FixedAdmission(endpoint=f"127.0.0.1:{upstream_port}")
-    servicer = ExtProcServicer(admission, lambda headers: 0, settings)
-    server = grpc.aio.server(options=server_options(settings))
-    add_to_server(servicer, server)
-    epp_port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    service = ExtProcService(admission, lambda headers: 0, settings)
+    server = GrpcServer({PROCESS_METHOD: service.open}, max_message_bytes=MAX_BODY + 1024 * 1024)
+    epp_port = await server.start("127.0.0.1", 0)
     try:
         async with running_envoy(epp_port=epp_port) as envoy:
-            yield Stack(f"http://127.0.0.1:{envoy.listen_port}", admission, upstream, servicer)
+            yield Stack(f"http://127.0.0.1:{envoy.listen_port}", admission, upstream, service)
     finally:
         await server.stop(grace=None)
         await runner.cleanup()
@@ -217,7 +215,7 @@ async def test_client_gone_while_waiting_for_admission_cancels_the_admission(sta
     await eventually(lambda: stack.admission.waiting == 1)
     client.cancel()
     await eventually(lambda: stack.admission.cancelled == 1)
-    await eventually(lambda: stack.servicer.open_streams == 0)
+    await eventually(lambda: stack.service.open_streams == 0)
     assert stack.admission.completed == []
 
 
@@ -231,4 +229,4 @@ async def test_client_gone_mid_response_releases_the_request(stack):
         response.close()
     await eventually(lambda: len(stack.admission.completed) == 1)
     assert stack.admission.completed[0][1:] == (None, 0)
-    await eventually(lambda: stack.servicer.open_streams == 0)
+    await eventually(lambda: stack.service.open_streams == 0)

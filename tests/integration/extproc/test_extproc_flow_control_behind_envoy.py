@@ -10,16 +10,16 @@ import asyncio
 import json
 
 import aiohttp
-import grpc
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
 from epp.admission import AdmissionController
-from epp.extproc.server import ExtProcServicer, add_to_server
+from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate, LeastLoadedPlacer
+from epp.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -60,10 +60,8 @@ async def stack():
     def priority_of(headers):
         return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
 
-    server = grpc.aio.server()
-    add_to_server(ExtProcServicer(admission, priority_of), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server = GrpcServer({PROCESS_METHOD: ExtProcService(admission, priority_of).open})
+    port = await server.start("127.0.0.1", 0)
     try:
         async with running_envoy(epp_port=port) as envoy:
             yield f"http://127.0.0.1:{envoy.listen_port}/v1/completions", admission, upstream

@@ -1,30 +1,43 @@
-"""The grpc.aio adapter, driven over a loopback gRPC channel (no Envoy)."""
+"""The ext_proc service on epp.grpc_h2, driven by a grpc.aio client on loopback (no Envoy)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import grpc
 import pytest
 from extproc_wire import request_body, request_headers, response_body, response_headers
 
 from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from epp.extproc.server import ExtProcServicer, add_to_server
+from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
+from epp.grpc_h2 import GrpcServer
 
 BODY = json.dumps({"model": "m", "prompt": "p"}).encode()
 HEADERS = {":path": "/v1/completions"}
+USAGE = b'{"usage":{"prompt_tokens":2,"completion_tokens":5}}'
 
 
 class Admission:
-    def __init__(self, error: Exception | None = None) -> None:
+    def __init__(self, error: Exception | None = None, hold: bool = False) -> None:
         self.error = error
+        self.hold = hold
+        self.waiting = asyncio.Event()
+        self.cancelled = 0
         self.completed = []
 
     async def admit(self, request):
         if self.error:
             raise self.error
+        if self.hold:
+            self.waiting.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         request.endpoint = "10.0.0.1:80"
         return Outcome.DISPATCHED
 
@@ -32,44 +45,60 @@ class Admission:
         self.completed.append((input_tokens, output_tokens))
 
 
+@dataclass(slots=True)
+class Served:
+    stub: pb_grpc.ExternalProcessorStub
+    service: ExtProcService
+    channel: grpc.aio.Channel
+
+    def __iter__(self):
+        return iter((self.stub, self.service))
+
+
 @pytest.fixture
 async def serve():
-    servers = []
+    started = []
 
     async def start(admission, listener=None):
-        server = grpc.aio.server()
-        servicer = ExtProcServicer(admission, lambda headers: 0, listener=listener)
-        add_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        service = ExtProcService(admission, lambda headers: 0, listener=listener)
+        server = GrpcServer({PROCESS_METHOD: service.open})
+        port = await server.start("127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        servers.append((server, channel))
-        return pb_grpc.ExternalProcessorStub(channel), servicer
+        started.append((server, channel))
+        return Served(pb_grpc.ExternalProcessorStub(channel), service, channel)
 
     yield start
-    for server, channel in servers:
+    for server, channel in started:
         await channel.close()
         await server.stop(grace=None)
+
+
+async def eventually(condition, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 async def test_dispatched_request_gets_replies_and_release_reports_usage(serve):
     admission = Admission()
     released = []
-    stub, servicer = await serve(admission, released.append)
-    usage = b'{"usage":{"prompt_tokens":2,"completion_tokens":5}}'
+    stub, service = await serve(admission, released.append)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
     kinds = [(await call.read()).WhichOneof("response") for _ in range(2)]
     await call.write(response_headers({"content-type": "application/json"}))
-    await call.write(response_body(usage, end_of_stream=True))
+    await call.write(response_body(USAGE, end_of_stream=True))
     kinds += [(await call.read()).WhichOneof("response") for _ in range(2)]
     await call.done_writing()
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
     assert admission.completed == [(2, 5)]
     assert [(e.input_tokens, e.output_tokens) for e in released] == [(2, 5)]
-    assert servicer.open_streams == 0
+    assert service.open_streams == 0
 
 
 async def test_admission_error_is_answered_500(serve):
@@ -82,32 +111,56 @@ async def test_admission_error_is_answered_500(serve):
     await call.done_writing()
 
 
-class ClosingContext:
-    """A servicer context cancelled inside its n-th write, as when Envoy ends the stream."""
-
-    def __init__(self, cancel_at: int) -> None:
-        self.writes = 0
-        self.cancel_at = cancel_at
-
-    async def write(self, message):
-        self.writes += 1
-        if self.writes == self.cancel_at:
-            raise asyncio.CancelledError
+async def test_bytes_that_are_not_a_processing_request_end_the_call_invalid_argument(serve):
+    served = await serve(Admission())
+    call = served.channel.stream_stream(PROCESS_METHOD)()
+    await call.write(b"\xff\xff\xff")
+    assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert served.service.open_streams == 0
 
 
-async def whole_exchange():
-    yield request_headers(HEADERS)
-    yield request_body(BODY)
-    yield response_headers({"content-type": "application/json"})
-    yield response_body(b'{"usage":{"prompt_tokens":1,"completion_tokens":4}}', end_of_stream=True)
-
-
-@pytest.mark.parametrize("cancel_at", [1, 2, 3, 4])
-async def test_request_is_released_once_whichever_write_is_cancelled(cancel_at):
+@pytest.mark.parametrize("replies_before_reset", [0, 1, 2, 3])
+async def test_request_is_released_once_whenever_envoy_resets_the_stream(
+    serve, replies_before_reset
+):
     admission = Admission()
-    servicer = ExtProcServicer(admission, lambda headers: 0)
-    with pytest.raises(asyncio.CancelledError):
-        await servicer.Process(whole_exchange(), ClosingContext(cancel_at))
-    expected = (1, 4) if cancel_at == 4 else (None, 0)
-    assert admission.completed == [expected]
-    assert servicer.open_streams == 0
+    stub, service = await serve(admission)
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    for _ in range(min(replies_before_reset, 2)):
+        await call.read()
+    if replies_before_reset == 3:
+        await call.write(response_headers({"content-type": "application/json"}))
+        await call.read()
+    call.cancel()
+    await eventually(lambda: service.open_streams == 0)
+    assert admission.completed == [(None, 0)]
+
+
+async def test_reset_while_waiting_for_admission_cancels_it_and_releases_nothing(serve):
+    admission = Admission(hold=True)
+    stub, service = await serve(admission)
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    await asyncio.wait_for(admission.waiting.wait(), 5)
+    call.cancel()
+    await eventually(lambda: admission.cancelled == 1)
+    await eventually(lambda: service.open_streams == 0)
+    assert admission.completed == []
+
+
+async def test_half_close_while_waiting_for_admission_ends_after_the_answer(serve):
+    admission = Admission()
+    stub, service = await serve(admission)
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    await call.done_writing()
+    kinds = [(await call.read()).WhichOneof("response") for _ in range(2)]
+    assert kinds == ["request_headers", "request_body"]
+    assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert admission.completed == [(None, 0)]
+    assert service.open_streams == 0

@@ -1,0 +1,208 @@
+"""epp.grpc_h2, the gRPC server of the ext_proc port, against grpc.aio as the client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import h2.config
+import h2.connection
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp.grpc_h2 import Call, GrpcServer, Status
+from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
+
+ECHO = "/test.Echo/Echo"
+FAIL = "/test.Echo/Fail"
+REFUSE = "/test.Echo/Refuse"
+
+
+class Echo:
+    """Sends every message back; ends OK when the client is done."""
+
+    def __init__(self, call: Call, log: list[str]) -> None:
+        self.call = call
+        self.log = log
+
+    def on_message(self, payload: bytes) -> None:
+        self.call.send(payload)
+
+    def on_half_close(self) -> None:
+        self.log.append("half-close")
+        self.call.finish()
+
+    def on_cancel(self) -> None:
+        self.log.append("cancel")
+
+
+class Failing(Echo):
+    def on_message(self, payload: bytes) -> None:
+        raise RuntimeError("handler bug")
+
+
+class Refusing(Echo):
+    def on_message(self, payload: bytes) -> None:
+        self.call.finish(Status.NOT_FOUND, "no such thing: 100%")
+
+
+@pytest.fixture
+async def server():
+    log: list[str] = []
+    grpc_server = GrpcServer(
+        {
+            ECHO: lambda call: Echo(call, log),
+            FAIL: lambda call: Failing(call, log),
+            REFUSE: lambda call: Refusing(call, log),
+        },
+        max_message_bytes=4 * 1024 * 1024,
+    )
+    port = await grpc_server.start("127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    grpc_server.log = log
+    grpc_server.channel = channel
+    grpc_server.port = port
+    yield grpc_server
+    await channel.close()
+    await grpc_server.stop(grace=None)
+
+
+async def eventually(condition, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_messages_come_back_in_order_and_the_call_ends_ok(server):
+    call = server.channel.stream_stream(ECHO)()
+    for payload in (b"one", b"", b"three"):
+        await call.write(payload)
+    await call.done_writing()
+    assert [await call.read() for _ in range(3)] == [b"one", b"", b"three"]
+    assert await call.code() == grpc.StatusCode.OK
+    assert server.log == ["half-close"]
+
+
+async def test_unary_call_is_one_message_each_way(server):
+    assert await server.channel.unary_unary(ECHO)(b"ping") == b"ping"
+
+
+async def test_messages_larger_than_the_flow_control_windows_pass_whole(server):
+    big = bytes(range(256)) * 12_000
+    call = server.channel.stream_stream(ECHO)()
+    await call.write(big)
+    await call.write(big[::-1])
+    await call.done_writing()
+    assert await call.read() == big
+    assert await call.read() == big[::-1]
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_unknown_method_is_unimplemented(server):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await server.channel.unary_unary("/test.Echo/Nope")(b"x")
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_message_over_the_limit_is_resource_exhausted_and_the_handler_told(server):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await server.channel.unary_unary(ECHO)(b"x" * (4 * 1024 * 1024 + 1))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await eventually(lambda: server.log == ["cancel"])
+
+
+async def test_handler_exception_is_internal_and_the_server_goes_on(server):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await server.channel.unary_unary(FAIL)(b"x")
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert await server.channel.unary_unary(ECHO)(b"still here") == b"still here"
+
+
+async def test_handler_status_and_message_reach_the_client(server):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await server.channel.unary_unary(REFUSE)(b"x")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error.value.details() == "no such thing: 100%"
+
+
+async def test_client_cancel_tells_the_handler_once(server):
+    call = server.channel.stream_stream(ECHO)()
+    await call.write(b"hello")
+    assert await call.read() == b"hello"
+    call.cancel()
+    await eventually(lambda: server.log == ["cancel"])
+    await asyncio.sleep(0.05)
+    assert server.log == ["cancel"]
+
+
+async def test_dropped_connection_cancels_its_open_calls(server):
+    """A raw h2 client opens a call, sends a message, and drops the TCP connection."""
+    _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", ECHO),
+        (":authority", "test"),
+        ("content-type", "application/grpc"),
+    ]
+    client.send_headers(1, headers)
+    client.send_data(1, b"\x00\x00\x00\x00\x05hello")
+    writer.write(client.data_to_send())
+    await writer.drain()
+    await eventually(lambda: len(server.connections) == 1)
+    writer.transport.abort()
+    await eventually(lambda: not server.connections)
+    assert server.log == ["cancel"]
+
+
+async def test_stop_lets_an_open_call_finish_within_the_grace_period(server):
+    call = server.channel.stream_stream(ECHO)()
+    await call.write(b"hello")
+    assert await call.read() == b"hello"
+    stopping = asyncio.create_task(server.stop(grace=5))
+    await asyncio.sleep(0.1)
+    await call.write(b"still open")
+    assert await call.read() == b"still open"
+    await call.done_writing()
+    assert await call.code() == grpc.StatusCode.OK
+    await asyncio.wait_for(stopping, 5)
+    assert server.log == ["half-close"]
+
+
+async def test_stop_cancels_calls_still_open_after_the_grace_period(server):
+    call = server.channel.stream_stream(ECHO)()
+    await call.write(b"hello")
+    assert await call.read() == b"hello"
+    await server.stop(grace=0.1)
+    assert server.log == ["cancel"]
+    assert await call.code() != grpc.StatusCode.OK
+
+
+@pytest.fixture
+async def health_channel():
+    health = Health()
+    await health.start()
+    grpc_server = GrpcServer({CHECK_METHOD: health.check_route})
+    port = await grpc_server.start("127.0.0.1", 0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield health, health_pb2_grpc.HealthStub(channel)
+    await grpc_server.stop(grace=None)
+
+
+async def test_health_check_answers_the_current_status(health_channel):
+    health, stub = health_channel
+    request = health_pb2.HealthCheckRequest(service="readiness")
+    assert (await stub.Check(request)).status == NOT_SERVING
+    await health.set_ready()
+    assert (await stub.Check(request)).status == SERVING
+
+
+async def test_health_check_of_an_unknown_service_is_not_found(health_channel):
+    _, stub = health_channel
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
