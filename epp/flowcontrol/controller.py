@@ -134,7 +134,6 @@ class FlowController:
         request.flow = flow
         request.state = QUEUED
         flow.count += 1
-        flow.bytes += size
         band.count += 1
         band.bytes += size
         self.queued_requests += 1
@@ -171,7 +170,6 @@ class FlowController:
                 flow = request.flow
                 size = request.byte_size
                 flow.count -= 1
-                flow.bytes -= size
                 band.count -= 1
                 band.bytes -= size
                 self.queued_requests -= 1
@@ -305,7 +303,6 @@ class FlowController:
         request.state = State.DROPPED
         request.outcome = outcome
         flow.count -= 1
-        flow.bytes -= size
         band.count -= 1
         band.bytes -= size
         self.queued_requests -= 1

@@ -72,6 +72,10 @@ class FairnessPolicy(Protocol):
         """Every queued request, in arrival order within each flow."""
         ...
 
+    def flow_bytes(self, flow: Flow) -> int:
+        """Bytes of `flow`'s queued requests."""
+        ...
+
 
 class RoundRobin:
     __slots__ = ("_ordering", "_ring")
@@ -117,6 +121,9 @@ class RoundRobin:
 
     def requests(self) -> list[FlowRequest]:
         return _flow_requests(self._ring)
+
+    def flow_bytes(self, flow: Flow) -> int:
+        return _queue_bytes(flow.queue)
 
 
 class VirtualTokenCounter:
@@ -212,27 +219,46 @@ class VirtualTokenCounter:
         flows = [e[2] for e in self._heap if e[2].count and e[1] == e[2].heap_seq]
         return _flow_requests(flows)
 
+    def flow_bytes(self, flow: Flow) -> int:
+        return _queue_bytes(flow.queue)
+
 
 class GlobalStrict:
-    __slots__ = ("_queue",)
+    """The flows' requests share one queue, so each flow's bytes are counted
+    here as they come and go."""
+
+    __slots__ = ("_bytes", "_queue")
 
     def __init__(self, ordering: Ordering) -> None:
         self._queue = make_queue(ordering)
+        self._bytes: dict[Flow, int] = {}
 
     def new_queue(self) -> None:
         return None
 
     def push(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.push(request)
+        self._bytes[flow] = self._bytes.get(flow, 0) + request.byte_size
 
     def peek(self) -> FlowRequest | None:
         return self._queue.head
 
+    def _uncount(self, request: FlowRequest, flow: Flow) -> None:
+        if flow.count:
+            self._bytes[flow] -= request.byte_size
+        else:
+            del self._bytes[flow]
+
     def take(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.pop_head()
+        self._uncount(request, flow)
 
     def discard(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.discard(request)
+        self._uncount(request, flow)
+
+    def flow_bytes(self, flow: Flow) -> int:
+        return self._bytes.get(flow, 0)
 
     def on_complete(
         self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
@@ -241,6 +267,10 @@ class GlobalStrict:
 
     def requests(self) -> list[FlowRequest]:
         return sorted(self._queue.queued(), key=lambda r: r.seq)
+
+
+def _queue_bytes(queue: RequestQueue) -> int:
+    return sum(request.byte_size for request in queue.queued())
 
 
 def _flow_requests(flows) -> list[FlowRequest]:
