@@ -106,16 +106,19 @@ class Simulation:
         self.index_of = {address: index for index, address in enumerate(self.addresses)}
         self.up = [True] * pool.servers
         groups = sorted({t.prefix_group for t in scenario.tenants if t.prefix_group})
-        shapes = [
-            (groups.index(t.prefix_group) if t.prefix_group else -1, t.prefix_tokens, t.lora)
-            for t in scenario.tenants
+        group_of = [
+            groups.index(t.prefix_group) if t.prefix_group else -1 for t in scenario.tenants
         ]
+        prefix_tokens_of = [t.prefix_tokens for t in scenario.tenants]
+        lora_of = [t.lora for t in scenario.tenants]
         self.requests = [
             SimRequest(
                 number,
                 item.prompt_tokens,
                 item.output_tokens,
-                *shapes[item.tenant],
+                group_of[item.tenant],
+                prefix_tokens_of[item.tenant],
+                lora_of[item.tenant],
                 tenant=item.tenant,
                 arrival=item.time,
             )
