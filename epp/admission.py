@@ -1,14 +1,17 @@
 """The live shell's asyncio adapter over the flow-control core.
 
 `admit` queues a request and returns its outcome when it is dispatched or
-ended. Everything that can free room (an enqueue, a completion, a gate change
+ended; it is `offer` (decides at once if it can) then `wait`, for callers
+that would rather not start a task for a request that need not wait.
+Everything that can free room (an enqueue, a completion, a gate change
 announced through `poke`, an expired TTL) runs a dispatch pass at once: there
 is no polling tick, so a backlog drains as fast as the pool takes it.
 
 A request dispatched in the pass that its own `admit` started returns without
 waiting for anything; only requests that really queue create a future.
-Cancelling the task that awaits `admit` removes a queued request at once, or
-hands back the endpoint credit of a request dispatched a moment earlier.
+Cancelling the task that awaits `admit` (or calling `withdraw`) removes a
+queued request at once, or hands back the endpoint credit of a request
+dispatched a moment earlier.
 
 TTL expiry is a timer set for the exact next deadline: a newly queued request
 with an earlier deadline re-arms it, and when it fires it expires what is due
@@ -67,6 +70,15 @@ class AdmissionController:
     async def admit(self, request: FlowRequest) -> Outcome:
         """Queue `request` and return its outcome. When it is DISPATCHED the
         request holds an endpoint credit until `complete` is called."""
+        outcome = self.offer(request)
+        if outcome is not None:
+            return outcome
+        return await self.wait(request)
+
+    def offer(self, request: FlowRequest) -> Outcome | None:
+        """`admit` without waiting: the outcome if it is decided at once
+        (dispatched in the pass the enqueue starts, or rejected), else None
+        and the request is queued: `await wait(request)` then."""
         core = self.core
         now = self._clock()
         outcome = core.enqueue(request, now)
@@ -74,6 +86,12 @@ class AdmissionController:
             self._report(request, now)
             return outcome
         self._dispatch(now)
+        return request.outcome
+
+    async def wait(self, request: FlowRequest) -> Outcome:
+        """The outcome of a request that `offer` queued. Cancelling the
+        waiting task removes it from its queue (or hands back the credit of a
+        request dispatched a moment earlier)."""
         if request.outcome is not None:
             return request.outcome
         future = asyncio.get_running_loop().create_future()
@@ -83,14 +101,19 @@ class AdmissionController:
         try:
             return await future
         except asyncio.CancelledError:
-            self._waiters.pop(request, None)
-            now = self._clock()
-            if core.cancel(request, now):
-                self._report(request, now)
-                self._after_queue_change()
-            elif request.state is State.DISPATCHED:
-                self.complete(request)
+            self.withdraw(request)
             raise
+
+    def withdraw(self, request: FlowRequest) -> None:
+        """The request's client is gone: take it out of its queue, or give
+        back the credit it was dispatched with a moment ago. Safe to repeat."""
+        self._waiters.pop(request, None)
+        now = self._clock()
+        if self.core.cancel(request, now):
+            self._report(request, now)
+            self._after_queue_change()
+        elif request.state is State.DISPATCHED:
+            self.complete(request)
 
     def complete(
         self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0

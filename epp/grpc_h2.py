@@ -122,6 +122,7 @@ class GrpcConnection(asyncio.Protocol):
         self.idle = asyncio.Event()
         self.idle.set()
         self._receiving = False
+        self._flush_soon: asyncio.Handle | None = None
         self._client_gone = False
 
     # -- asyncio.Protocol --------------------------------------------------------
@@ -186,8 +187,7 @@ class GrpcConnection(asyncio.Protocol):
             call.headers_sent = True
         call._outbox += b"\x00" + len(payload).to_bytes(4, "big") + payload
         self._pump(call)
-        if not self._receiving:
-            self._flush()
+        self._flush_later()
 
     def finish(self, call: Call, status: Status, message: str) -> None:
         trailers = [(b"grpc-status", b"%d" % status)]
@@ -199,8 +199,7 @@ class GrpcConnection(asyncio.Protocol):
         else:
             call._trailers = trailers
             self._pump(call)
-        if not self._receiving:
-            self._flush()
+        self._flush_later()
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -215,15 +214,23 @@ class GrpcConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close the connection; its open calls are cancelled at once."""
         self._cancel_all()
+        self._flush()
         if self._transport is not None:
             self._transport.close()
 
     # -- internals -------------------------------------------------------------------
 
     def _flush(self) -> None:
+        self._flush_soon = None
         data = self._h2.data_to_send()
         if data and self._transport is not None:
             self._transport.write(data)
+
+    def _flush_later(self) -> None:
+        """One write for everything sent in this turn of the event loop
+        (data_received flushes its own at its end)."""
+        if not self._receiving and self._flush_soon is None:
+            self._flush_soon = asyncio.get_running_loop().call_soon(self._flush)
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id

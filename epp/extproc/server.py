@@ -2,13 +2,13 @@
 
 Served by epp.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
 gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
-whose replies are sent in order; `AdmissionNeeded` starts one task awaiting
-`admission.admit` (messages arriving meanwhile wait their turn); `Release`
-calls `admission.complete`. The call ends OK once Envoy has sent its last
-message and the admission is settled. When Envoy resets the stream (its
-client went away) the pending admission is cancelled, which removes the
-request from its queue, and the machine is closed, which releases a
-dispatched request exactly once.
+whose replies are sent in order. `AdmissionNeeded` offers the request to
+flow control; when it must queue, one task awaits its outcome (messages
+arriving meanwhile wait their turn). `Release` calls `admission.complete`.
+The call ends OK once Envoy has sent its last message and the admission is
+settled. When Envoy resets the stream (its client went away) a queued
+request is withdrawn from its queue, and the machine is closed, which
+releases a dispatched request exactly once.
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 class Admission(Protocol):
     """What the service needs from flow control (epp.admission.AdmissionController)."""
 
-    async def admit(self, request: FlowRequest) -> Outcome: ...
+    def offer(self, request: FlowRequest) -> Outcome | None: ...
+
+    async def wait(self, request: FlowRequest) -> Outcome: ...
+
+    def withdraw(self, request: FlowRequest) -> None: ...
 
     def complete(
         self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0
@@ -81,6 +85,7 @@ class ExtProcCall:
 
     __slots__ = (
         "_admitting",
+        "_admitting_request",
         "_call",
         "_closed",
         "_half_closed",
@@ -94,6 +99,7 @@ class ExtProcCall:
         self._call = call
         self._machine = ExtProcStream(service.priority_of, service.settings)
         self._admitting: asyncio.Task[None] | None = None
+        self._admitting_request: FlowRequest | None = None
         self._waiting: list[ProcessingRequest] = []
         self._half_closed = False
         self._closed = False
@@ -116,6 +122,8 @@ class ExtProcCall:
 
     def on_cancel(self) -> None:
         if self._admitting is not None:
+            assert self._admitting_request is not None
+            self._service.admission.withdraw(self._admitting_request)
             self._admitting.cancel()
         self._close()
 
@@ -129,11 +137,24 @@ class ExtProcCall:
             if isinstance(event, ProcessingResponse):
                 self._call.send(event.SerializeToString())
             elif isinstance(event, AdmissionNeeded):
-                self._admitting = asyncio.ensure_future(self._admit(event.request))
+                self._offer(event.request)
 
-    async def _admit(self, request: FlowRequest) -> None:
+    def _offer(self, request: FlowRequest) -> None:
         try:
-            outcome = await self._service.admission.admit(request)
+            outcome = self._service.admission.offer(request)
+        except Exception:
+            log.exception("admission failed for request %s", request.request_id)
+            self._carry_out(self._machine.admission_failed())
+            return
+        if outcome is not None:
+            self._carry_out(self._machine.admitted(outcome))
+            return
+        self._admitting_request = request
+        self._admitting = asyncio.get_running_loop().create_task(self._wait(request))
+
+    async def _wait(self, request: FlowRequest) -> None:
+        try:
+            outcome = await self._service.admission.wait(request)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -141,7 +162,7 @@ class ExtProcCall:
             follow_up = self._machine.admission_failed()
         else:
             follow_up = self._machine.admitted(outcome)
-        self._admitting = None
+        self._admitting = self._admitting_request = None
         try:
             self._carry_out(follow_up)
             waiting, self._waiting = self._waiting, []

@@ -148,6 +148,48 @@ async def test_cancelling_a_task_dispatched_a_moment_earlier_hands_back_its_cred
     assert (pool.admission.in_flight, pool.gate.in_flight) == (0, 0)
 
 
+def test_offer_decides_at_once_when_there_is_room():
+    pool = Pool(max_in_flight=1)
+    r = new_request()
+    assert pool.admission.offer(r) is Outcome.DISPATCHED
+    assert (r.endpoint, pool.admission.in_flight) == (ENDPOINT, 1)
+
+
+async def test_offer_of_a_request_that_must_queue_is_none_and_wait_gives_its_outcome():
+    pool = Pool(max_in_flight=1)
+    running = await pool.occupy()
+    waiting = new_request()
+    assert pool.admission.offer(waiting) is None
+    assert waiting.state is State.QUEUED
+    task = asyncio.create_task(pool.admission.wait(waiting))
+    await asyncio.sleep(0)
+    pool.admission.complete(running)
+    assert await asyncio.wait_for(task, 1.0) is Outcome.DISPATCHED
+
+
+async def test_withdraw_removes_a_queued_request_and_repeating_it_changes_nothing():
+    pool = Pool(max_in_flight=1)
+    await pool.occupy()
+    waiting = new_request(byte_size=10)
+    assert pool.admission.offer(waiting) is None
+    pool.admission.withdraw(waiting)
+    pool.admission.withdraw(waiting)
+    assert (pool.admission.queued, pool.core.queued_bytes, pool.admission.in_flight) == (0, 0, 1)
+    assert pool.outcomes(waiting) == [Outcome.CANCELLED]
+
+
+async def test_withdraw_of_a_request_dispatched_a_moment_earlier_hands_back_its_credit():
+    pool = Pool(max_in_flight=1)
+    running = await pool.occupy()
+    waiting = new_request()
+    assert pool.admission.offer(waiting) is None
+    pool.admission.complete(running)
+    assert waiting.state is State.DISPATCHED
+    pool.admission.withdraw(waiting)
+    assert (pool.admission.in_flight, pool.gate.in_flight) == (0, 0)
+    assert pool.completed == [running, waiting]
+
+
 async def test_ttl_expires_on_the_timer_at_the_deadline_not_before():
     pool = Pool(max_in_flight=1)
     await pool.occupy()

@@ -36,19 +36,22 @@ class FixedAdmission:
     completed: list[tuple[FlowRequest, int | None, int]] = field(default_factory=list)
     hold: bool = False
     waiting: int = 0
-    cancelled: int = 0
+    withdrawn: int = 0
 
-    async def admit(self, request: FlowRequest) -> Outcome:
+    def offer(self, request: FlowRequest) -> Outcome | None:
         if self.hold:
-            self.waiting += 1
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
+            return None
         if self.outcome.is_dispatched:
             request.endpoint = self.endpoint
         return self.outcome
+
+    async def wait(self, request: FlowRequest) -> Outcome:
+        self.waiting += 1
+        await asyncio.Event().wait()
+        raise AssertionError("never reached")
+
+    def withdraw(self, request: FlowRequest) -> None:
+        self.withdrawn += 1
 
     def complete(self, request: FlowRequest, input_tokens=None, output_tokens=0) -> None:
         self.completed.append((request, input_tokens, output_tokens))
@@ -112,7 +115,7 @@ async def stack():
 def fresh(stack):
     stack.admission.outcome = Outcome.DISPATCHED
     stack.admission.hold = False
-    stack.admission.waiting = stack.admission.cancelled = 0
+    stack.admission.waiting = stack.admission.withdrawn = 0
     stack.admission.completed.clear()
     stack.upstream.received.clear()
     stack.upstream.proceed.clear()
@@ -208,13 +211,13 @@ async def test_rejected_outcome_carries_status_and_dropped_reason(stack):
     assert stack.admission.completed == []
 
 
-async def test_client_gone_while_waiting_for_admission_cancels_the_admission(stack):
+async def test_client_gone_while_queued_withdraws_the_request(stack):
     stack.admission.hold = True
     body = json.dumps({"model": "m", "prompt": "p"}).encode()
     client = asyncio.create_task(post(f"{stack.url}/v1/completions", body))
     await eventually(lambda: stack.admission.waiting == 1)
     client.cancel()
-    await eventually(lambda: stack.admission.cancelled == 1)
+    await eventually(lambda: stack.admission.withdrawn == 1)
     await eventually(lambda: stack.service.open_streams == 0)
     assert stack.admission.completed == []
 
