@@ -56,7 +56,7 @@ class Band:
     def flow(self, fairness_id: str) -> Flow:
         flow = self.flows.get(fairness_id)
         if flow is None:
-            flow = self.flows[fairness_id] = Flow(fairness_id, self.priority, self.policy)
+            flow = self.flows[fairness_id] = Flow(fairness_id, self)
         return flow
 
     def reconfigure(self, config: BandConfig, default_ttl: float) -> None:
@@ -69,7 +69,7 @@ class Band:
         queued: list[FlowRequest] = self.policy.requests()
         self.policy = make_policy(config)
         for flow in self.flows.values():
-            flow.reset_queue(self.policy)
+            flow.reset_queue()
             flow.count = 0
             flow.ring_member = False
             flow.heap_seq = -1

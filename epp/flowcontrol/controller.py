@@ -198,7 +198,7 @@ class FlowController:
             return False
         request.state = State.COMPLETED
         flow: Flow = request.flow
-        self._bands[flow.priority].policy.on_complete(request, flow, input_tokens, output_tokens)
+        flow.band.policy.on_complete(request, flow, input_tokens, output_tokens)
         flow.in_flight -= 1
         self.in_flight -= 1
         self.gate.on_complete(request)
@@ -258,8 +258,8 @@ class FlowController:
                 heappush(heap, (flow.idle_since + timeout, self._seq, flow))
             else:
                 flow.idle_tracked = False
-                band = self._bands.get(flow.priority)
-                if band is None or band.flows.get(flow.fairness_id) is not flow:
+                band = flow.band
+                if band.flows.get(flow.fairness_id) is not flow:
                     continue
                 del band.flows[flow.fairness_id]
                 collected.append(flow.key)
@@ -298,7 +298,7 @@ class FlowController:
 
     def _remove(self, request: FlowRequest, outcome: Outcome, now: float) -> None:
         flow: Flow = request.flow
-        band = self._bands[flow.priority]
+        band = flow.band
         size = request.byte_size
         request.state = State.DROPPED
         request.outcome = outcome

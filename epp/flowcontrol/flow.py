@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from epp.flowcontrol.ordering import FifoQueue, RequestQueue
 
 if TYPE_CHECKING:
-    from epp.flowcontrol.fairness import FairnessPolicy
+    from epp.flowcontrol.band import Band
 
 
 class FlowKey(NamedTuple):
@@ -25,7 +25,7 @@ class Flow(FifoQueue):
     100k flows, every object touched per dispatch is a likely cache miss).
     Under a deadline ordering `queue` is a heap of its own."""
 
-    __slots__ = (  # noqa: RUF023 - hot fields first: they share the object's first cache line
+    __slots__ = (  # noqa: RUF023 - laid out for the cache, see below
         "queue",
         "count",
         "ring_member",
@@ -33,16 +33,19 @@ class Flow(FifoQueue):
         "counter",
         "heap_seq",
         "fairness_id",
-        "priority",
+        "band",
         "idle_since",
         "idle_tracked",
-        "policy",
     )
+    # With FifoQueue's `head` and `tail`, twelve slots make a 128-byte block
+    # (GC header included), so every flow starts on a cache line and its first
+    # six slots, the ones round-robin touches per pair, share the line of its
+    # reference count. A thirteenth slot would shift the layout per flow.
 
-    def __init__(self, fairness_id: str, priority: int, policy: FairnessPolicy) -> None:
+    def __init__(self, fairness_id: str, band: Band) -> None:
         self.fairness_id = fairness_id
-        self.priority = priority
-        self.reset_queue(policy)
+        self.band = band
+        self.reset_queue()
         self.count = 0
         self.in_flight = 0
         self.counter = 0.0
@@ -51,13 +54,16 @@ class Flow(FifoQueue):
         self.idle_since = 0.0
         self.idle_tracked = False
 
-    def reset_queue(self, policy: FairnessPolicy) -> None:
-        """Start over with an empty queue of `policy`: its own, or the flow
-        itself when the policy gives none."""
+    def reset_queue(self) -> None:
+        """Start over with an empty queue of the band's policy: its own, or the
+        flow itself when the policy gives none."""
         self.head = self.tail = None
-        self.policy = policy
-        queue = policy.new_queue()
+        queue = self.band.policy.new_queue()
         self.queue: RequestQueue = self if queue is None else queue
+
+    @property
+    def priority(self) -> int:
+        return self.band.priority
 
     @property
     def key(self) -> FlowKey:
@@ -68,7 +74,7 @@ class Flow(FifoQueue):
         """Bytes of the queued requests, counted when asked (by a metrics
         scrape): a counter updated at every enqueue and dispatch allocated a new
         int on a cold flow each time, ~1.6 of ~9 cache misses per pair at 100k flows."""
-        return self.policy.flow_bytes(self)
+        return self.band.policy.flow_bytes(self)
 
     @property
     def is_idle(self) -> bool:
