@@ -38,7 +38,7 @@ the prefix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from xxhash import xxh64_intdigest
 
@@ -84,9 +84,11 @@ class Generations:
 
 class PrefixIndex:
     """Per-endpoint generations of block hashes, and the holders of each
-    chain's first block (see the module docstring). Holder sets are
-    immutable; an endpoint's set of itself alone is shared by every first
-    block only it holds."""
+    chain's first block (see the module docstring): an endpoint is among the
+    holders of a first block exactly while one of its generations records it
+    as one, so the holders also answer whether it is new to the endpoint.
+    Holder sets are immutable; an endpoint's set of itself alone is shared
+    by every first block only it holds."""
 
     __slots__ = ("_alone", "_generation", "_held", "_roots", "capacity")
 
@@ -113,10 +115,11 @@ class PrefixIndex:
             self._forget_old(endpoint, held)
             young = held.young
         root = hashes[0]
-        if root not in young and root not in held.old:
-            alone = self._alone[endpoint]
-            holders = self._roots.get(root)
-            self._roots[root] = alone if holders is None else holders | alone
+        holders = self._roots.get(root)
+        if holders is None:
+            self._roots[root] = self._alone[endpoint]
+        elif endpoint not in holders:
+            self._roots[root] = holders | self._alone[endpoint]
         young.update(hashes)
         held.young_roots.add(root)
 
@@ -155,8 +158,7 @@ class PrefixIndex:
         """Forget everything recorded for `endpoint`."""
         held = self._held.pop(endpoint, None)
         if held is not None:
-            for root in held.roots():
-                self._drop_root(endpoint, root)
+            self._drop_roots(endpoint, held.roots())
             del self._alone[endpoint]
 
     def endpoints(self) -> set[str]:
@@ -169,21 +171,21 @@ class PrefixIndex:
 
     def _forget_old(self, endpoint: str, held: Generations) -> None:
         """Forget the old generation; the young one becomes the old."""
-        young = held.young
-        for root in held.old_roots:
-            if root not in young:
-                self._drop_root(endpoint, root)
-        held.old = young
+        self._drop_roots(endpoint, held.old_roots - held.young_roots)
+        held.old = held.young
         held.old_roots = held.young_roots
         held.young = set()
         held.young_roots = set()
 
-    def _drop_root(self, endpoint: str, root: int) -> None:
+    def _drop_roots(self, endpoint: str, roots: Iterable[int]) -> None:
+        """`endpoint` no longer holds these first blocks."""
         alone = self._alone[endpoint]
-        holders = self._roots[root]
-        if holders is alone:
-            del self._roots[root]
-        elif holders := holders - alone:
-            self._roots[root] = holders
-        else:
-            del self._roots[root]
+        holders_of = self._roots
+        for root in roots:
+            holders = holders_of[root]
+            if holders is alone:
+                del holders_of[root]
+            elif holders := holders - alone:
+                holders_of[root] = holders
+            else:
+                del holders_of[root]

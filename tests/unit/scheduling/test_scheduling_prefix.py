@@ -98,6 +98,16 @@ def test_deep_blocks_are_forgotten_before_their_prefix():
     assert index.matches((1, 2, 3)) == {"e1": 1}
 
 
+def test_a_first_block_held_deeper_in_another_chain_still_matches():
+    index = PrefixIndex(capacity=4)
+    index.record("e1", (1, 2))
+    index.record("e1", (2,))
+    assert index.matches((2,)) == {"e1": 1}
+    index.record("e1", (7, 8))
+    index.record("e1", (9,))
+    assert index.matches((2,)) == {}
+
+
 def test_many_holders_get_their_own_match_lengths():
     index = PrefixIndex(capacity=100)
     chain = tuple(range(100, 132))
