@@ -154,9 +154,13 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
 
     def _handle(self, events: list[h2.events.Event]) -> None:
+        received: dict[int, int] = {}
         for event in events:
             kind = type(event)
             if kind is h2.events.DataReceived:
+                if event.flow_controlled_length:
+                    stream_id = event.stream_id
+                    received[stream_id] = received.get(stream_id, 0) + event.flow_controlled_length
                 self._on_data(event)
             elif kind is h2.events.RequestReceived:
                 self._on_request(event)
@@ -168,6 +172,8 @@ class GrpcConnection(asyncio.Protocol):
                 self._pump_all()
             elif kind is h2.events.ConnectionTerminated:
                 self._on_go_away()
+        for stream_id, size in received.items():
+            self._h2.acknowledge_received_data(size, stream_id)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -185,8 +191,15 @@ class GrpcConnection(asyncio.Protocol):
         if not call.headers_sent:
             self._h2.send_headers(call.id, RESPONSE_HEADERS)
             call.headers_sent = True
-        call._outbox += b"\x00" + len(payload).to_bytes(4, "big") + payload
-        self._pump(call)
+        message = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        connection = self._h2
+        if not call._outbox and len(message) <= min(
+            connection.local_flow_control_window(call.id), connection.max_outbound_frame_size
+        ):
+            connection.send_data(call.id, message)
+        else:
+            call._outbox += message
+            self._pump(call)
         self._flush_later()
 
     def finish(self, call: Call, status: Status, message: str) -> None:
@@ -256,8 +269,6 @@ class GrpcConnection(asyncio.Protocol):
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
-        if event.flow_controlled_length:
-            self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
         call = self.calls.get(stream_id)
         if call is None or call.closed:
             return
