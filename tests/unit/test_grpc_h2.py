@@ -8,6 +8,7 @@ import grpc
 import h2.config
 import h2.connection
 import pytest
+import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.grpc_h2 import Call, GrpcServer, Status
@@ -206,3 +207,24 @@ async def test_health_check_of_an_unknown_service_is_not_found(health_channel):
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_same_calls_work_on_uvloop():
+    """`epp serve` runs on uvloop, whose transports are not asyncio's classes."""
+
+    async def scenario() -> list[str]:
+        log: list[str] = []
+        grpc_server = GrpcServer({ECHO: lambda call: Echo(call, log)})
+        port = await grpc_server.start("127.0.0.1", 0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            big = bytes(range(256)) * 12_000
+            assert await channel.unary_unary(ECHO)(big) == big
+            call = channel.stream_stream(ECHO)()
+            await call.write(b"hello")
+            assert await call.read() == b"hello"
+            call.cancel()
+            await eventually(lambda: log == ["half-close", "cancel"])
+        await grpc_server.stop(grace=None)
+        return log
+
+    assert uvloop.run(scenario()) == ["half-close", "cancel"]
