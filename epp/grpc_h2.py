@@ -188,30 +188,36 @@ class GrpcConnection(asyncio.Protocol):
     # -- used by Call ------------------------------------------------------------
 
     def send_message(self, call: Call, payload: bytes) -> None:
-        if not call.headers_sent:
-            self._h2.send_headers(call.id, RESPONSE_HEADERS)
-            call.headers_sent = True
         message = b"\x00" + len(payload).to_bytes(4, "big") + payload
         connection = self._h2
-        if not call._outbox and len(message) <= min(
-            connection.local_flow_control_window(call.id), connection.max_outbound_frame_size
-        ):
-            connection.send_data(call.id, message)
-        else:
-            call._outbox += message
-            self._pump(call)
+        try:
+            if not call.headers_sent:
+                connection.send_headers(call.id, RESPONSE_HEADERS)
+                call.headers_sent = True
+            if not call._outbox and len(message) <= min(
+                connection.local_flow_control_window(call.id), connection.max_outbound_frame_size
+            ):
+                connection.send_data(call.id, message)
+            else:
+                call._outbox += message
+                self._pump(call)
+        except h2.exceptions.StreamClosedError:
+            pass  # reset by the client in the data being handled: its StreamReset follows
         self._flush_later()
 
     def finish(self, call: Call, status: Status, message: str) -> None:
         trailers = [(b"grpc-status", b"%d" % status)]
         if message:
             trailers.append((b"grpc-message", quote(message, safe=" ").encode()))
-        if not call.headers_sent:
-            self._h2.send_headers(call.id, [*RESPONSE_HEADERS, *trailers], end_stream=True)
+        try:
+            if not call.headers_sent:
+                self._h2.send_headers(call.id, [*RESPONSE_HEADERS, *trailers], end_stream=True)
+                self._finished(call)
+            else:
+                call._trailers = trailers
+                self._pump(call)
+        except h2.exceptions.StreamClosedError:
             self._finished(call)
-        else:
-            call._trailers = trailers
-            self._pump(call)
         self._flush_later()
 
     # -- shutdown ------------------------------------------------------------------

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import h2.config
 import h2.connection
+import h2.events
 import pytest
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -138,26 +140,63 @@ async def test_client_cancel_tells_the_handler_once(server):
     assert server.log == ["cancel"]
 
 
+class RawClient:
+    """An h2 client on a plain socket, for what grpc.aio will not do."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.h2.initiate_connection()
+
+    @classmethod
+    async def connect(cls, port: int) -> RawClient:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def open(self, stream_id: int, path: str, payload: bytes) -> None:
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "test"),
+            ("content-type", "application/grpc"),
+        ]
+        self.h2.send_headers(stream_id, headers)
+        self.h2.send_data(stream_id, b"\x00" + len(payload).to_bytes(4, "big") + payload)
+
+    async def flush(self) -> None:
+        self.writer.write(self.h2.data_to_send())
+        await self.writer.drain()
+
+    async def data_on(self, stream_id: int) -> bytes:
+        while True:
+            for event in self.h2.receive_data(await self.reader.read(65536)):
+                if isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                    return event.data
+
+
 async def test_dropped_connection_cancels_its_open_calls(server):
-    """A raw h2 client opens a call, sends a message, and drops the TCP connection."""
-    _, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    client.initiate_connection()
-    headers = [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", ECHO),
-        (":authority", "test"),
-        ("content-type", "application/grpc"),
-    ]
-    client.send_headers(1, headers)
-    client.send_data(1, b"\x00\x00\x00\x00\x05hello")
-    writer.write(client.data_to_send())
-    await writer.drain()
-    await eventually(lambda: len(server.connections) == 1)
-    writer.transport.abort()
+    client = await RawClient.connect(server.port)
+    client.open(1, ECHO, b"hello")
+    await client.flush()
+    assert await client.data_on(1) == b"\x00\x00\x00\x00\x05hello"
+    client.writer.transport.abort()
     await eventually(lambda: not server.connections)
     assert server.log == ["cancel"]
+
+
+async def test_reply_to_a_message_whose_stream_was_reset_in_the_same_read_is_dropped(
+    server, caplog
+):
+    client = await RawClient.connect(server.port)
+    client.open(1, ECHO, b"gone")
+    client.h2.reset_stream(1)
+    await client.flush()
+    await eventually(lambda: server.log == ["cancel"])
+    client.open(3, ECHO, b"next")
+    await client.flush()
+    assert await client.data_on(3) == b"\x00\x00\x00\x00\x04next"
+    assert [record.message for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
 async def test_stop_lets_an_open_call_finish_within_the_grace_period(server):
