@@ -24,6 +24,7 @@ with exactly one of `finish` or `on_cancel`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -257,7 +258,8 @@ class GrpcConnection(asyncio.Protocol):
         path = headers.get(b":path", b"").decode("latin-1")
         content_type = headers.get(b"content-type", b"")
         if not content_type.startswith(b"application/grpc"):
-            self._h2.send_headers(stream_id, [(b":status", b"415")], end_stream=True)
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self._h2.send_headers(stream_id, [(b":status", b"415")], end_stream=True)
             return
         route = self._routes.get(path)
         call = Call(self, stream_id)

@@ -168,11 +168,23 @@ class RawClient:
         self.writer.write(self.h2.data_to_send())
         await self.writer.drain()
 
-    async def data_on(self, stream_id: int) -> bytes:
+    async def next_event(self, stream_id: int, kind: type[h2.events.Event]):
         while True:
             for event in self.h2.receive_data(await self.reader.read(65536)):
-                if isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
-                    return event.data
+                if isinstance(event, kind) and event.stream_id == stream_id:
+                    return event
+
+    async def data_on(self, stream_id: int) -> bytes:
+        return (await self.next_event(stream_id, h2.events.DataReceived)).data
+
+
+async def test_a_request_that_is_not_grpc_is_answered_415(server):
+    client = await RawClient.connect(server.port)
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", ECHO), (":authority", "a")]
+    client.h2.send_headers(1, [*headers, ("content-type", "text/plain")], end_stream=True)
+    await client.flush()
+    response = await client.next_event(1, h2.events.ResponseReceived)
+    assert dict(response.headers)[b":status"] == b"415"
 
 
 async def test_dropped_connection_cancels_its_open_calls(server):
