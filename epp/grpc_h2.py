@@ -100,6 +100,17 @@ class Call:
             self._connection.finish(self, status, message)
 
 
+class _ServerH2Connection(h2.connection.H2Connection):
+    """h2's connection, but a GOAWAY from the client leaves it open: the
+    streams the client already opened may still finish (RFC 9113 §6.8), and
+    h2 would refuse to send anything more on them."""
+
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list, list]:
+        frames, events = super()._receive_goaway_frame(frame)
+        self.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
+        return frames, events
+
+
 class GrpcConnection(asyncio.Protocol):
     """One HTTP/2 connection: its calls, by stream id."""
 
@@ -107,7 +118,7 @@ class GrpcConnection(asyncio.Protocol):
         self._server = server
         self._routes = server.routes
         self._max_message_bytes = server.max_message_bytes
-        self._h2 = h2.connection.H2Connection(
+        self._h2 = _ServerH2Connection(
             h2.config.H2Configuration(
                 client_side=False,
                 header_encoding=None,
@@ -140,6 +151,7 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
+        self._flush()  # a GOAWAY in `data` would make h2 drop what is not yet written
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as error:
@@ -320,13 +332,9 @@ class GrpcConnection(asyncio.Protocol):
         self._deliver(call, "on_half_close")
 
     def _on_go_away(self) -> None:
-        """The client opens no more streams here. h2 then refuses to send
-        anything at all, but the open streams may still finish (RFC 9113
-        §6.8): its state machine is put back to open for them."""
+        """The client opens no more streams here; the open ones may finish."""
         self._client_gone = True
-        if self.calls:
-            self._h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
-        else:
+        if not self.calls:
             self.close()
 
     def _on_reset(self, stream_id: int) -> None:

@@ -12,6 +12,7 @@ import h2.events
 import pytest
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hyperframe.frame import GoAwayFrame
 
 from epp.grpc_h2 import Call, GrpcServer, Status
 from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
@@ -185,6 +186,17 @@ async def test_a_request_that_is_not_grpc_is_answered_415(server):
     await client.flush()
     response = await client.next_event(1, h2.events.ResponseReceived)
     assert dict(response.headers)[b":status"] == b"415"
+
+
+async def test_open_call_still_answers_after_the_client_sends_goaway(server):
+    client = await RawClient.connect(server.port)
+    client.open(1, ECHO, b"first")
+    await client.flush()
+    assert await client.data_on(1) == b"\x00\x00\x00\x00\x05first"
+    client.writer.write(GoAwayFrame(stream_id=0, last_stream_id=1).serialize())
+    client.h2.send_data(1, b"\x00\x00\x00\x00\x06second")
+    await client.flush()
+    assert await client.data_on(1) == b"\x00\x00\x00\x00\x06second"
 
 
 async def test_dropped_connection_cancels_its_open_calls(server):
