@@ -162,12 +162,10 @@ class Scheduler:
         pair = self._dense_pair
         if pair is not None:
             w1, score1, w2, score2 = pair
-            totals = [
-                w1 * a + w2 * b
-                for a, b in zip(
-                    score1(request, candidates), score2(request, candidates), strict=True
-                )
-            ]
+            # No `strict=` keyword: both columns score `candidates`, and
+            # calling zip with any keyword costs a sixth of this sum.
+            pairs = zip(score1(request, candidates), score2(request, candidates))  # noqa: B905
+            totals = [w1 * a + w2 * b for a, b in pairs]
         else:
             columns = [scorer.score(request, candidates) for scorer in self._dense]
             totals = weighted_sum(columns, self._dense_weights, len(candidates))

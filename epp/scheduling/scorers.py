@@ -182,15 +182,21 @@ class QueueScorer:
 
 
 class KVCacheScorer(StatelessScorer):
-    """More free KV cache is better: 1 - usage."""
+    """More free KV cache is better: 1 - usage. The scores of the latest
+    candidate sequence are kept (as `PerCandidates` does, written out: this
+    runs for every request)."""
 
-    __slots__ = ("_free",)
+    __slots__ = ("_candidates", "_free")
 
     def __init__(self) -> None:
-        self._free = PerCandidates(lambda endpoint: 1.0 - endpoint.metrics.kv_usage)
+        self._candidates: Sequence[Endpoint] | None = None
+        self._free: list[float] = []
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        return self._free.of(endpoints)
+        if endpoints is not self._candidates:
+            self._free = [1.0 - endpoint.metrics.kv_usage for endpoint in endpoints]
+            self._candidates = endpoints
+        return self._free
 
 
 class RunningRequestsScorer(StatelessScorer):

@@ -207,8 +207,8 @@ class ModelServer:
             lora_running = frozenset(self._lora_active)
             lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
         return EndpointMetrics(
-            float(len(self.waiting)),
-            float(len(self._running) + len(self._prefilling)),
+            len(self.waiting),
+            len(self._running) + len(self._prefilling),
             min(1.0, self.used_blocks / params.kv_blocks),
             lora_running,
             lora_waiting,
@@ -346,7 +346,8 @@ class ModelServer:
                 cache.move_to_end(key)
             else:
                 cache[key] = None
-        self._trim_cache()
+        if cache:
+            self._trim_cache()
         return params.prefill_overhead_ms + params.prefill_ms_per_token * (
             request.prompt_tokens - cached
         )
