@@ -153,6 +153,7 @@ class EppPolicy:
             self._blocks.of(request),
             request,
         )
+        # All positional: calling a class with a keyword builds a dict.
         flow_request = FlowRequest(
             str(request.request_id),
             self._fairness_id[tenant],
@@ -161,7 +162,8 @@ class EppPolicy:
             prompt_tokens * CHARS_PER_TOKEN,
             prompt_tokens,
             self._ttl[tenant],
-            payload=payload,
+            None,  # ttft_slo
+            payload,
         )
         request.owner = flow_request
         outcome = self.core.enqueue(flow_request, now)

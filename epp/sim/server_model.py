@@ -178,9 +178,28 @@ class ModelServer:
 
     def advance(self, now: float) -> float:
         """Play every step that ends at or before `now`; returns
-        `next_event_time()`."""
+        `next_event_time()`. (Each segment's end is played here rather than
+        in a method of its own: this runs for every server event.)"""
+        listener = self.listener
+        running = self._running
         while self._seg_end <= now:
-            self._finish_segment()
+            end = self._seg_end
+            self._step += self._seg_steps
+            step = self._step
+            if self._prefilling:
+                for request in self._prefilling:
+                    request.first_token_at = end
+                    listener.first_token(request, end)
+                    self._seq += 1
+                    request.finish_step = step + request.output_tokens - 1
+                    heappush(running, (request.finish_step, self._seq, request))
+                self._prefilling = []
+            while running and running[0][0] <= step:
+                request = heappop(running)[2]
+                self._release(request)
+                request.finished_at = end
+                listener.finished(request, end)
+            self._start(end)
         return self._seg_end
 
     def fail(self) -> list[ServerRequest]:
@@ -219,27 +238,6 @@ class ModelServer:
         )
 
     # -- the engine --------------------------------------------------------
-
-    def _finish_segment(self) -> None:
-        now = self._seg_end
-        self._step += self._seg_steps
-        step = self._step
-        listener = self.listener
-        running = self._running
-        if self._prefilling:
-            for request in self._prefilling:
-                request.first_token_at = now
-                listener.first_token(request, now)
-                self._seq += 1
-                request.finish_step = step + request.output_tokens - 1
-                heappush(running, (request.finish_step, self._seq, request))
-            self._prefilling = []
-        while running and running[0][0] <= step:
-            request = heappop(running)[2]
-            self._release(request)
-            request.finished_at = now
-            listener.finished(request, now)
-        self._start(now)
 
     def _start(self, now: float) -> None:
         params = self.params
