@@ -2,28 +2,32 @@
 
     python -m bench.extproc_e2e --json
 
-Two Envoys on loopback:
-- the model server, Envoy answering by itself (config/envoy/direct.yaml):
-  the baseline's load goes straight to it;
-- the gateway (config/envoy/envoy.yaml): ext_proc to `epp serve` (a
-  subprocess), which picks the model server above as the endpoint; request
-  and response bodies go through ext_proc (FULL_DUPLEX_STREAMED), as in
-  production.
+The model server is Envoy answering by itself (config/envoy/direct.yaml).
+The same load goes to it four ways, one after the other:
+- direct: straight to the model server (the baseline);
+- proxy: through a plain Envoy hop (config/envoy/proxy.yaml), to tell
+  Envoy's own hop apart;
+- floor: through the gateway (config/envoy/envoy.yaml) with ext_proc to
+  bench.extproc_floor, a server with no logic on the EPP's transport: what
+  any Python ext_proc server costs here;
+- epp: through the gateway with ext_proc to `epp serve` (a subprocess),
+  which picks the model server as the endpoint. Request and response bodies
+  go through ext_proc (FULL_DUPLEX_STREAMED), as in production.
 
-The same load drives both: an aiohttp client (keep-alive) posting a 1 KB JSON
-body to /v1/completions. First closed loop (`--concurrency` requests always
-outstanding, `--seconds` each) for throughput, then open loop at a fixed
-`--rate` (500 requests/s) for latency, measured from each request's
-scheduled send time (so a stall is not hidden). Prints one JSON object:
-`direct_rps`, `epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP
-percentile minus baseline percentile at the fixed rate),
-`epp_cpu_us_per_request` (the EPP process's user+system CPU from
-/proc/<pid>/stat over the closed-loop run, per request),
-`epp_cpu_us_per_request_at_rate` (the same over the fixed-rate run), the CPU
-per request of the load generator (`client_*`, this process) and of the
-Envoys (`gateway_*`, `model_server_*`) in both runs, and the targets.
+The load: an aiohttp client (keep-alive) posting a 1 KB JSON body to
+/v1/completions, first closed loop (`--concurrency` requests always
+outstanding, `--seconds`) for throughput, then open loop at a fixed `--rate`
+(500 requests/s) for latency, measured from each request's scheduled send
+time (so a stall is not hidden). Prints one JSON object: `direct_rps`,
+`epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP percentile minus
+direct percentile at the fixed rate), `epp_cpu_us_per_request` (the EPP
+process's user+system CPU from /proc/<pid>/stat over the closed-loop run,
+per request), `epp_cpu_us_per_request_at_rate` (the same at the fixed rate),
+the same for the other paths (`proxy_*`, `floor_*`), the CPU per request of
+the load generator (`client_*`, this process) and of the Envoys
+(`gateway_*`, `model_server_*`), and the targets.
 
-The machine's cores are shared by the load generator, both Envoys and the
+The machine's cores are shared by the load generator, the Envoys and the
 EPP, so the ratio understates what the EPP would do on its own core; the
 per-process CPU shows who used them. `--repeat N` runs the whole measure N
 times and prints the median of every number (and each run under `runs`).
@@ -33,18 +37,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from epp.sim.live.envoy_process import CONFIG_DIR, running_envoy
+from epp.sim.live.envoy_process import CONFIG_DIR, RunningEnvoy, running_envoy
 from tests.support.epp_process import running_epp
 
 TARGETS = {"ratio": 0.25, "added_p50_ms": 1.0, "added_p99_ms": 5.0}
@@ -145,54 +151,127 @@ async def warm_up(url: str) -> None:
     await closed_loop(url, 8, 0.5)
 
 
-async def measure(concurrency: int, seconds: float, rate: float, rate_seconds: float) -> dict:
-    async with running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml") as model_server:
-        direct_url = f"http://127.0.0.1:{model_server.listen_port}/v1/completions"
-        await warm_up(direct_url)
-        meter = CpuMeter(model_server=model_server.process.pid)
-        direct = await closed_loop(direct_url, concurrency, seconds)
-        direct_cpu = meter.per_request_us(direct.requests)
-        direct_latency = await open_loop(direct_url, rate, rate_seconds)
+@dataclass(slots=True)
+class PathResult:
+    """One way through to the model server, measured closed loop then at the rate."""
 
+    closed: ClosedLoop
+    latencies: list[float]
+    cpu_closed: dict[str, float]
+    cpu_at_rate: dict[str, float]
+
+    def p(self, q: float) -> float:
+        return percentile(self.latencies, q)
+
+
+@dataclass(slots=True)
+class Load:
+    concurrency: int
+    seconds: float
+    rate: float
+    rate_seconds: float
+
+    async def drive(self, url: str, **pids: int) -> PathResult:
+        await warm_up(url)
+        meter = CpuMeter(**pids)
+        closed = await closed_loop(url, self.concurrency, self.seconds)
+        cpu_closed = meter.per_request_us(closed.requests)
+        meter = CpuMeter(**pids)
+        latencies = await open_loop(url, self.rate, self.rate_seconds)
+        return PathResult(closed, latencies, cpu_closed, meter.per_request_us(len(latencies)))
+
+
+@dataclass(slots=True)
+class FloorServer:
+    process: asyncio.subprocess.Process
+    port: int
+
+
+@contextlib.asynccontextmanager
+async def running_floor(endpoint: str) -> AsyncIterator[FloorServer]:
+    """bench.extproc_floor in a subprocess, once its port is known."""
+    with tempfile.TemporaryDirectory(prefix="epp-floor-") as directory:
+        port_file = Path(directory) / "port"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.extproc_floor", endpoint, str(port_file)
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while not port_file.exists():
+                if process.returncode is not None or loop.time() > deadline:
+                    raise RuntimeError("bench.extproc_floor did not start")
+                await asyncio.sleep(0.05)
+            yield FloorServer(process, int(port_file.read_text()))
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+
+def url_of(envoy: RunningEnvoy) -> str:
+    return f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+
+
+async def measure(load: Load) -> dict:
+    """Direct, through a plain Envoy hop, through ext_proc to the floor
+    server, and through ext_proc to `epp serve`, in that order."""
+    async with running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml") as model_server:
+        model_server_pid = model_server.process.pid
         endpoint = f"127.0.0.1:{model_server.listen_port}"
+        direct = await load.drive(url_of(model_server), model_server=model_server_pid)
+        async with running_envoy(
+            epp_port=model_server.listen_port, template=CONFIG_DIR / "proxy.yaml"
+        ) as proxy:
+            hop = await load.drive(url_of(proxy), gateway=proxy.process.pid)
+        async with (
+            running_floor(endpoint) as floor_server,
+            running_envoy(epp_port=floor_server.port) as gateway,
+        ):
+            floor = await load.drive(url_of(gateway), epp=floor_server.process.pid)
         async with (
             running_epp(f"--endpoints={endpoint}", "--log-level=warning") as epp,
             running_envoy(epp_port=epp.ports["grpc"]) as gateway,
         ):
-            epp_url = f"http://127.0.0.1:{gateway.listen_port}/v1/completions"
-            await warm_up(epp_url)
-            pids = {
-                "epp": epp.process.pid,
-                "gateway": gateway.process.pid,
-                "model_server": model_server.process.pid,
-            }
-            meter = CpuMeter(**pids)
-            through_epp = await closed_loop(epp_url, concurrency, seconds)
-            epp_cpu = meter.per_request_us(through_epp.requests)
-            meter = CpuMeter(epp=epp.process.pid)
-            epp_latency = await open_loop(epp_url, rate, rate_seconds)
-            epp_cpu_at_rate = meter.per_request_us(len(epp_latency))["epp"]
+            through_epp = await load.drive(
+                url_of(gateway),
+                epp=epp.process.pid,
+                gateway=gateway.process.pid,
+                model_server=model_server_pid,
+            )
+
+    def added(path: PathResult, q: float) -> float:
+        return round(path.p(q) - direct.p(q), 3)
 
     result = {
-        "direct_rps": round(direct.rps, 1),
-        "epp_rps": round(through_epp.rps, 1),
-        "ratio": round(through_epp.rps / direct.rps, 3),
-        "direct_p50_ms": round(percentile(direct_latency, 0.5), 3),
-        "direct_p99_ms": round(percentile(direct_latency, 0.99), 3),
-        "epp_p50_ms": round(percentile(epp_latency, 0.5), 3),
-        "epp_p99_ms": round(percentile(epp_latency, 0.99), 3),
-        "added_p50_ms": round(percentile(epp_latency, 0.5) - percentile(direct_latency, 0.5), 3),
-        "added_p99_ms": round(percentile(epp_latency, 0.99) - percentile(direct_latency, 0.99), 3),
-        "epp_cpu_us_per_request": epp_cpu["epp"],
-        "epp_cpu_us_per_request_at_rate": epp_cpu_at_rate,
-        "client_cpu_us_per_request_direct": direct_cpu["client"],
-        "client_cpu_us_per_request_epp": epp_cpu["client"],
-        "model_server_cpu_us_per_request_direct": direct_cpu["model_server"],
-        "model_server_cpu_us_per_request_epp": epp_cpu["model_server"],
-        "gateway_cpu_us_per_request": epp_cpu["gateway"],
-        "errors": direct.errors + through_epp.errors,
-        "rate": rate,
-        "concurrency": concurrency,
+        "direct_rps": round(direct.closed.rps, 1),
+        "epp_rps": round(through_epp.closed.rps, 1),
+        "ratio": round(through_epp.closed.rps / direct.closed.rps, 3),
+        "direct_p50_ms": round(direct.p(0.5), 3),
+        "direct_p99_ms": round(direct.p(0.99), 3),
+        "epp_p50_ms": round(through_epp.p(0.5), 3),
+        "epp_p99_ms": round(through_epp.p(0.99), 3),
+        "added_p50_ms": added(through_epp, 0.5),
+        "added_p99_ms": added(through_epp, 0.99),
+        "epp_cpu_us_per_request": through_epp.cpu_closed["epp"],
+        "epp_cpu_us_per_request_at_rate": through_epp.cpu_at_rate["epp"],
+        "proxy_added_p50_ms": added(hop, 0.5),
+        "proxy_added_p99_ms": added(hop, 0.99),
+        "floor_rps": round(floor.closed.rps, 1),
+        "floor_ratio": round(floor.closed.rps / direct.closed.rps, 3),
+        "floor_added_p50_ms": added(floor, 0.5),
+        "floor_added_p99_ms": added(floor, 0.99),
+        "floor_cpu_us_per_request": floor.cpu_closed["epp"],
+        "floor_cpu_us_per_request_at_rate": floor.cpu_at_rate["epp"],
+        "client_cpu_us_per_request_direct": direct.cpu_closed["client"],
+        "client_cpu_us_per_request_epp": through_epp.cpu_closed["client"],
+        "model_server_cpu_us_per_request_direct": direct.cpu_closed["model_server"],
+        "model_server_cpu_us_per_request_epp": through_epp.cpu_closed["model_server"],
+        "gateway_cpu_us_per_request": through_epp.cpu_closed["gateway"],
+        "proxy_gateway_cpu_us_per_request": hop.cpu_closed["gateway"],
+        "errors": sum(p.closed.errors for p in (direct, hop, floor, through_epp)),
+        "rate": load.rate,
+        "concurrency": load.concurrency,
         "cores": os.cpu_count(),
     }
     return with_targets(result)
@@ -236,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> Awaitable[dict]:
-        return measure(args.concurrency, args.seconds, args.rate, args.rate_seconds)
+        return measure(Load(args.concurrency, args.seconds, args.rate, args.rate_seconds))
 
     result = asyncio.run(repeated(max(1, args.repeat), run))
     if args.json:
