@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import running_epp
 from tests.support.fake_vllm import running_fake_vllm
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
 
@@ -105,14 +106,6 @@ async def session(stack):
     stack.upstream.release.set()
 
 
-async def eventually(condition, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def post(session, url, prompt="p", objective=None, body=None):
     headers = {"x-llm-d-inference-objective": objective} if objective else {}
     data = body if body is not None else json.dumps({"model": "m", "prompt": prompt}).encode()
@@ -149,7 +142,9 @@ async def wait_queued(session, stack, count: int) -> None:
 
 async def hold(session, stack) -> asyncio.Task:
     holder = asyncio.create_task(post(session, stack.url, "hold"))
-    await eventually(lambda: any(r["prompt"] == "hold" for r in stack.upstream.received))
+    await eventually(
+        lambda: any(r["prompt"] == "hold" for r in stack.upstream.received), timeout=10
+    )
     return holder
 
 

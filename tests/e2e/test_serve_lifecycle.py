@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import running_epp
 from tests.support.fake_vllm import running_fake_vllm
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy]
 
@@ -26,14 +27,6 @@ kind: EndpointPickerConfig
 flowControl:
   gate: {kinds: [concurrency], maxPerEndpoint: 1}
 """
-
-
-async def eventually(condition, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def post(session, url, prompt="p", headers=None):
@@ -96,11 +89,11 @@ async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(t
     ):
         url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
         running = asyncio.create_task(post(session, url, "hold"))
-        await eventually(lambda: len(upstream.received) == 1)
+        await eventually(lambda: len(upstream.received) == 1, timeout=10)
         queued = asyncio.create_task(post(session, url, "queued"))
         await asyncio.sleep(0.2)
         epp.process.send_signal(signal.SIGTERM)
-        await eventually(lambda: "shutting down" in epp.log())
+        await eventually(lambda: "shutting down" in epp.log(), timeout=10)
         assert (
             await readiness(epp.ports["grpc_health"]) == health_pb2.HealthCheckResponse.NOT_SERVING
         )

@@ -489,13 +489,6 @@ StartEpp = Callable[..., Awaitable[Epp]]
 """The `start_epp` fixture: starts an EPP in cluster mode against the emulator."""
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Wait until `predicate()` holds; fail the test after `timeout` seconds."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 # -- objects for tests -----------------------------------------------------------
 
 PLACEHOLDER_STATUS = {

@@ -16,6 +16,7 @@ from hyperframe.frame import GoAwayFrame
 
 from epp.grpc_h2 import Call, GrpcServer, Status
 from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
+from tests.support.waiting import eventually
 
 ECHO = "/test.Echo/Echo"
 FAIL = "/test.Echo/Fail"
@@ -69,14 +70,6 @@ async def server():
     yield grpc_server
     await channel.close()
     await grpc_server.stop(grace=None)
-
-
-async def eventually(condition, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_messages_come_back_in_order_and_the_call_ends_ok(server):

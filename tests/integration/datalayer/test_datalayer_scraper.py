@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.scraper import Coalesced, MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import ENGINE_TYPE_LABEL
+from tests.support.waiting import eventually
 
 VLLM_PAGE = (Path(__file__).parent / "vllm_metrics.txt").read_text()
 SGLANG_PAGE = "sglang:num_queue_reqs 2\nsglang:num_running_reqs 5\nsglang:token_usage 0.3\n"
@@ -47,13 +47,6 @@ async def metrics_server(
 def spec(server: TestServer, engine: str = "vllm") -> EndpointSpec:
     address = f"127.0.0.1:{server.port}"
     return EndpointSpec(address, address, {ENGINE_TYPE_LABEL: engine})
-
-
-async def eventually(condition: Callable[[], bool], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 def scraper(store: EndpointStore, **options) -> MetricsScraper:
@@ -155,7 +148,7 @@ async def test_a_slow_endpoint_does_not_delay_the_others():
         async with scraper(store, timeout=2.0):
             await eventually(lambda: fast_read_at() is not None)
             first = fast_read_at()
-            await eventually(lambda: fast_read_at() > first + 0.2, within=1.5)
+            await eventually(lambda: fast_read_at() > first + 0.2, timeout=1.5)
             assert store.get(spec(slow).address).metrics.updated_at is None
 
 

@@ -21,6 +21,7 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
 
@@ -129,14 +130,6 @@ async def post(url: str, body: bytes, headers: dict[str, str] | None = None):
         session.post(url, data=body, headers=headers or {}) as response,
     ):
         return response.status, dict(response.headers), await response.read()
-
-
-async def eventually(condition, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_request_reaches_upstream_with_control_headers_removed_and_body_intact(stack):

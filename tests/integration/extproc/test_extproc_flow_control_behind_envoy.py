@@ -21,6 +21,7 @@ from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate, LeastLoadedPlacer
 from epp.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
 
@@ -71,14 +72,6 @@ async def stack():
         await runner.cleanup()
 
 
-async def eventually(condition, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def send(session: aiohttp.ClientSession, url: str, prompt: str, objective: str = "low"):
     body = json.dumps({"model": "m", "prompt": prompt}).encode()
     headers = {"x-llm-d-inference-objective": objective}
@@ -91,15 +84,15 @@ async def test_clients_gone_while_queued_leave_no_queue_or_in_flight_state(stack
     upstream.release.clear()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         holder = asyncio.create_task(send(session, url, "hold"))
-        await eventually(lambda: admission.in_flight == 1)
+        await eventually(lambda: admission.in_flight == 1, timeout=20)
         clients = [asyncio.create_task(send(session, url, f"q{i}")) for i in range(1000)]
-        await eventually(lambda: admission.queued == 1000)
+        await eventually(lambda: admission.queued == 1000, timeout=20)
         for client in clients:
             client.cancel()
-        await eventually(lambda: admission.queued == 0)
+        await eventually(lambda: admission.queued == 0, timeout=20)
         upstream.release.set()
         assert await holder == 200
-    await eventually(lambda: admission.in_flight == 0)
+    await eventually(lambda: admission.in_flight == 0, timeout=20)
     assert [prompt for prompt in upstream.order if prompt.startswith("q")] == []
 
 
@@ -109,12 +102,12 @@ async def test_higher_priority_sent_later_is_served_first(stack):
     upstream.order.clear()
     async with aiohttp.ClientSession() as session:
         holder = asyncio.create_task(send(session, url, "hold"))
-        await eventually(lambda: admission.in_flight == 1)
+        await eventually(lambda: admission.in_flight == 1, timeout=20)
         low = [asyncio.create_task(send(session, url, f"low{i}", "low")) for i in range(3)]
-        await eventually(lambda: admission.queued == 3)
+        await eventually(lambda: admission.queued == 3, timeout=20)
         high = [asyncio.create_task(send(session, url, f"high{i}", "high")) for i in range(3)]
-        await eventually(lambda: admission.queued == 6)
+        await eventually(lambda: admission.queued == 6, timeout=20)
         upstream.release.set()
         assert await asyncio.gather(holder, *low, *high) == [200] * 7
     assert [prompt[:-1] for prompt in upstream.order[1:]] == ["high"] * 3 + ["low"] * 3
-    await eventually(lambda: admission.in_flight == 0)
+    await eventually(lambda: admission.in_flight == 0, timeout=20)

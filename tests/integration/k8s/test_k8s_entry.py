@@ -14,11 +14,11 @@ from tests.support.kube import (
     FAST_LEASE,
     FAST_WATCH,
     KubeEmulator,
-    eventually,
     objective,
     pod,
     pool,
 )
+from tests.support.waiting import eventually
 
 
 def kubeconfig(kube: KubeEmulator, path) -> str:

@@ -11,7 +11,8 @@ import pytest
 from kubernetes_asyncio.client import CoordinationV1Api
 
 from epp.k8s.leader import LeaderElector, lease_name
-from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, eventually, objective, pool
+from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, objective, pool
+from tests.support.waiting import eventually
 
 LEASE = lease_name("default", "pool-a")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from epp.k8s.status import ACCEPTED_MESSAGE
-from tests.support.kube import KubeEmulator, StartEpp, eventually, objective, pod, pool
+from tests.support.kube import KubeEmulator, StartEpp, objective, pod, pool
+from tests.support.waiting import eventually
 
 OBJECTIVE = ("llm-d.ai/v1", "InferenceObjective")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tests.support.kube import KubeEmulator, StartEpp, eventually, objective, pod, pool
+from tests.support.kube import KubeEmulator, StartEpp, objective, pod, pool
+from tests.support.waiting import eventually
 
 
 def seed(kube: KubeEmulator) -> None:

@@ -11,7 +11,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server import EppServer, ServeOptions
-from tests.support.kube import KubeEmulator, eventually, objective, pod, pool
+from tests.support.kube import KubeEmulator, objective, pod, pool
+from tests.support.waiting import eventually
 
 
 def kubeconfig(kube: KubeEmulator, path) -> str:

@@ -14,6 +14,7 @@ from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
 from epp.grpc_h2 import GrpcServer
+from tests.support.waiting import eventually
 
 BODY = json.dumps({"model": "m", "prompt": "p"}).encode()
 HEADERS = {":path": "/v1/completions"}
@@ -75,14 +76,6 @@ async def serve():
     for server, channel in started:
         await channel.close()
         await server.stop(grace=None)
-
-
-async def eventually(condition, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_dispatched_request_gets_replies_and_release_reports_usage(serve):
