@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 PREFIX_BYTES = 5
 """A message's prefix: 1 byte compressed flag, 4 bytes big-endian length."""
 MAX_STREAM_ID = 2**31 - 1
+STREAM_WALK_SLACK = 64
 RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 
 
@@ -101,9 +102,30 @@ class Call:
 
 
 class _ServerH2Connection(h2.connection.H2Connection):
-    """h2's connection, but a GOAWAY from the client leaves it open: the
-    streams the client already opened may still finish (RFC 9113 §6.8), and
-    h2 would refuse to send anything more on them."""
+    """h2's connection with two changes for a server holding thousands of
+    streams (every queued request is an open ext_proc stream):
+
+    - counting the open streams, which h2 does for each new stream by walking
+      all of them (and dropping the closed ones), is done only when the
+      stream table has doubled since the last walk; in between the table's
+      size stands for the count (an upper bound). Measured: a new stream cost
+      0.47 ms with 1,000 open and 1.3 ms with 5,000, against 0.15 ms with 10;
+    - a GOAWAY from the client leaves the connection open: the streams the
+      client already opened may still finish (RFC 9113 §6.8), and h2 would
+      refuse to send anything more on them.
+    """
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        self._streams_after_walk = 0
+
+    @property
+    def open_inbound_streams(self) -> int:
+        if len(self.streams) < 2 * self._streams_after_walk + STREAM_WALK_SLACK:
+            return len(self.streams)
+        count = super().open_inbound_streams
+        self._streams_after_walk = len(self.streams)
+        return count
 
     def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list, list]:
         frames, events = super()._receive_goaway_frame(frame)

@@ -9,12 +9,13 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import pytest
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import GoAwayFrame
 
-from epp.grpc_h2 import Call, GrpcServer, Status
+from epp.grpc_h2 import STREAM_WALK_SLACK, Call, GrpcServer, Status, _ServerH2Connection
 from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
 from tests.support.waiting import eventually
 
@@ -284,3 +285,59 @@ def test_the_same_calls_work_on_uvloop():
         return log
 
     assert uvloop.run(scenario()) == ["half-close", "cancel"]
+
+
+def h2_pair() -> tuple[h2.connection.H2Connection, _ServerH2Connection]:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    server = _ServerH2Connection(h2.config.H2Configuration(client_side=False))
+    server.local_settings = h2.settings.Settings(client=False)
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    return client, server
+
+
+def open_stream(client: h2.connection.H2Connection, stream_id: int) -> None:
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", ECHO), (":authority", "a")]
+    client.send_headers(stream_id, headers)
+
+
+def test_stream_table_drops_closed_streams_as_streams_come_and_go():
+    client, server = h2_pair()
+    for stream_id in range(1, 2 * 5_000, 2):
+        open_stream(client, stream_id)
+        client.reset_stream(stream_id)
+        server.receive_data(client.data_to_send())
+    assert len(server.streams) < 2 * STREAM_WALK_SLACK
+
+
+def test_open_stream_count_is_exact_when_the_table_is_walked():
+    client, server = h2_pair()
+    for stream_id in range(1, 2 * 1_000, 2):
+        open_stream(client, stream_id)
+        if stream_id % 4 == 1:
+            client.reset_stream(stream_id)
+        server.receive_data(client.data_to_send())
+    server._streams_after_walk = 0
+    assert server.open_inbound_streams == 500
+    assert len(server.streams) == 500
+
+
+def test_opening_streams_walks_the_stream_table_a_logarithmic_number_of_times():
+    client, server = h2_pair()
+    walks = 0
+    walk = server._open_streams
+
+    def counted(remainder: int) -> int:
+        nonlocal walks
+        walks += 1
+        return walk(remainder)
+
+    server._open_streams = counted
+    for stream_id in range(1, 2 * 5_000, 2):
+        open_stream(client, stream_id)
+        server.receive_data(client.data_to_send())
+    assert len(server.streams) == 5_000
+    assert walks <= 10
