@@ -1,3 +1,5 @@
+import gc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from xxhash import xxh64_intdigest
@@ -193,3 +195,43 @@ def test_an_endpoint_holds_its_latest_prompt_and_at_most_capacity_blocks(capacit
         index.record(endpoint, chain(text))
         assert index.matches(chain(text))[endpoint] == len(text)
         assert index.size(endpoint) <= capacity
+
+
+def test_a_new_endpoint_does_not_inherit_a_removed_ones_prefixes():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2))
+    index.remove_endpoint("e1")
+    index.record("e2", (5,))
+    assert index.matches((1, 2)) == {}
+    assert index.matches((5,)) == {"e2": 1}
+
+
+def test_recorded_blocks_are_not_walked_by_the_garbage_collector():
+    index = PrefixIndex(capacity=4)
+    young, old = int("1000000000001"), int("1000000000002")
+    index.record("e1", [old, 7])
+    index.record("e1", [young, 8, 9])
+    assert gc.get_referrers(young) == []
+    assert gc.get_referrers(old) == []
+
+
+removals = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.one_of(st.none(), st.text("xy", min_size=1, max_size=8))),
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(capacity=st.integers(1, 24), steps=removals)
+def test_matches_equal_the_plain_definition_as_endpoints_come_and_go(capacity, steps):
+    index, reference = PrefixIndex(capacity), ReferenceGenerations(capacity)
+    for endpoint, text in steps:
+        if text is None:
+            index.remove_endpoint(endpoint)
+            reference.held.pop(endpoint, None)
+            continue
+        index.record(endpoint, chain(text))
+        reference.record(endpoint, chain(text))
+    for text in [text for _, text in steps if text is not None]:
+        assert index.matches(chain(text)) == reference.matches(chain(text))
+    assert index.endpoints() == set(reference.held)
