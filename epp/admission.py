@@ -79,13 +79,12 @@ class AdmissionController:
         """`admit` without waiting: the outcome if it is decided at once
         (dispatched in the pass the enqueue starts, or rejected), else None
         and the request is queued: `await wait(request)` then."""
-        core = self.core
         now = self._clock()
-        outcome = core.enqueue(request, now)
+        outcome, done = self.core.enqueue_and_dispatch(request, now)
         if outcome is not None:
             self._report(request, now)
             return outcome
-        self._dispatch(now)
+        self._resolve_all(done, now)
         return request.outcome
 
     async def wait(self, request: FlowRequest) -> Outcome:
@@ -154,7 +153,11 @@ class AdmissionController:
     # -- internals -------------------------------------------------------------
 
     def _dispatch(self, now: float) -> None:
-        for request in self.core.dispatch(now):
+        self._resolve_all(self.core.dispatch(now), now)
+
+    def _resolve_all(self, done: list[FlowRequest], now: float) -> None:
+        """Deliver the outcomes of a dispatch pass."""
+        for request in done:
             self._resolve(request, now)
         if self._closing and not self.core.queued_requests:
             self._drained.set()

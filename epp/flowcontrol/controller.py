@@ -141,6 +141,68 @@ class FlowController:
         band.policy.push(request, flow)
         return None
 
+    def enqueue_and_dispatch(
+        self, request: FlowRequest, now: float
+    ) -> tuple[Outcome | None, list[FlowRequest]]:
+        """`enqueue`, then `dispatch` when queued: the same outcomes, counters,
+        fairness state and gate and placer calls, in one call. Returns
+        enqueue's outcome and dispatch's requests (none when rejected).
+
+        When nothing at all is queued, the pass would see this request alone,
+        so it goes to its endpoint without entering its flow's queue, the
+        fairness structure or a deadline lane: the common case at light load.
+        The placer then sees it before it is queued (fields the core owns not
+        yet set)."""
+        band = self._bands.get(request.priority)
+        size = request.byte_size
+        if (
+            self.queued_requests
+            or band is None
+            or self._closed
+            or request.state is not NEW
+            or band.count >= band.max_requests
+            or band.bytes + size > band.max_bytes
+            or (
+                self._global_limits
+                and (
+                    self.queued_requests >= self._max_requests
+                    or self.queued_bytes + size > self._max_bytes
+                )
+            )
+        ):
+            outcome = self.enqueue(request, now)
+            return outcome, ([] if outcome is not None else self.dispatch(now))
+        if not self.gate.is_open(band.priority):
+            self.enqueue(request, now)  # the pass would stop at this request
+            return None, []
+        placement = self.placer.place(request)
+        if placement.__class__ is not str:
+            self.enqueue(request, now)
+            band.policy.peek()  # what the pass would have dropped on its way
+            if placement is None:
+                return None, []
+            self._remove(request, placement, now)
+            return None, [request]
+        # `enqueue` and `dispatch`'s bookkeeping, less what cancels out
+        request.seq = self._seq = self._seq + 1
+        ttl = request.ttl
+        if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
+            ttl = band.ttl
+        if ttl is not None:
+            request.deadline = request.arrival + ttl
+        if not band.fcfs:
+            request.order_key = order_key(band.config.ordering, request)
+        flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
+        request.flow = flow
+        band.policy.take_arrival(request, flow)
+        request.state = DISPATCHED
+        request.outcome = DISPATCHED_OUTCOME
+        request.endpoint = placement
+        flow.in_flight += 1
+        self.in_flight += 1
+        self.gate.on_dispatch(request)
+        return None, [request]
+
     def dispatch(self, now: float) -> list[FlowRequest]:
         """Dispatch everything the gate and the placer allow now, highest band
         first. Returns the requests that left their queue: dispatched (with

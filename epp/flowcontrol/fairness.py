@@ -62,6 +62,12 @@ class FairnessPolicy(Protocol):
         """`request` left the queue without dispatch (cancelled, expired)."""
         ...
 
+    def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
+        """Dispatch `request` as it arrives while nothing is queued in the
+        band: leave the state that `push`, `peek` and `take` would, without
+        queueing it."""
+        ...
+
     def on_complete(
         self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
     ) -> None:
@@ -113,6 +119,23 @@ class RoundRobin:
 
     def discard(self, request: FlowRequest, flow: Flow) -> None:
         flow.queue.discard(request)
+
+    def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
+        ring = self._ring
+        if not ring:
+            return
+        # Only flows whose requests were all discarded stand there: `peek`
+        # would drop those ahead of `flow` (every one when `push` appended
+        # it) and `take` would drop `flow`.
+        if flow.ring_member:
+            while True:
+                left = ring.popleft()
+                left.ring_member = False
+                if left is flow:
+                    return
+        for left in ring:
+            left.ring_member = False
+        ring.clear()
 
     def on_complete(
         self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
@@ -204,6 +227,26 @@ class VirtualTokenCounter:
         if not flow.count:
             self._backlogged -= 1
 
+    def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
+        # `push`'s lift: no flow is backlogged, but an entry that `flow` kept
+        # from a discard looks backlogged to it once `flow` counts a request.
+        floor = self._floor
+        heap = self._heap
+        while heap:
+            counter, seq, front = heap[0]
+            if seq == front.heap_seq and (front.count or front is flow):
+                floor = counter
+                break
+            heappop(heap)
+        if flow.counter < floor:
+            flow.counter = floor
+        # `push` would give `flow` a new entry, and `take` pop it.
+        self._seq = flow.heap_seq = self._seq + 1
+        self._floor = flow.counter
+        charge = self.input_weight * request.input_tokens
+        request.charged_input = charge
+        flow.counter += charge
+
     def on_complete(
         self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
     ) -> None:
@@ -256,6 +299,9 @@ class GlobalStrict:
     def discard(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.discard(request)
         self._uncount(request, flow)
+
+    def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
+        pass
 
     def flow_bytes(self, flow: Flow) -> int:
         return self._bytes.get(flow, 0)

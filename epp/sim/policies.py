@@ -166,11 +166,11 @@ class EppPolicy:
             payload,
         )
         request.owner = flow_request
-        outcome = self.core.enqueue(flow_request, now)
+        outcome, done = self.core.enqueue_and_dispatch(flow_request, now)
         if outcome is not None:
             self.sim.end(request, outcome.reason, now)
             return
-        self._dispatch(now)
+        self._deliver(done, now)
         # Asking for the next deadline also drops dispatched requests from
         # the core's deadline lanes. Arming from this request's own deadline
         # alone leaves them referenced until the core's sweep (a thousand or
@@ -216,9 +216,13 @@ class EppPolicy:
         return {band.priority: band.count for band in self.core.bands()}
 
     def _dispatch(self, now: float) -> None:
+        self._deliver(self.core.dispatch(now), now)
+
+    def _deliver(self, done: list[FlowRequest], now: float) -> None:
+        """Send the requests a dispatch pass placed, end those it ended."""
         sim = self.sim
         index_of = sim.index_of
-        for flow_request in self.core.dispatch(now):
+        for flow_request in done:
             payload = flow_request.payload
             request = payload.sim
             if flow_request.endpoint is None:

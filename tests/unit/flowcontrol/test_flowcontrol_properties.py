@@ -244,6 +244,39 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         input_tokens=st.integers(0, 100),
     )
     def enqueue(self, fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens):
+        request, full = self.new_request(
+            fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens
+        )
+        outcome = self.core.enqueue(request, self.now)
+        assert outcome is (Outcome.REJECTED_SATURATED if full else None)
+        return request
+
+    @rule(
+        target=requests,
+        fairness_id=st.sampled_from(TENANTS),
+        priority=st.sampled_from(PRIORITIES),
+        byte_size=st.integers(0, 50),
+        ttl=ttls,
+        ttft_slo=st.one_of(st.none(), st.floats(0.1, 30.0)),
+        input_tokens=st.integers(0, 100),
+        credits=st.integers(0, 6),
+    )
+    def enqueue_and_dispatch(
+        self, fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens, credits
+    ):
+        request, full = self.new_request(
+            fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens
+        )
+        self.credit_gate.credits = credits
+        outcome, dispatched = self.core.enqueue_and_dispatch(request, self.now)
+        assert outcome is (Outcome.REJECTED_SATURATED if full else None)
+        assert not (full and dispatched)
+        assert all(r.outcome is Outcome.DISPATCHED and r.endpoint in ENDPOINTS for r in dispatched)
+        return request
+
+    def new_request(self, fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens):
+        """A request the model records, and whether its band or the
+        controller is too full to take it."""
         index = len(self.records)
         request = FlowRequest(
             request_id=f"r{index}",
@@ -272,9 +305,7 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
             else deadline
         )
         self.records[request] = Record(request, index, deadline, order_key)
-        outcome = self.core.enqueue(request, self.now)
-        assert outcome is (Outcome.REJECTED_SATURATED if full else None)
-        return request
+        return request, full
 
     @rule(credits=st.integers(0, 6))
     def dispatch(self, credits):
