@@ -264,7 +264,8 @@ class FlowController:
         flow.in_flight -= 1
         self.in_flight -= 1
         self.gate.on_complete(request)
-        self._note_if_idle(flow, now)
+        if not flow.count and not flow.in_flight:  # spares the call while the flow is busy
+            self._note_if_idle(flow, now)
         return True
 
     def cancel(self, request: FlowRequest, now: float) -> bool:

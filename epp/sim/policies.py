@@ -174,8 +174,11 @@ class EppPolicy:
         # Asking for the next deadline also drops dispatched requests from
         # the core's deadline lanes. Arming from this request's own deadline
         # alone leaves them referenced until the core's sweep (a thousand or
-        # so) and measured slower, though it runs fewer instructions.
-        self.sim.want_timer(self.core.next_deadline())
+        # so) and measured slower, though it runs fewer instructions. With
+        # nothing queued there is no deadline, and a request dispatched at
+        # once never entered a lane.
+        if self.core.queued_requests:
+            self.sim.want_timer(self.core.next_deadline())
 
     def finished(self, request: SimRequest, now: float) -> None:
         core = self.core
