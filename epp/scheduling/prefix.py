@@ -22,8 +22,8 @@ prompt's blocks are stored in the young generation; when they would
 overflow it, the old generation is forgotten at once and the young one
 becomes the old. So an endpoint holds the blocks of its latest prompts,
 between about capacity / 2 and `capacity` of them (the reference EPP keeps
-an exact LRU of `capacity`), at the cost of one dict insertion per block (in C) and no
-per-block eviction.
+an exact LRU of `capacity`), at the cost of one dict insertion per block and
+no per-block eviction.
 
 Recording a prompt stores every one of its blocks, so an endpoint's block i
 of a chain is never older than its block i+1: an endpoint holding block i
@@ -39,7 +39,10 @@ Blocks are kept as the keys of dicts (values None) rather than in sets: a
 dict holding only ints is not tracked by the garbage collector, whereas a
 set always is. With sets, every full collection walked each of the pool's
 hundreds of thousands of blocks, touching every int object (in the
-simulator, most of the prefix index's cache misses).
+simulator, most of the prefix index's cache misses; a full collection of an
+8-endpoint pool took about twice as long). Inserting into a dict one block
+at a time costs more than set.update: 140 to 210 instructions more per
+block, cheaper than dict.update(dict.fromkeys(...)) or map(setdefault).
 """
 
 from __future__ import annotations
