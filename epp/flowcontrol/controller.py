@@ -9,6 +9,10 @@ endpoint; the first closed gate, or a request no endpoint has room for, ends
 the pass, so no lower band ever overtakes a waiting higher one. Inside a band
 the fairness policy chooses the flow and the flow's ordering its request.
 
+An arrival is `enqueue` then `dispatch`; `enqueue_and_dispatch` does both
+and, when nothing is queued, dispatches the request without queueing it,
+leaving the same state (the common case at light load).
+
 TTLs expire on their exact deadline (`epp.flowcontrol.deadlines`): the
 caller asks when the next one falls due (`next_deadline`) and calls `expire`
 then; nothing sweeps periodically.
