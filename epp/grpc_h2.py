@@ -379,18 +379,24 @@ class GrpcConnection(asyncio.Protocol):
         (unless it had ended the call itself) `on_cancel`."""
         if call.closed:
             return
+        handler = call.handler
         call.finish(status, message)
-        self._tell_cancelled(call)
+        self._tell_cancelled(call, handler)
 
     def _cancel(self, call: Call) -> None:
+        handler, call.handler = call.handler, None
         if not call.closed:
             call.closed = True
-            self._tell_cancelled(call)
+            self._tell_cancelled(call, handler)
 
-    def _tell_cancelled(self, call: Call) -> None:
-        if call.handler is not None:
+    def _tell_cancelled(self, call: Call, handler: Handler | None) -> None:
+        """(The call lets go of its handler as it ends: the two refer to each
+        other, and a cycle per request would be left to the garbage collector,
+        whose passes then stall the event loop for tens of milliseconds.)"""
+        call.handler = None
+        if handler is not None:
             try:
-                call.handler.on_cancel()
+                handler.on_cancel()
             except Exception:
                 log.exception("stream %d: the handler failed on cancel", call.id)
 
@@ -430,6 +436,7 @@ class GrpcConnection(asyncio.Protocol):
         """Our side is done: stop the client's side too if it is still sending
         (RFC 9113 §8.1: RST_STREAM NO_ERROR after a complete response)."""
         call._trailers = None
+        call.handler = None
         self._buffers.pop(call.id, None)
         if self.calls.pop(call.id, None) is not None:
             self._call_removed()

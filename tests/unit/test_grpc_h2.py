@@ -341,3 +341,16 @@ def test_opening_streams_walks_the_stream_table_a_logarithmic_number_of_times():
         server.receive_data(client.data_to_send())
     assert len(server.streams) == 2_000
     assert walks <= 8
+
+
+async def test_a_finished_call_and_its_handler_do_not_keep_each_other(server):
+    """No reference cycle per call is left for the garbage collector."""
+    handlers = []
+    server.routes["/test.Echo/Kept"] = lambda call: handlers.append(Echo(call, [])) or handlers[-1]
+    assert await server.channel.unary_unary("/test.Echo/Kept")(b"x") == b"x"
+    call = server.channel.stream_stream("/test.Echo/Kept")()
+    await call.write(b"y")
+    assert await call.read() == b"y"
+    call.cancel()
+    await eventually(lambda: not any(c.calls for c in server.connections))
+    assert [handler.call.handler for handler in handlers] == [None, None]
