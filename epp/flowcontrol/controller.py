@@ -103,17 +103,7 @@ class FlowController:
             return self._drop_new(request, Outcome.REJECTED_SHUTTING_DOWN)
         band = self._bands.get(request.priority) or self._add_band(request.priority, keep=False)
         size = request.byte_size
-        if (
-            band.count >= band.max_requests
-            or band.bytes + size > band.max_bytes
-            or (
-                self._global_limits
-                and (
-                    self.queued_requests >= self._max_requests
-                    or self.queued_bytes + size > self._max_bytes
-                )
-            )
-        ):
+        if self._over_capacity(band, size):
             if not band.flows and not band.keep:
                 self._remove_band(band)
             return self._drop_new(request, Outcome.REJECTED_SATURATED)
@@ -145,6 +135,20 @@ class FlowController:
         band.policy.push(request, flow)
         return None
 
+    def _over_capacity(self, band: Band, size: int) -> bool:
+        """Would one more request of `size` bytes overflow `band` or the global limits?"""
+        return (
+            band.count >= band.max_requests
+            or band.bytes + size > band.max_bytes
+            or (
+                self._global_limits
+                and (
+                    self.queued_requests >= self._max_requests
+                    or self.queued_bytes + size > self._max_bytes
+                )
+            )
+        )
+
     def enqueue_and_dispatch(
         self, request: FlowRequest, now: float
     ) -> tuple[Outcome | None, list[FlowRequest]]:
@@ -164,15 +168,7 @@ class FlowController:
             or band is None
             or self._closed
             or request.state is not NEW
-            or band.count >= band.max_requests
-            or band.bytes + size > band.max_bytes
-            or (
-                self._global_limits
-                and (
-                    self.queued_requests >= self._max_requests
-                    or self.queued_bytes + size > self._max_bytes
-                )
-            )
+            or self._over_capacity(band, size)
         ):
             outcome = self.enqueue(request, now)
             return outcome, ([] if outcome is not None else self.dispatch(now))

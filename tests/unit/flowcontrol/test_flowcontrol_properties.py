@@ -36,6 +36,15 @@ TENANTS = ["a", "b", "c"]
 IDLE_TIMEOUT = 4.0
 
 ttls = st.one_of(st.none(), st.just(0.0), st.floats(0.5, 20.0))
+NEW_REQUEST = {
+    "fairness_id": st.sampled_from(TENANTS),
+    "priority": st.sampled_from(PRIORITIES),
+    "byte_size": st.integers(0, 50),
+    "ttl": ttls,
+    "ttft_slo": st.one_of(st.none(), st.floats(0.1, 30.0)),
+    "input_tokens": st.integers(0, 100),
+}
+"""The fields of a new request, for the rules that make one."""
 band_configs = st.builds(
     BandConfig,
     priority=st.just(0),
@@ -234,15 +243,7 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------
 
-    @rule(
-        target=requests,
-        fairness_id=st.sampled_from(TENANTS),
-        priority=st.sampled_from(PRIORITIES),
-        byte_size=st.integers(0, 50),
-        ttl=ttls,
-        ttft_slo=st.one_of(st.none(), st.floats(0.1, 30.0)),
-        input_tokens=st.integers(0, 100),
-    )
+    @rule(target=requests, **NEW_REQUEST)
     def enqueue(self, fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens):
         request, full = self.new_request(
             fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens
@@ -251,16 +252,7 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         assert outcome is (Outcome.REJECTED_SATURATED if full else None)
         return request
 
-    @rule(
-        target=requests,
-        fairness_id=st.sampled_from(TENANTS),
-        priority=st.sampled_from(PRIORITIES),
-        byte_size=st.integers(0, 50),
-        ttl=ttls,
-        ttft_slo=st.one_of(st.none(), st.floats(0.1, 30.0)),
-        input_tokens=st.integers(0, 100),
-        credits=st.integers(0, 6),
-    )
+    @rule(target=requests, credits=st.integers(0, 6), **NEW_REQUEST)
     def enqueue_and_dispatch(
         self, fairness_id, priority, byte_size, ttl, ttft_slo, input_tokens, credits
     ):
