@@ -125,6 +125,7 @@ class ExtProcCall:
             assert self._admitting_request is not None
             self._service.admission.withdraw(self._admitting_request)
             self._admitting.cancel()
+            self._admitting = self._admitting_request = None  # no task <-> call cycle
         self._close()
 
     def _carry_out(self, events: list[Event]) -> None:
