@@ -17,10 +17,14 @@ _ids = itertools.count()
 
 class Credits:
     """A gate that lets `credits` more dispatches through; completions give
-    nothing back. `credits` may be changed between passes."""
+    nothing back. `credits` may be changed between passes. `observe`, if
+    given, is told of each dispatch as it happens."""
 
-    def __init__(self, credits: float = inf) -> None:
+    def __init__(
+        self, credits: float = inf, observe: Callable[[FlowRequest], None] | None = None
+    ) -> None:
         self.credits = credits
+        self.observe = observe
         self.dispatched: list[FlowRequest] = []
         self.completed: list[FlowRequest] = []
 
@@ -30,6 +34,8 @@ class Credits:
     def on_dispatch(self, request: FlowRequest) -> None:
         self.credits -= 1
         self.dispatched.append(request)
+        if self.observe is not None:
+            self.observe(request)
 
     def on_complete(self, request: FlowRequest) -> None:
         self.completed.append(request)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import inf
 
+from flowcontrol_support import Credits
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -79,25 +80,6 @@ class Period:
 def positive_min(*ttls: float | None) -> float | None:
     limits = [t for t in ttls if t is not None and t > 0]
     return min(limits) if limits else None
-
-
-class RecordingGate:
-    """Random dispatch credits; checks strict priority and queue order at
-    every dispatch."""
-
-    def __init__(self, machine: FlowMachine) -> None:
-        self.machine = machine
-        self.credits = 0
-
-    def is_open(self, priority: int) -> bool:
-        return self.credits > 0
-
-    def on_dispatch(self, request: FlowRequest) -> None:
-        self.credits -= 1
-        self.machine.check_dispatch(request)
-
-    def on_complete(self, request: FlowRequest) -> None:
-        pass
 
 
 class BlockingPlacer(LeastLoadedPlacer):
@@ -197,7 +179,7 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         self.pool_gate = ConcurrencyGate(
             max_in_flight=1 if serial else 0, max_per_endpoint=per_endpoint
         )
-        self.credit_gate = RecordingGate(self)
+        self.credit_gate = Credits(0, observe=self.check_dispatch)
         self.placer = BlockingPlacer(self.pool_gate)
         self.core = FlowController(
             self.config, AllGates([self.credit_gate, self.pool_gate]), self.placer
@@ -435,24 +417,6 @@ def _pairs(items: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
 
 
-class CountingGate:
-    """Random dispatch credits; tells the machine of every dispatch."""
-
-    def __init__(self, machine: FairShareMachine) -> None:
-        self.machine = machine
-        self.credits = 0
-
-    def is_open(self, priority: int) -> bool:
-        return self.credits > 0
-
-    def on_dispatch(self, request: FlowRequest) -> None:
-        self.credits -= 1
-        self.machine.count_dispatch(request)
-
-    def on_complete(self, request: FlowRequest) -> None:
-        pass
-
-
 class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
     """One band under round-robin or vtc, tenants arriving in bursts and
     leaving, requests completing with random usage: the fairness bounds."""
@@ -476,7 +440,7 @@ class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
         self.config = FlowControlConfig(default_ttl=0.0, bands=(band,))
         self.serial = serial
         self.pool_gate = ConcurrencyGate(max_in_flight=1 if serial else max_in_flight)
-        self.credit_gate = CountingGate(self)
+        self.credit_gate = Credits(0, observe=self.count_dispatch)
         self.core = FlowController(
             self.config,
             AllGates([self.credit_gate, self.pool_gate]),
