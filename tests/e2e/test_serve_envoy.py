@@ -14,15 +14,15 @@ import re
 from pathlib import Path
 
 import aiohttp
-import grpc
 import pytest
 import pytest_asyncio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import running_epp
 from tests.support.fake_vllm import running_fake_vllm
+from tests.support.health import health_status_at
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -235,11 +235,8 @@ async def test_invalid_objectives_change_is_refused_and_the_last_good_state_stay
     "service", ["", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"]
 )
 async def test_health_is_serving_once_loaded(stack, port, service):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.epp.ports[port]}") as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5
-        )
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    status = await health_status_at(stack.epp.ports[port], service)
+    assert status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_metrics_port_serves_the_reference_names(stack, session):

@@ -8,13 +8,13 @@ import json
 import signal
 
 import aiohttp
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import running_epp
 from tests.support.fake_vllm import running_fake_vllm
+from tests.support.health import health_status_at
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy]
@@ -33,14 +33,6 @@ async def post(session, url, prompt="p", headers=None):
     body = json.dumps({"model": "m", "prompt": prompt}).encode()
     async with session.post(url, data=body, headers=headers or {}) as response:
         return response.status, dict(response.headers), await response.read()
-
-
-async def readiness(port: int) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="readiness"), timeout=5
-        )
-    return reply.status
 
 
 async def test_empty_pool_answers_503_no_endpoints_when_the_ttl_is_spent(tmp_path):
@@ -94,9 +86,8 @@ async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(t
         await asyncio.sleep(0.2)
         epp.process.send_signal(signal.SIGTERM)
         await eventually(lambda: "shutting down" in epp.log(), timeout=10)
-        assert (
-            await readiness(epp.ports["grpc_health"]) == health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        readiness = await health_status_at(epp.ports["grpc_health"])
+        assert readiness == health_pb2.HealthCheckResponse.NOT_SERVING
         status, headers, _ = await post(session, url, "late")
         assert (status, headers.get("x-llm-d-request-dropped-reason")) == (
             503,

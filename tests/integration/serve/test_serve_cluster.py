@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from epp.server import EppServer, ServeOptions
+from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
 from tests.support.waiting import eventually
 
@@ -26,14 +26,6 @@ def kubeconfig(kube: KubeEmulator, path) -> str:
     }
     path.write_text(yaml.safe_dump(config))
     return str(path)
-
-
-async def readiness(port: int) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="readiness"), timeout=5
-        )
-    return reply.status
 
 
 async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_path):
@@ -52,12 +44,12 @@ async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_pat
         await server.start()
         try:
             port = server.ports["grpc_health"]
-            assert await readiness(port) == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await health_status_at(port) == health_pb2.HealthCheckResponse.NOT_SERVING
             kube.apply(pool())
             kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
             kube.apply(objective("premium", priority=10))
             await eventually(lambda: server.health.ready, timeout=5)
-            assert await readiness(port) == health_pb2.HealthCheckResponse.SERVING
+            assert await health_status_at(port) == health_pb2.HealthCheckResponse.SERVING
             await eventually(lambda: server.store.addresses() == ["10.0.0.1:8000"])
             await eventually(
                 lambda: server.priority_of({"x-llm-d-inference-objective": "premium"}) == 10

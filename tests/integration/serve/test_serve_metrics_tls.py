@@ -7,7 +7,7 @@ import ssl
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.flow import FlowKey
@@ -17,6 +17,7 @@ from epp.metrics import EppMetrics
 from epp.scheduling.request import InferenceRequest
 from epp.server import EppServer, ServeOptions
 from epp.tls import self_signed_certificate
+from tests.support.health import health_status
 
 QUEUE = "inference_extension_flow_control_request_queue_duration_seconds_count"
 
@@ -100,13 +101,6 @@ def pem_files(tmp_path):
     return tmp_path / "cert.pem", tmp_path / "key.pem", certificate
 
 
-async def check_health(channel: grpc.aio.Channel) -> int:
-    reply = await health_pb2_grpc.HealthStub(channel).Check(
-        health_pb2.HealthCheckRequest(service="readiness"), timeout=5
-    )
-    return reply.status
-
-
 async def test_secure_serving_with_given_files_speaks_tls_on_the_ext_proc_port(pem_files):
     cert_path, key_path, certificate = pem_files
     server = EppServer(
@@ -127,10 +121,10 @@ async def test_secure_serving_with_given_files_speaks_tls_on_the_ext_proc_port(p
         credentials = grpc.ssl_channel_credentials(root_certificates=certificate)
         target = f"localhost:{server.ports['grpc']}"
         async with grpc.aio.secure_channel(target, credentials) as channel:
-            assert await check_health(channel) == health_pb2.HealthCheckResponse.SERVING
+            assert await health_status(channel) == health_pb2.HealthCheckResponse.SERVING
         async with grpc.aio.insecure_channel(target) as channel:
             with pytest.raises(grpc.aio.AioRpcError):
-                await check_health(channel)
+                await health_status(channel)
     finally:
         await server.stop()
 
@@ -153,6 +147,6 @@ async def test_secure_serving_without_files_makes_a_self_signed_certificate():
         certificate = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", port))
         credentials = grpc.ssl_channel_credentials(root_certificates=certificate.encode())
         async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
-            assert await check_health(channel) == health_pb2.HealthCheckResponse.SERVING
+            assert await health_status(channel) == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop()
