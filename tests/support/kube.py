@@ -34,8 +34,10 @@ import itertools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
@@ -195,6 +197,19 @@ class KubeEmulator:
     def api_client(self) -> ApiClient:
         configuration = Configuration(host=self.url)
         return ApiClient(configuration)
+
+    def write_kubeconfig(self, path: Path) -> str:
+        """A kubeconfig file at `path` pointing at this emulator; its path."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "secret"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "emulator", "user": "tester"}}],
+            "current-context": "test",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return str(path)
 
     # -- test-side changes and fault injection ---------------------------------
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import yaml
-
 from epp.api.registry import ObjectiveRegistry
 from epp.datalayer.store import EndpointStore
 from epp.k8s.cluster import ClusterSettings, cluster_mode
@@ -13,25 +11,11 @@ from epp.k8s.leader import lease_name
 from tests.support.kube import (
     FAST_LEASE,
     FAST_WATCH,
-    KubeEmulator,
     objective,
     pod,
     pool,
 )
 from tests.support.waiting import eventually
-
-
-def kubeconfig(kube: KubeEmulator, path) -> str:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": kube.url}}],
-        "users": [{"name": "tester", "user": {"token": "secret"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "emulator", "user": "tester"}}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 async def test_cluster_mode_from_a_kubeconfig_syncs_leads_and_releases_on_exit(kube, tmp_path):
@@ -45,7 +29,7 @@ async def test_cluster_mode_from_a_kubeconfig_syncs_leads_and_releases_on_exit(k
     def registry(pool_object):
         return ObjectiveRegistry(pool_object, publish=published.append)
 
-    path = kubeconfig(kube, tmp_path / "kubeconfig")
+    path = kube.write_kubeconfig(tmp_path / "kubeconfig")
     async with cluster_mode(settings, registry, store, kube_config=path) as mode:
         await asyncio.wait_for(mode.ready.wait(), 3)
         assert store.addresses() == ["10.0.0.1:8000"]

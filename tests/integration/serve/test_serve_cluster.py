@@ -6,26 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import yaml
 from grpc_health.v1 import health_pb2
 
 from epp.server import EppServer, ServeOptions
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
 from tests.support.waiting import eventually
-
-
-def kubeconfig(kube: KubeEmulator, path) -> str:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": kube.url}}],
-        "users": [{"name": "tester", "user": {"token": "secret"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "emulator", "user": "tester"}}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_path):
@@ -37,7 +23,7 @@ async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_pat
                 metrics_port=0,
                 bind_address="127.0.0.1",
                 pool_name="pool-a",
-                kubeconfig=kubeconfig(kube, tmp_path / "kubeconfig"),
+                kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
                 grace=0.1,
             )
         )
