@@ -12,9 +12,10 @@ from epp.flowcontrol.request import FlowRequest
 class AdmissionNeeded:
     """The request is complete: ask flow control, then feed the outcome back.
 
-    The adapter awaits `AdmissionController.admit(request)` and calls
-    `ExtProcStream.admitted(outcome)` (or `admission_failed()` if it raised).
-    If the stream goes away meanwhile, the adapter cancels the admission.
+    The service offers it to `AdmissionController.offer(request)` (awaiting
+    `wait(request)` when it queues) and calls `ExtProcStream.admitted(outcome)`
+    (or `admission_failed()` if it raised). If the stream goes away
+    meanwhile, the service withdraws the request.
     """
 
     request: FlowRequest
