@@ -108,12 +108,9 @@ class FlowController:
                 self._remove_band(band)
             return self._drop_new(request, Outcome.REJECTED_SATURATED)
 
-        request.seq = self._seq = self._seq + 1
-        ttl = request.ttl
-        if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
-            ttl = band.ttl
+        ttl = self._stamp(request, band)
         if ttl is not None:
-            request.deadline = deadline = request.arrival + ttl
+            deadline = request.deadline
             lane = band.lane
             if ttl is band.ttl and (not lane or lane[-1].deadline <= deadline):
                 lane.append(request)
@@ -122,10 +119,7 @@ class FlowController:
                 self._deadlines.add(request)
             if self._deadlines.entries > 2 * self.queued_requests + DEADLINE_SLACK:
                 self._deadlines.sweep()
-        if not band.fcfs:
-            request.order_key = order_key(band.config.ordering, request)
-        flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
-        request.flow = flow
+        flow = request.flow
         request.state = QUEUED
         flow.count += 1
         band.count += 1
@@ -134,6 +128,21 @@ class FlowController:
         self.queued_bytes += size
         band.policy.push(request, flow)
         return None
+
+    def _stamp(self, request: FlowRequest, band: Band) -> float | None:
+        """Set the fields the core gives a request arriving in `band`: its
+        sequence number, deadline, order key and flow. Returns its effective
+        TTL (the smallest of its own and the band's; None: no TTL)."""
+        request.seq = self._seq = self._seq + 1
+        ttl = request.ttl
+        if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
+            ttl = band.ttl
+        if ttl is not None:
+            request.deadline = request.arrival + ttl
+        if not band.fcfs:
+            request.order_key = order_key(band.config.ordering, request)
+        request.flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
+        return ttl
 
     def _over_capacity(self, band: Band, size: int) -> bool:
         """Would one more request of `size` bytes overflow `band` or the global limits?"""
@@ -184,16 +193,8 @@ class FlowController:
             self._remove(request, placement, now)
             return None, [request]
         # `enqueue` and `dispatch`'s bookkeeping, less what cancels out
-        request.seq = self._seq = self._seq + 1
-        ttl = request.ttl
-        if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
-            ttl = band.ttl
-        if ttl is not None:
-            request.deadline = request.arrival + ttl
-        if not band.fcfs:
-            request.order_key = order_key(band.config.ordering, request)
-        flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
-        request.flow = flow
+        self._stamp(request, band)
+        flow = request.flow
         band.policy.take_arrival(request, flow)
         request.state = DISPATCHED
         request.outcome = DISPATCHED_OUTCOME
