@@ -31,6 +31,7 @@ import numpy as np
 
 from epp.sim.engine import COMPLETED, SimRequest, Simulation
 from epp.sim.runner import ScenarioRun
+from epp.sim.scenario import Scenario
 
 QUANTILES = (50, 90, 99)
 
@@ -167,17 +168,22 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
     }
 
 
+def scenario_summary(scenario: Scenario, requests: int, epp_config: Any) -> dict[str, Any]:
+    """The report's `scenario` section, shared by `epp simulate` and `epp demo`."""
+    return {
+        "name": scenario.name,
+        "seed": scenario.seed,
+        "duration_s": scenario.duration_s,
+        "servers": scenario.pool.servers,
+        "requests": requests,
+        "epp_config": epp_config,
+    }
+
+
 def build_report(run: ScenarioRun) -> dict[str, Any]:
     scenario = run.scenario
     return {
-        "scenario": {
-            "name": scenario.name,
-            "seed": scenario.seed,
-            "duration_s": scenario.duration_s,
-            "servers": scenario.pool.servers,
-            "requests": len(run.arrivals),
-            "epp_config": scenario.epp_config_path,
-        },
+        "scenario": scenario_summary(scenario, len(run.arrivals), scenario.epp_config_path),
         "policies": {name: policy_report(run, name) for name in run.runs},
     }
 

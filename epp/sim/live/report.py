@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from epp.sim.live.loadgen import LiveRequest
-from epp.sim.report import LATENCY_HEADER, latency_row, latency_stats
+from epp.sim.report import LATENCY_HEADER, latency_row, latency_stats, scenario_summary
 from epp.sim.scenario import Scenario
 
 
@@ -55,12 +55,7 @@ def live_report(
     }
     return {
         "scenario": {
-            "name": scenario.name,
-            "seed": scenario.seed,
-            "duration_s": scenario.duration_s,
-            "servers": scenario.pool.servers,
-            "requests": len(requests),
-            "epp_config": epp_config,
+            **scenario_summary(scenario, len(requests), epp_config),
             "mode": "live",
             "wall_s": wall_s,
         },
