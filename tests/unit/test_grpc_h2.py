@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 import grpc
 import h2.config
@@ -52,6 +53,16 @@ class Refusing(Echo):
         self.call.finish(Status.NOT_FOUND, "no such thing: 100%")
 
 
+@dataclass(slots=True)
+class Served:
+    """The server under test, a grpc.aio channel to it, and its handlers' log."""
+
+    grpc: GrpcServer
+    channel: grpc.aio.Channel
+    port: int
+    log: list[str]
+
+
 @pytest.fixture
 async def server():
     log: list[str] = []
@@ -65,10 +76,7 @@ async def server():
     )
     port = await grpc_server.start("127.0.0.1", 0)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    grpc_server.log = log
-    grpc_server.channel = channel
-    grpc_server.port = port
-    yield grpc_server
+    yield Served(grpc_server, channel, port, log)
     await channel.close()
     await grpc_server.stop(grace=None)
 
@@ -199,7 +207,7 @@ async def test_dropped_connection_cancels_its_open_calls(server):
     await client.flush()
     assert await client.data_on(1) == b"\x00\x00\x00\x00\x05hello"
     client.writer.transport.abort()
-    await eventually(lambda: not server.connections)
+    await eventually(lambda: not server.grpc.connections)
     assert server.log == ["cancel"]
 
 
@@ -221,7 +229,7 @@ async def test_stop_lets_an_open_call_finish_within_the_grace_period(server):
     call = server.channel.stream_stream(ECHO)()
     await call.write(b"hello")
     assert await call.read() == b"hello"
-    stopping = asyncio.create_task(server.stop(grace=5))
+    stopping = asyncio.create_task(server.grpc.stop(grace=5))
     await asyncio.sleep(0.1)
     await call.write(b"still open")
     assert await call.read() == b"still open"
@@ -235,7 +243,7 @@ async def test_stop_cancels_calls_still_open_after_the_grace_period(server):
     call = server.channel.stream_stream(ECHO)()
     await call.write(b"hello")
     assert await call.read() == b"hello"
-    await server.stop(grace=0.1)
+    await server.grpc.stop(grace=0.1)
     assert server.log == ["cancel"]
     assert await call.code() != grpc.StatusCode.OK
 
@@ -345,12 +353,17 @@ def test_opening_streams_walks_the_stream_table_a_logarithmic_number_of_times():
 
 async def test_a_finished_call_and_its_handler_do_not_keep_each_other(server):
     """No reference cycle per call is left for the garbage collector."""
-    handlers = []
-    server.routes["/test.Echo/Kept"] = lambda call: handlers.append(Echo(call, [])) or handlers[-1]
+    handlers: list[Echo] = []
+
+    def kept(call: Call) -> Echo:
+        handlers.append(Echo(call, []))
+        return handlers[-1]
+
+    server.grpc.routes["/test.Echo/Kept"] = kept
     assert await server.channel.unary_unary("/test.Echo/Kept")(b"x") == b"x"
     call = server.channel.stream_stream("/test.Echo/Kept")()
     await call.write(b"y")
     assert await call.read() == b"y"
     call.cancel()
-    await eventually(lambda: not any(c.calls for c in server.connections))
+    await eventually(lambda: not any(c.calls for c in server.grpc.connections))
     assert [handler.call.handler for handler in handlers] == [None, None]
