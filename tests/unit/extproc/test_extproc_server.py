@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import pytest
@@ -50,14 +50,10 @@ class Admission:
         self.completed.append((input_tokens, output_tokens))
 
 
-@dataclass(slots=True)
-class Served:
+class Served(NamedTuple):
     stub: pb_grpc.ExternalProcessorStub
     service: ExtProcService
     channel: grpc.aio.Channel
-
-    def __iter__(self):
-        return iter((self.stub, self.service))
 
 
 @pytest.fixture
@@ -81,7 +77,7 @@ async def serve():
 async def test_dispatched_request_gets_replies_and_release_reports_usage(serve):
     admission = Admission()
     released = []
-    stub, service = await serve(admission, released.append)
+    stub, service, _ = await serve(admission, released.append)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
@@ -99,7 +95,7 @@ async def test_dispatched_request_gets_replies_and_release_reports_usage(serve):
 
 
 async def test_admission_error_is_answered_500(serve):
-    stub, _ = await serve(Admission(error=RuntimeError("boom")))
+    stub, _, _ = await serve(Admission(error=RuntimeError("boom")))
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
@@ -121,7 +117,7 @@ async def test_request_is_released_once_whenever_envoy_resets_the_stream(
     serve, replies_before_reset
 ):
     admission = Admission()
-    stub, service = await serve(admission)
+    stub, service, _ = await serve(admission)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
@@ -137,7 +133,7 @@ async def test_request_is_released_once_whenever_envoy_resets_the_stream(
 
 async def test_reset_while_queued_withdraws_the_request_and_releases_nothing(serve):
     admission = Admission(hold=True)
-    stub, service = await serve(admission)
+    stub, service, _ = await serve(admission)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
@@ -150,7 +146,7 @@ async def test_reset_while_queued_withdraws_the_request_and_releases_nothing(ser
 
 async def test_half_close_while_waiting_for_admission_ends_after_the_answer(serve):
     admission = Admission()
-    stub, service = await serve(admission)
+    stub, service, _ = await serve(admission)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
