@@ -4,7 +4,8 @@ Served by epp.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
 gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
 whose replies are sent in order. `AdmissionNeeded` offers the request to
 flow control; when it must queue, one task awaits its outcome (messages
-arriving meanwhile wait their turn). `Release` calls `admission.complete`.
+arriving meanwhile wait their turn). `Release` calls `admission.complete`
+once the replies of the turn are written.
 The call ends OK once Envoy has sent its last message and the admission is
 settled. When Envoy resets the stream (its client went away) a queued
 request is withdrawn from its queue, and the machine is closed, which
@@ -129,16 +130,16 @@ class ExtProcCall:
         self._close()
 
     def _carry_out(self, events: list[Event]) -> None:
-        """Settle releases and rejections before sending the replies that
-        may let Envoy end the stream; then send them in order."""
-        for event in events:
-            if isinstance(event, Release | Rejected):
-                self._service.settle(event)
+        """Send the replies in order. Releases and rejections are settled at
+        the end of this turn of the event loop, after the turn's replies are
+        written: Envoy goes on while the EPP does its bookkeeping."""
         for event in events:
             if isinstance(event, ProcessingResponse):
                 self._call.send(event.SerializeToString())
             elif isinstance(event, AdmissionNeeded):
                 self._offer(event.request)
+            else:
+                asyncio.get_running_loop().call_soon(self._service.settle, event)
 
     def _offer(self, request: FlowRequest) -> None:
         try:

@@ -98,7 +98,8 @@ def test_invalid_objectives_are_refused_with_file_document_and_field(server, fil
     assert server.watcher.refusals == 1
 
 
-def test_config_change_keeps_queued_requests_and_applies_new_limits(server, files):
+async def test_config_change_keeps_queued_requests_and_applies_new_limits(server, files):
+    # async: the EPP's hooks run in its event loop
     config, _, _ = files
     server.watch_files()
     requests = [queue_one(server, f"r{i}") for i in range(4)]
