@@ -10,11 +10,12 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
 from epp.grpc_h2 import STREAM_WALK_SLACK, Call, GrpcServer, Status, _ServerH2Connection
 from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
@@ -367,3 +368,60 @@ async def test_a_finished_call_and_its_handler_do_not_keep_each_other(server):
     call.cancel()
     await eventually(lambda: not any(c.calls for c in server.grpc.connections))
     assert [handler.call.handler for handler in handlers] == [None, None]
+
+
+def late_data_after_reset(client: h2.connection.H2Connection) -> bytes:
+    open_stream(client, 1)
+    client.reset_stream(1)
+    return client.data_to_send() + DataFrame(1, data=b"late").serialize()
+
+
+def late_data_after_end(client: h2.connection.H2Connection) -> bytes:
+    open_stream(client, 1)
+    client.end_stream(1)
+    return client.data_to_send() + DataFrame(1, data=b"late").serialize()
+
+
+def new_stream_below_the_highest(client: h2.connection.H2Connection) -> bytes:
+    open_stream(client, 5)
+    sent = client.data_to_send()
+    frame = HeadersFrame(3, data=client.encoder.encode([(":method", "POST")]))
+    frame.flags.add("END_HEADERS")
+    return sent + frame.serialize()
+
+
+def reset_stream_reopened(client: h2.connection.H2Connection) -> bytes:
+    open_stream(client, 1)
+    open_stream(client, 3)
+    client.reset_stream(1)
+    frame = HeadersFrame(1, data=client.encoder.encode([(":method", "POST")]))
+    frame.flags.add("END_HEADERS")
+    return client.data_to_send() + frame.serialize()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        late_data_after_reset,
+        late_data_after_end,
+        new_stream_below_the_highest,
+        reset_stream_reopened,
+    ],
+)
+def test_frames_on_closed_streams_are_handled_as_h2_handles_them(scenario):
+    """_ServerH2Connection's own `_receive_frame` keeps h2's error handling."""
+
+    def outcome(server_class: type[h2.connection.H2Connection]) -> tuple:
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        server = server_class(h2.config.H2Configuration(client_side=False))
+        client.initiate_connection()
+        server.initiate_connection()
+        server.receive_data(client.data_to_send())
+        server.data_to_send()
+        try:
+            events = server.receive_data(scenario(client))
+        except h2.exceptions.ProtocolError as error:
+            return type(error), server.data_to_send()
+        return [repr(event) for event in events], server.data_to_send()
+
+    assert outcome(_ServerH2Connection) == outcome(h2.connection.H2Connection)
