@@ -223,6 +223,8 @@ class GrpcConnection(asyncio.Protocol):
         )
         self._transport: asyncio.Transport | None = None
         self.calls: dict[int, Call] = {}
+        self._unsent: dict[Call, None] = {}
+        """Calls with messages or trailers to send at the next flush, in order."""
         self._buffers: dict[int, bytearray] = {}
         self.idle = asyncio.Event()
         self.idle.set()
@@ -294,35 +296,31 @@ class GrpcConnection(asyncio.Protocol):
     # -- used by Call ------------------------------------------------------------
 
     def send_message(self, call: Call, payload: bytes) -> None:
-        message = b"\x00" + len(payload).to_bytes(4, "big") + payload
-        connection = self._h2
-        try:
-            if not call.headers_sent:
-                connection.send_headers(call.id, RESPONSE_HEADERS)
-                call.headers_sent = True
-            if not call._outbox and len(message) <= min(
-                connection.local_flow_control_window(call.id), connection.max_outbound_frame_size
-            ):
-                connection.send_data(call.id, message)
-            else:
-                call._outbox += message
-                self._pump(call)
-        except h2.exceptions.StreamClosedError:
-            pass  # reset by the client in the data being handled: its StreamReset follows
+        """Queue one message; the call's queued messages go out together, in
+        as few DATA frames as flow control allows, when the turn's writes
+        are flushed (a request's header and body replies make one frame)."""
+        if not call.headers_sent:
+            try:
+                self._h2.send_headers(call.id, RESPONSE_HEADERS)
+            except h2.exceptions.StreamClosedError:
+                return  # reset by the client in the data being handled: its StreamReset follows
+            call.headers_sent = True
+        outbox = call._outbox
+        outbox += len(payload).to_bytes(PREFIX_BYTES, "big")  # the leading 0: not compressed
+        outbox += payload
+        self._unsent[call] = None
         self._flush_later()
 
     def finish(self, call: Call, status: Status, message: str) -> None:
         trailers = [(b"grpc-status", b"%d" % status)]
         if message:
             trailers.append((b"grpc-message", quote(message, safe=" ").encode()))
-        try:
-            if not call.headers_sent:
+        if call.headers_sent:
+            call._trailers = trailers
+            self._unsent[call] = None
+        else:
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
                 self._h2.send_headers(call.id, [*RESPONSE_HEADERS, *trailers], end_stream=True)
-                self._finished(call)
-            else:
-                call._trailers = trailers
-                self._pump(call)
-        except h2.exceptions.StreamClosedError:
             self._finished(call)
         self._flush_later()
 
@@ -347,6 +345,10 @@ class GrpcConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_soon = None
+        if self._unsent:
+            unsent, self._unsent = self._unsent, {}
+            for call in unsent:
+                self._pump(call)
         data = self._h2.data_to_send()
         if data and self._transport is not None:
             self._transport.write(data)
@@ -476,6 +478,12 @@ class GrpcConnection(asyncio.Protocol):
         h2_connection = self._h2
         outbox = call._outbox
         try:
+            if outbox and len(outbox) <= min(
+                h2_connection.local_flow_control_window(call.id),
+                h2_connection.max_outbound_frame_size,
+            ):
+                h2_connection.send_data(call.id, bytes(outbox))
+                outbox.clear()
             while outbox:
                 size = min(
                     len(outbox),

@@ -182,6 +182,14 @@ class RawClient:
         return (await self.next_event(stream_id, h2.events.DataReceived)).data
 
 
+async def test_messages_sent_in_one_turn_leave_in_one_data_frame(server):
+    client = await RawClient.connect(server.port)
+    client.open(1, ECHO, b"one")
+    client.h2.send_data(1, b"\x00\x00\x00\x00\x03two")
+    await client.flush()
+    assert await client.data_on(1) == b"\x00\x00\x00\x00\x03one\x00\x00\x00\x00\x03two"
+
+
 async def test_a_request_that_is_not_grpc_is_answered_415(server):
     client = await RawClient.connect(server.port)
     headers = [(":method", "POST"), (":scheme", "http"), (":path", ECHO), (":authority", "a")]
