@@ -25,11 +25,33 @@ def header_dict(headers: pb.HttpHeaders | pb.HttpTrailers) -> dict[str, str]:
     }
 
 
-def header_count_and_bytes(headers: pb.HttpHeaders) -> tuple[int, int]:
-    """How many header fields and how many bytes of names and values."""
+def read_request_headers(headers: pb.HttpHeaders) -> tuple[dict[str, str], int, int]:
+    """`header_dict`, with the number of header fields and the bytes of their
+    names and values, in one pass (each field read costs a protobuf wrapper)."""
     fields = headers.headers.headers
-    size = sum(len(h.key) + (len(h.raw_value) or len(h.value)) for h in fields)
-    return len(fields), size
+    values: dict[str, str] = {}
+    size = 0
+    for field in fields:
+        key = field.key
+        raw = field.raw_value
+        if raw:
+            size += len(key) + len(raw)
+            values[key] = raw.decode("utf-8", "replace")
+        else:
+            value = field.value
+            size += len(key) + len(value)
+            values[key] = value
+    return values, len(fields), size
+
+
+def header_value(headers: pb.HttpHeaders, name: str) -> str | None:
+    """The value of header `name` (the last one if repeated), or None."""
+    found = None
+    for field in headers.headers.headers:
+        if field.key == name:
+            raw = field.raw_value
+            found = raw.decode("utf-8", "replace") if raw else field.value
+    return found
 
 
 def _set_headers(mutation: pb.HeaderMutation, values: Iterable[tuple[str, str]]) -> None:
@@ -51,7 +73,9 @@ def request_headers_reply(
     common.clear_route_cache = True
     _set_headers(common.header_mutation, set_headers)
     common.header_mutation.remove_headers.extend(remove_headers)
-    response.dynamic_metadata.fields["envoy.lb"].struct_value.update(lb_metadata)
+    lb = response.dynamic_metadata.fields["envoy.lb"].struct_value
+    for key, value in lb_metadata.items():
+        lb.fields[key].string_value = value
     return response
 
 

@@ -197,8 +197,8 @@ class ExtProcStream:
 
     def _on_request_headers(self, message: ProcessingRequest) -> list[Event]:
         http_headers = message.request_headers
-        self.headers = headers = messages.header_dict(http_headers)
-        count, size = messages.header_count_and_bytes(http_headers)
+        headers, count, size = messages.read_request_headers(http_headers)
+        self.headers = headers
         settings = self._settings
         if count > settings.max_header_count or size > settings.max_header_bytes:
             return self._reject(
@@ -289,8 +289,7 @@ class ExtProcStream:
     # ---- response path -----------------------------------------------------
 
     def _on_response_headers(self, http_headers: messages.HttpHeaders) -> list[Event]:
-        response_headers = messages.header_dict(http_headers)
-        if h.EVENT_STREAM in response_headers.get(h.CONTENT_TYPE, ""):
+        if h.EVENT_STREAM in (messages.header_value(http_headers, h.CONTENT_TYPE) or ""):
             self._sse = SseUsageReader()
             self._response_copy = None
         elif self._restorer is not None:

@@ -1,0 +1,39 @@
+"""Reading header maps from Envoy's messages."""
+
+from __future__ import annotations
+
+from epp.extproc import messages
+from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+
+def http_headers(*fields: tuple[str, str, bytes]) -> pb.HttpHeaders:
+    headers = pb.HttpHeaders()
+    for key, value, raw_value in fields:
+        headers.headers.headers.add(key=key, value=value, raw_value=raw_value)
+    return headers
+
+
+def test_request_headers_read_raw_value_first_and_count_every_field():
+    headers = http_headers(
+        (":path", "", b"/v1/completions"),
+        ("x-old", "plain", b""),
+        ("x-dup", "", b"first"),
+        ("x-dup", "", b"second"),
+    )
+    values, count, size = messages.read_request_headers(headers)
+    assert values == {":path": "/v1/completions", "x-old": "plain", "x-dup": "second"}
+    assert count == 4
+    assert size == (5 + 15) + (5 + 5) + (5 + 5) + (5 + 6)
+
+
+def test_request_headers_read_as_header_dict_does():
+    headers = http_headers(("a", "", b"\xff"), ("b", "v", b""), ("a", "", b"x"))
+    assert messages.read_request_headers(headers)[0] == messages.header_dict(headers)
+
+
+def test_header_value_is_the_last_of_its_name_or_none():
+    headers = http_headers(
+        ("content-type", "", b"text/plain"), ("content-type", "text/event-stream", b"")
+    )
+    assert messages.header_value(headers, "content-type") == "text/event-stream"
+    assert messages.header_value(headers, "content-length") is None
