@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import IntEnum
 from typing import Protocol, cast
 from urllib.parse import quote
@@ -141,6 +141,42 @@ class RepeatedBlockDecoder(hpack.Decoder):
         return headers
 
 
+class RepeatedBlockEncoder(hpack.Encoder):
+    """hpack's encoder, remembering the header lists whose encoding leaves its
+    state as it found it: every call sends the same response headers and,
+    mostly, the same trailers, which hpack would look up in its tables field
+    by field each time. Only lists of plain tuples are remembered (a
+    `HeaderTuple` carries its indexing in its type)."""
+
+    MEMO_SIZE = 64
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[tuple[tuple, bool], tuple[tuple, bytes]] = {}
+
+    def _state(self) -> tuple:
+        table = self.header_table
+        return (tuple(table.dynamic_entries), table.maxsize, table.resized)
+
+    def encode(self, headers: Iterable | dict, huffman: bool = True) -> bytes:
+        if isinstance(headers, dict):
+            return super().encode(headers, huffman)
+        headers = tuple(headers)
+        if any(type(header) is not tuple for header in headers):
+            return super().encode(headers, huffman)
+        key = (headers, huffman)
+        state = self._state()
+        remembered = self._memo.get(key)
+        if remembered is not None and remembered[0] == state:
+            return remembered[1]
+        block = super().encode(headers, huffman)
+        if self._state() == state:
+            if len(self._memo) >= self.MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = (state, block)
+        return block
+
+
 class _ServerH2Connection(h2.connection.H2Connection):
     """h2's connection with two changes for a server holding thousands of
     streams (every queued request is an open ext_proc stream):
@@ -154,13 +190,14 @@ class _ServerH2Connection(h2.connection.H2Connection):
       client already opened may still finish (RFC 9113 §6.8), and h2 would
       refuse to send anything more on them.
 
-    And two for speed: no trace formatting of every received frame, and a
-    decoder that remembers repeated header blocks.
+    And three for speed: no trace formatting of every received frame, and an
+    encoder and a decoder that remember repeated header blocks.
     """
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
         self._streams_after_walk = 0
+        self.encoder = RepeatedBlockEncoder()
         self.decoder = RepeatedBlockDecoder()
         self.decoder.max_header_list_size = self.DEFAULT_MAX_HEADER_LIST_SIZE
 
