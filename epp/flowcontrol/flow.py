@@ -15,7 +15,19 @@ class FlowKey(NamedTuple):
     priority: int
 
 
-class Flow(FifoQueue):
+class FlowHead(FifoQueue):
+    """The slots of a flow that round-robin touches per enqueue and dispatch:
+    with FifoQueue's `head` and `tail` they fill the flow's first cache line.
+
+    CPython lays out a class's own slots in the order of their names, after
+    those of its bases, so only a base class can put these ahead of the
+    others. With the six slots of `Flow` a flow is a 128-byte block (GC header
+    included), so every flow starts on a line."""
+
+    __slots__ = ("count", "in_flight", "queue", "ring_member")
+
+
+class Flow(FlowHead):
     """Counters are exact at all times: `count` covers the queued requests,
     `in_flight` the dispatched ones not yet completed. The fairness
     policy keeps its own state here (`counter`, `ring_member`, `heap_seq`).
@@ -25,22 +37,7 @@ class Flow(FifoQueue):
     100k flows, every object touched per dispatch is a likely cache miss).
     Under a deadline ordering `queue` is a heap of its own."""
 
-    __slots__ = (  # noqa: RUF023 - laid out for the cache, see below
-        "queue",
-        "count",
-        "ring_member",
-        "in_flight",
-        "counter",
-        "heap_seq",
-        "fairness_id",
-        "band",
-        "idle_since",
-        "idle_tracked",
-    )
-    # With FifoQueue's `head` and `tail`, twelve slots make a 128-byte block
-    # (GC header included), so every flow starts on a cache line and its first
-    # six slots, the ones round-robin touches per pair, share the line of its
-    # reference count. A thirteenth slot would shift the layout per flow.
+    __slots__ = ("band", "counter", "fairness_id", "heap_seq", "idle_since", "idle_tracked")
 
     def __init__(self, fairness_id: str, band: Band) -> None:
         self.fairness_id = fairness_id

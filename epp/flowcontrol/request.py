@@ -18,7 +18,29 @@ class State(IntEnum):
 
 
 @dataclass(slots=True, eq=False)
-class FlowRequest:
+class QueueEntry:
+    """The fields the core touches on a request as it queues and dispatches it:
+    the base of `FlowRequest`, so that they share the request's first cache line.
+
+    CPython lays out a class's own slots in the order of their names, after
+    those of its bases, so declaration order cannot group them. Six slots
+    fill a line after the object header; a request block (GC header
+    included) is 192 bytes and starts each object on a line, so a dispatch
+    touches the first line of its request plus `byte_size` in the second, an
+    enqueue the first line of the flow's old tail, and the request that
+    becomes a flow's head only its first line.
+    """
+
+    next: FlowRequest | None = field(default=None, init=False, repr=False)
+    prev: FlowRequest | None = field(default=None, init=False, repr=False)
+    flow: Any = field(default=None, init=False, repr=False)
+    state: State = field(default=State.NEW, init=False)
+    outcome: Outcome | None = field(default=None, init=False)
+    endpoint: str | None = field(default=None, init=False)
+
+
+@dataclass(slots=True, eq=False)
+class FlowRequest(QueueEntry):
     """One inference request waiting for, or holding, a place in the pool.
 
     The caller fills the fields the constructor takes, in this order:
@@ -29,17 +51,6 @@ class FlowRequest:
     Times are seconds on the caller's clock. `ttl` and `ttft_slo` are
     durations; `ttl=None` means the request sets no TTL of its own.
     """
-
-    # The slots are laid out for the cache: 19 of them make a 192-byte block
-    # (GC header included), so every request starts on a cache line, and the
-    # six first slots, the core's fields that dispatch touches on a queued
-    # (cold) request, share the line of its reference count.
-    next: FlowRequest | None = field(default=None, init=False, repr=False)
-    prev: FlowRequest | None = field(default=None, init=False, repr=False)
-    flow: Any = field(default=None, init=False, repr=False)
-    state: State = field(default=State.NEW, init=False)
-    outcome: Outcome | None = field(default=None, init=False)
-    endpoint: str | None = field(default=None, init=False)
 
     request_id: str
     fairness_id: str
