@@ -3,7 +3,7 @@
     python -m bench.extproc_e2e --json
 
 The model server is Envoy answering by itself (config/envoy/direct.yaml).
-The same load goes to it four ways, one after the other:
+The same load goes to it four ways, all of them up for the whole run:
 - direct: straight to the model server (the baseline);
 - proxy: through a plain Envoy hop (config/envoy/proxy.yaml), to tell
   Envoy's own hop apart;
@@ -16,9 +16,13 @@ The same load goes to it four ways, one after the other:
 
 The load: an aiohttp client (keep-alive) posting a 1 KB JSON body to
 /v1/completions, first closed loop (`--concurrency` requests always
-outstanding, `--seconds`) for throughput, then open loop at a fixed `--rate`
-(500 requests/s) for latency, measured from each request's scheduled send
-time (so a stall is not hidden). Prints one JSON object: `direct_rps`,
+outstanding, `--seconds`), each way in turn, for throughput; then open loop
+at a fixed `--rate` (500 requests/s) for latency, measured from each
+request's scheduled send time (so a stall is not hidden), `--rate-seconds`
+per way in `--rounds` interleaved rounds: this machine's speed drifts by
+tens of percent over a minute, and a way measured once, after the others,
+would carry the drift. The client's garbage collector is off while it sends
+at the rate. Prints one JSON object: `direct_rps`,
 `epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP percentile minus
 direct percentile at the fixed rate), `epp_cpu_us_per_request` (the EPP
 process's user+system CPU from /proc/<pid>/stat over the closed-loop run,
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -76,22 +81,31 @@ def cpu_seconds(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU seconds used by this process and by the given subprocesses over a stretch."""
+    """CPU seconds used by this process and by the given subprocesses over
+    one or more stretches (`start` ... `stop`)."""
 
     def __init__(self, **pids: int) -> None:
         self._pids = pids
-        self._start = self._now()
+        self._used = dict.fromkeys([*pids, "client"], 0.0)
+        self._started: dict[str, float] | None = None
 
     def _now(self) -> dict[str, float]:
         now = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
         now["client"] = time.process_time()
         return now
 
-    def per_request_us(self, requests: int) -> dict[str, float]:
+    def start(self) -> None:
+        self._started = self._now()
+
+    def stop(self) -> None:
+        assert self._started is not None
         end = self._now()
-        return {
-            name: round((end[name] - self._start[name]) / max(1, requests) * 1e6, 1) for name in end
-        }
+        for name, value in end.items():
+            self._used[name] += value - self._started[name]
+        self._started = None
+
+    def per_request_us(self, requests: int) -> dict[str, float]:
+        return {name: round(used / max(1, requests) * 1e6, 1) for name, used in self._used.items()}
 
 
 async def closed_loop(url: str, concurrency: int, seconds: float) -> ClosedLoop:
@@ -117,29 +131,30 @@ async def closed_loop(url: str, concurrency: int, seconds: float) -> ClosedLoop:
         return ClosedLoop(done, errors, loop.time() - started)
 
 
-async def open_loop(url: str, rate: float, seconds: float) -> list[float]:
+async def open_loop(
+    session: aiohttp.ClientSession, url: str, rate: float, seconds: float
+) -> list[float]:
     """Latencies (ms) of requests sent at `rate` per second, from their scheduled time."""
     latencies: list[float] = []
     headers = {"content-type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        loop = asyncio.get_running_loop()
+    loop = asyncio.get_running_loop()
 
-        async def one(scheduled: float) -> None:
-            async with session.post(url, data=BODY, headers=headers) as response:
-                await response.read()
-            if response.status == 200:
-                latencies.append((loop.time() - scheduled) * 1000)
+    async def one(scheduled: float) -> None:
+        async with session.post(url, data=BODY, headers=headers) as response:
+            await response.read()
+        if response.status == 200:
+            latencies.append((loop.time() - scheduled) * 1000)
 
-        start = loop.time() + 0.05
-        total = int(rate * seconds)
-        tasks = []
-        for i in range(total):
-            scheduled = start + i / rate
-            delay = scheduled - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(scheduled)))
-        await asyncio.gather(*tasks)
+    start = loop.time() + 0.05
+    total = int(rate * seconds)
+    tasks = []
+    for i in range(total):
+        scheduled = start + i / rate
+        delay = scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(scheduled)))
+    await asyncio.gather(*tasks)
     return latencies
 
 
@@ -149,6 +164,15 @@ def percentile(values: list[float], q: float) -> float:
 
 async def warm_up(url: str) -> None:
     await closed_loop(url, 8, 0.5)
+
+
+@dataclass(slots=True)
+class Way:
+    """One way through to the model server: its URL and the processes whose
+    CPU it is charged with."""
+
+    url: str
+    pids: dict[str, int]
 
 
 @dataclass(slots=True)
@@ -170,15 +194,57 @@ class Load:
     seconds: float
     rate: float
     rate_seconds: float
+    rounds: int = 5
 
-    async def drive(self, url: str, **pids: int) -> PathResult:
-        await warm_up(url)
-        meter = CpuMeter(**pids)
-        closed = await closed_loop(url, self.concurrency, self.seconds)
-        cpu_closed = meter.per_request_us(closed.requests)
-        meter = CpuMeter(**pids)
-        latencies = await open_loop(url, self.rate, self.rate_seconds)
-        return PathResult(closed, latencies, cpu_closed, meter.per_request_us(len(latencies)))
+    async def drive(self, ways: dict[str, Way]) -> dict[str, PathResult]:
+        """Each way closed loop in turn, then all at the fixed rate in
+        `rounds` interleaved rounds of `rate_seconds / rounds` each (the order
+        rotating from round to round), so that a change in the machine's
+        speed during the run falls on every way alike. The load generator's
+        garbage collector is off while a stretch at the rate runs."""
+        closed: dict[str, tuple[ClosedLoop, dict[str, float]]] = {}
+        for name, way in ways.items():
+            await warm_up(way.url)
+            meter = CpuMeter(**way.pids)
+            meter.start()
+            run = await closed_loop(way.url, self.concurrency, self.seconds)
+            meter.stop()
+            closed[name] = (run, meter.per_request_us(run.requests))
+        latencies: dict[str, list[float]] = {name: [] for name in ways}
+        meters = {name: CpuMeter(**way.pids) for name, way in ways.items()}
+        names = list(ways)
+        async with contextlib.AsyncExitStack() as stack:
+            sessions = {
+                name: await stack.enter_async_context(
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                )
+                for name in names
+            }
+            for round_number in range(self.rounds):
+                shift = round_number % len(names)
+                for name in names[shift:] + names[:shift]:
+                    gc.collect()
+                    gc.disable()
+                    meters[name].start()
+                    try:
+                        latencies[name] += await open_loop(
+                            sessions[name],
+                            ways[name].url,
+                            self.rate,
+                            self.rate_seconds / self.rounds,
+                        )
+                    finally:
+                        meters[name].stop()
+                        gc.enable()
+        return {
+            name: PathResult(
+                closed[name][0],
+                latencies[name],
+                closed[name][1],
+                meters[name].per_request_us(len(latencies[name])),
+            )
+            for name in names
+        }
 
 
 @dataclass(slots=True)
@@ -215,30 +281,44 @@ def url_of(envoy: RunningEnvoy) -> str:
 
 async def measure(load: Load) -> dict:
     """Direct, through a plain Envoy hop, through ext_proc to the floor
-    server, and through ext_proc to `epp serve`, in that order."""
-    async with running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml") as model_server:
+    server, and through ext_proc to `epp serve`: all four up at once, driven
+    as `Load.drive` says."""
+    async with contextlib.AsyncExitStack() as stack:
+        model_server = await stack.enter_async_context(
+            running_envoy(epp_port=0, template=CONFIG_DIR / "direct.yaml")
+        )
         model_server_pid = model_server.process.pid
         endpoint = f"127.0.0.1:{model_server.listen_port}"
-        direct = await load.drive(url_of(model_server), model_server=model_server_pid)
-        async with running_envoy(
-            epp_port=model_server.listen_port, template=CONFIG_DIR / "proxy.yaml"
-        ) as proxy:
-            hop = await load.drive(url_of(proxy), gateway=proxy.process.pid)
-        async with (
-            running_floor(endpoint) as floor_server,
-            running_envoy(epp_port=floor_server.port) as gateway,
-        ):
-            floor = await load.drive(url_of(gateway), epp=floor_server.process.pid)
-        async with (
-            running_epp(f"--endpoints={endpoint}", "--log-level=warning") as epp,
-            running_envoy(epp_port=epp.ports["grpc"]) as gateway,
-        ):
-            through_epp = await load.drive(
-                url_of(gateway),
-                epp=epp.process.pid,
-                gateway=gateway.process.pid,
-                model_server=model_server_pid,
-            )
+        proxy = await stack.enter_async_context(
+            running_envoy(epp_port=model_server.listen_port, template=CONFIG_DIR / "proxy.yaml")
+        )
+        floor_server = await stack.enter_async_context(running_floor(endpoint))
+        floor_gateway = await stack.enter_async_context(running_envoy(epp_port=floor_server.port))
+        epp = await stack.enter_async_context(
+            running_epp(f"--endpoints={endpoint}", "--log-level=warning")
+        )
+        gateway = await stack.enter_async_context(running_envoy(epp_port=epp.ports["grpc"]))
+        results = await load.drive(
+            {
+                "direct": Way(url_of(model_server), {"model_server": model_server_pid}),
+                "proxy": Way(url_of(proxy), {"gateway": proxy.process.pid}),
+                "floor": Way(url_of(floor_gateway), {"epp": floor_server.process.pid}),
+                "epp": Way(
+                    url_of(gateway),
+                    {
+                        "epp": epp.process.pid,
+                        "gateway": gateway.process.pid,
+                        "model_server": model_server_pid,
+                    },
+                ),
+            }
+        )
+    direct, hop, floor, through_epp = (
+        results["direct"],
+        results["proxy"],
+        results["floor"],
+        results["epp"],
+    )
 
     def added(path: PathResult, q: float) -> float:
         return round(path.p(q) - direct.p(q), 3)
@@ -310,12 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0, help="closed-loop run length")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
-    parser.add_argument("--rate-seconds", type=float, default=5.0, help="open-loop run length")
+    parser.add_argument(
+        "--rate-seconds", type=float, default=5.0, help="open-loop time per way, all rounds"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved open-loop rounds")
     parser.add_argument("--repeat", type=int, default=1, help="runs; medians are reported")
     args = parser.parse_args(argv)
 
     def run() -> Awaitable[dict]:
-        return measure(Load(args.concurrency, args.seconds, args.rate, args.rate_seconds))
+        return measure(
+            Load(args.concurrency, args.seconds, args.rate, args.rate_seconds, args.rounds)
+        )
 
     result = asyncio.run(repeated(max(1, args.repeat), run))
     if args.json:
