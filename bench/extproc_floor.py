@@ -18,7 +18,6 @@ from pathlib import Path
 import uvloop
 
 from epp.extproc import messages
-from epp.extproc.headers import DESTINATION_ENDPOINT
 from epp.extproc.server import PROCESS_METHOD
 from epp.grpc_h2 import Call, GrpcServer
 
@@ -53,9 +52,8 @@ class FixedEndpoint:
         pass
 
     def _forward(self, body: bytes) -> None:
-        headers = [(DESTINATION_ENDPOINT, self._endpoint), ("content-length", str(len(body)))]
-        lb = {DESTINATION_ENDPOINT: self._endpoint}
-        self._send(messages.request_headers_reply(headers, [], lb))
+        headers = [("content-length", str(len(body)))]
+        self._send(messages.routed_headers_reply(self._endpoint, headers, []))
         for reply in messages.body_chunks(body, True):
             self._send(reply)
 

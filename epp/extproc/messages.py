@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from epp.extproc.gen.envoy.config.core.v3 import base_pb2
 from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.extproc.headers import DESTINATION_ENDPOINT, LB_NAMESPACE
 
 ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
@@ -62,21 +64,30 @@ def _set_headers(mutation: pb.HeaderMutation, values: Iterable[tuple[str, str]])
         option.append_action = OVERWRITE
 
 
-def request_headers_reply(
-    set_headers: Iterable[tuple[str, str]],
-    remove_headers: Iterable[str],
-    lb_metadata: dict[str, str],
+def routed_headers_reply(
+    endpoint: str, set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str]
 ) -> ProcessingResponse:
-    """The answer to the request headers of a dispatched request."""
+    """The answer to the request headers of a request dispatched to `endpoint`:
+    its destination header, the same in the `envoy.lb` dynamic metadata, the
+    route cache cleared; then `set_headers` and `remove_headers`. The part
+    that depends only on the endpoint is built once per endpoint (parsing it
+    back costs a third of building it)."""
+    response = ProcessingResponse.FromString(_routed_template(endpoint))
+    mutation = response.request_headers.response.header_mutation
+    _set_headers(mutation, set_headers)
+    mutation.remove_headers.extend(remove_headers)
+    return response
+
+
+@lru_cache(maxsize=4096)
+def _routed_template(endpoint: str) -> bytes:
     response = ProcessingResponse()
     common = response.request_headers.response
     common.clear_route_cache = True
-    _set_headers(common.header_mutation, set_headers)
-    common.header_mutation.remove_headers.extend(remove_headers)
-    lb = response.dynamic_metadata.fields["envoy.lb"].struct_value
-    for key, value in lb_metadata.items():
-        lb.fields[key].string_value = value
-    return response
+    _set_headers(common.header_mutation, [(DESTINATION_ENDPOINT, endpoint)])
+    lb = response.dynamic_metadata.fields[LB_NAMESPACE].struct_value
+    lb.fields[DESTINATION_ENDPOINT].string_value = endpoint
+    return response.SerializeToString()
 
 
 def body_chunks(

@@ -273,13 +273,11 @@ class ExtProcStream:
         endpoint = h.format_endpoint(request.endpoint or "")
         body = self._upstream_body
         self._upstream_body = b""
-        set_headers = [(h.DESTINATION_ENDPOINT, endpoint), (h.CONTENT_LENGTH, str(len(body)))]
+        set_headers = [(h.CONTENT_LENGTH, str(len(body)))]
         if h.REQUEST_ID not in self.headers:
             set_headers.append((h.REQUEST_ID, request.request_id))
         remove = [name for name in h.CONTROL_HEADERS if name in self.headers]
-        replies: list[Event] = [
-            messages.request_headers_reply(set_headers, remove, {h.DESTINATION_ENDPOINT: endpoint})
-        ]
+        replies: list[Event] = [messages.routed_headers_reply(endpoint, set_headers, remove)]
         replies.extend(messages.body_chunks(body, not self._request_trailers))
         if self._request_trailers:
             replies.append(messages.trailers_reply(response=False))

@@ -35,7 +35,7 @@ def _with_context(message: pb.ProcessingRequest) -> pb.ProcessingRequest:
 
 
 def _every_response_field() -> pb.ProcessingResponse:
-    reply = messages.request_headers_reply([("a", "b")], ["c"], {"k": "v"})
+    reply = messages.routed_headers_reply("10.0.0.1:80", [("a", "b")], ["c"])
     reply.mode_override.response_body_mode = 4
     reply.mode_override.request_trailer_mode = 1
     reply.override_message_timeout.seconds = 2
@@ -67,10 +67,8 @@ RECEIVED = {
     "response_trailers": response_trailers(),
 }
 SENT = {
-    "request_headers_reply": messages.request_headers_reply(
-        [("x-gateway-destination-endpoint", "10.0.0.1:80"), ("content-length", "12")],
-        ["x-llm-d-inference-objective"],
-        {"x-gateway-destination-endpoint": "10.0.0.1:80"},
+    "request_headers_reply": messages.routed_headers_reply(
+        "10.0.0.1:80", [("content-length", "12")], ["x-llm-d-inference-objective"]
     ),
     "request_body_chunk": messages.body_chunks(b"x" * 10, True)[0],
     "response_headers_reply": messages.response_headers_reply(),

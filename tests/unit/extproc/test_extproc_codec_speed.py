@@ -38,10 +38,10 @@ def per_call_us(function, number: int) -> float:
 
 
 def header_reply() -> pb.ProcessingResponse:
-    return messages.request_headers_reply(
-        [("x-gateway-destination-endpoint", ENDPOINT), ("content-length", "1024")],
+    return messages.routed_headers_reply(
+        ENDPOINT,
+        [("content-length", "1024")],
         ["x-llm-d-inference-objective", "x-llm-d-inference-fairness-id"],
-        {"x-gateway-destination-endpoint": ENDPOINT},
     )
 
 

@@ -37,3 +37,24 @@ def test_header_value_is_the_last_of_its_name_or_none():
     )
     assert messages.header_value(headers, "content-type") == "text/event-stream"
     assert messages.header_value(headers, "content-length") is None
+
+
+def test_routed_reply_sets_destination_metadata_and_the_other_headers():
+    reply = messages.routed_headers_reply("10.0.0.1:80", [("content-length", "12")], ["x-a"])
+    common = reply.request_headers.response
+    assert common.clear_route_cache
+    assert [(o.header.key, o.header.raw_value) for o in common.header_mutation.set_headers] == [
+        ("x-gateway-destination-endpoint", b"10.0.0.1:80"),
+        ("content-length", b"12"),
+    ]
+    assert list(common.header_mutation.remove_headers) == ["x-a"]
+    lb = reply.dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-gateway-destination-endpoint"].string_value == "10.0.0.1:80"
+
+
+def test_routed_replies_of_one_endpoint_do_not_share_headers():
+    first = messages.routed_headers_reply("10.0.0.1:80", [("content-length", "1")], [])
+    second = messages.routed_headers_reply("10.0.0.1:80", [("content-length", "2")], [])
+    set_headers = second.request_headers.response.header_mutation.set_headers
+    assert [o.header.raw_value for o in set_headers] == [b"10.0.0.1:80", b"2"]
+    assert len(first.request_headers.response.header_mutation.set_headers) == 2
