@@ -19,10 +19,14 @@ The load: an aiohttp client (keep-alive) posting a 1 KB JSON body to
 outstanding, `--seconds`), each way in turn, for throughput; then open loop
 at a fixed `--rate` (500 requests/s) for latency, measured from each
 request's scheduled send time (so a stall is not hidden), `--rate-seconds`
-per way in `--rounds` interleaved rounds: this machine's speed drifts by
-tens of percent over a minute, and a way measured once, after the others,
-would carry the drift. The client's garbage collector is off while it sends
-at the rate. Prints one JSON object: `direct_rps`,
+per way in `--rounds` interleaved rounds (in order, then in reverse): this
+machine's speed drifts by tens of percent over a minute, and a way measured
+once, after the others, would carry the drift. Stretches shorter than a few
+seconds measure transitions rather than a steady rate (more rounds of
+shorter stretches gave higher tails on every way). Each stretch starts
+after 0.2 s at the rate that is not recorded (the way sat idle while the
+others ran), and the client's garbage collector is off while it records.
+Prints one JSON object: `direct_rps`,
 `epp_rps`, `ratio`, `added_p50_ms`, `added_p99_ms` (EPP percentile minus
 direct percentile at the fixed rate), `epp_cpu_us_per_request` (the EPP
 process's user+system CPU from /proc/<pid>/stat over the closed-loop run,
@@ -61,6 +65,8 @@ from tests.support.epp_process import running_epp
 TARGETS = {"ratio": 0.25, "added_p50_ms": 1.0, "added_p99_ms": 5.0}
 BODY = json.dumps({"model": "m", "prompt": "x" * 1000, "max_tokens": 1}).encode()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+RESUME_SECONDS = 0.2
+"""At the rate, not recorded, before each recorded stretch of a way."""
 
 
 @dataclass(slots=True)
@@ -194,12 +200,12 @@ class Load:
     seconds: float
     rate: float
     rate_seconds: float
-    rounds: int = 5
+    rounds: int = 2
 
     async def drive(self, ways: dict[str, Way]) -> dict[str, PathResult]:
         """Each way closed loop in turn, then all at the fixed rate in
-        `rounds` interleaved rounds of `rate_seconds / rounds` each (the order
-        rotating from round to round), so that a change in the machine's
+        `rounds` interleaved rounds of `rate_seconds / rounds` each (in order,
+        then in reverse order, and so on), so that a change in the machine's
         speed during the run falls on every way alike. The load generator's
         garbage collector is off while a stretch at the rate runs."""
         closed: dict[str, tuple[ClosedLoop, dict[str, float]]] = {}
@@ -221,8 +227,9 @@ class Load:
                 for name in names
             }
             for round_number in range(self.rounds):
-                shift = round_number % len(names)
-                for name in names[shift:] + names[:shift]:
+                for name in names if round_number % 2 == 0 else names[::-1]:
+                    # The way was idle while the others ran: back to steady state first.
+                    await open_loop(sessions[name], ways[name].url, self.rate, RESUME_SECONDS)
                     gc.collect()
                     gc.disable()
                     meters[name].start()
@@ -391,9 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="closed-loop run length")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
     parser.add_argument(
-        "--rate-seconds", type=float, default=5.0, help="open-loop time per way, all rounds"
+        "--rate-seconds", type=float, default=10.0, help="open-loop time per way, all rounds"
     )
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved open-loop rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved open-loop rounds")
     parser.add_argument("--repeat", type=int, default=1, help="runs; medians are reported")
     args = parser.parse_args(argv)
 
