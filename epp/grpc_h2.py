@@ -343,7 +343,8 @@ class GrpcConnection(asyncio.Protocol):
                 return  # reset by the client in the data being handled: its StreamReset follows
             call.headers_sent = True
         outbox = call._outbox
-        outbox += len(payload).to_bytes(PREFIX_BYTES, "big")  # the leading 0: not compressed
+        outbox += b"\x00"  # not compressed
+        outbox += len(payload).to_bytes(4, "big")
         outbox += payload
         self._unsent[call] = None
         self._flush_later()
