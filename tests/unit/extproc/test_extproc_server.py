@@ -11,6 +11,7 @@ import pytest
 from extproc_wire import request_body, request_headers, response_body, response_headers
 
 from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp.extproc.messages import ProcessingResponse
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
 from epp.grpc_h2 import GrpcServer
@@ -157,3 +158,40 @@ async def test_half_close_while_waiting_for_admission_ends_after_the_answer(serv
     assert await call.code() == grpc.StatusCode.OK
     assert admission.completed == [(None, 0)]
     assert service.open_streams == 0
+
+
+class RecordingCall:
+    """A Call that records what is sent, in one log with the admission's completions."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def send(self, payload: bytes) -> None:
+        reply = ProcessingResponse.FromString(payload)
+        self.log.append(f"send {reply.WhichOneof('response')}")
+
+    def finish(self, status=None, message: str = "") -> None:
+        self.log.append("finish")
+
+
+async def test_release_is_settled_after_the_last_reply_is_sent_in_the_same_turn():
+    log: list[str] = []
+    admission = Admission()
+    admission.complete = lambda request, input_tokens=None, output_tokens=0: log.append("complete")
+    service = ExtProcService(admission, lambda headers: 0)
+    call = service.open(RecordingCall(log))
+    for message in (
+        request_headers(HEADERS),
+        request_body(BODY),
+        response_headers({"content-type": "application/json"}),
+        response_body(USAGE, end_of_stream=True),
+    ):
+        call.on_message(message.SerializeToString())
+    assert log == [
+        "send request_headers",
+        "send request_body",
+        "send response_headers",
+        "send response_body",
+    ]
+    await asyncio.sleep(0)
+    assert log[-1] == "complete"
