@@ -18,17 +18,9 @@ CHUNK_BYTES = 62_000
 """Largest body chunk sent back to Envoy (the reference EPP's size; Envoy advises <= 64 KiB)."""
 
 
-def header_dict(headers: pb.HttpHeaders | pb.HttpTrailers) -> dict[str, str]:
-    """Header name -> value; `raw_value` when set, else `value`. Later duplicates win."""
-    header_map = headers.headers if isinstance(headers, pb.HttpHeaders) else headers.trailers
-    return {
-        h.key: h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
-        for h in header_map.headers
-    }
-
-
 def read_request_headers(headers: pb.HttpHeaders) -> tuple[dict[str, str], int, int]:
-    """`header_dict`, with the number of header fields and the bytes of their
+    """Header name -> value (`raw_value` when set, else `value`; later
+    duplicates win), with the number of header fields and the bytes of their
     names and values, in one pass (each field read costs a protobuf wrapper)."""
     fields = headers.headers.headers
     values: dict[str, str] = {}

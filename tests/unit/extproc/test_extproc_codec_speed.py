@@ -49,7 +49,7 @@ def test_request_headers_parse_is_much_faster_than_reference():
     wire = request_headers(HEADERS, subset=[ENDPOINT]).SerializeToString()
 
     def ours():
-        messages.header_dict(pb.ProcessingRequest.FromString(wire).request_headers)
+        messages.read_request_headers(pb.ProcessingRequest.FromString(wire).request_headers)
 
     ours_us = per_call_us(ours, 2000)
     reference_us = per_call_us(lambda: ref.ProcessingRequest.parse(wire), 100)
