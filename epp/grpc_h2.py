@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from enum import IntEnum
 from typing import Protocol, cast
 from urllib.parse import quote
@@ -102,6 +102,28 @@ class Call:
             self._connection.finish(self, status, message)
 
 
+class StateMemo:
+    """Results of a header coder, each valid while the coder is in the state
+    it was computed in. Only results whose computation left that state
+    unchanged are kept (a coding that changed it would change it again)."""
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, tuple[tuple, object]] = {}
+
+    def get(self, key: Hashable, state: tuple) -> object | None:
+        entry = self._entries.get(key)
+        return entry[1] if entry is not None and entry[0] == state else None
+
+    def keep(self, key: Hashable, before: tuple, after: tuple, result: object) -> None:
+        if before != after:
+            return
+        if len(self._entries) >= self.SIZE:
+            self._entries.clear()
+        self._entries[key] = (before, result)
+
+
 class RepeatedBlockDecoder(hpack.Decoder):
     """hpack's decoder, remembering the header blocks that leave its state as
     they found it.
@@ -113,11 +135,9 @@ class RepeatedBlockDecoder(hpack.Decoder):
     limits), so a block that changed none of that decodes to the same headers
     whenever the state is the same again."""
 
-    MEMO_SIZE = 64
-
     def __init__(self) -> None:
         super().__init__()
-        self._memo: dict[tuple[bytes, bool], tuple[tuple, list]] = {}
+        self._memo = StateMemo()
 
     def _state(self) -> tuple:
         return (
@@ -130,15 +150,11 @@ class RepeatedBlockDecoder(hpack.Decoder):
     def decode(self, data: bytes, raw: bool = False) -> list:
         key = (bytes(data), raw)
         state = self._state()
-        remembered = self._memo.get(key)
-        if remembered is not None and remembered[0] == state:
-            return list(remembered[1])
-        headers = list(super().decode(data, raw))
-        if self._state() == state:
-            if len(self._memo) >= self.MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = (state, list(headers))
-        return headers
+        headers = self._memo.get(key, state)
+        if headers is None:
+            headers = list(super().decode(data, raw))
+            self._memo.keep(key, state, self._state(), headers)
+        return list(headers)
 
 
 class RepeatedBlockEncoder(hpack.Encoder):
@@ -148,11 +164,9 @@ class RepeatedBlockEncoder(hpack.Encoder):
     by field each time. Only lists of plain tuples are remembered (a
     `HeaderTuple` carries its indexing in its type)."""
 
-    MEMO_SIZE = 64
-
     def __init__(self) -> None:
         super().__init__()
-        self._memo: dict[tuple[tuple, bool], tuple[tuple, bytes]] = {}
+        self._memo = StateMemo()
 
     def _state(self) -> tuple:
         table = self.header_table
@@ -166,14 +180,10 @@ class RepeatedBlockEncoder(hpack.Encoder):
             return super().encode(headers, huffman)
         key = (headers, huffman)
         state = self._state()
-        remembered = self._memo.get(key)
-        if remembered is not None and remembered[0] == state:
-            return remembered[1]
-        block = super().encode(headers, huffman)
-        if self._state() == state:
-            if len(self._memo) >= self.MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = (state, block)
+        block = self._memo.get(key, state)
+        if block is None:
+            block = super().encode(headers, huffman)
+            self._memo.keep(key, state, self._state(), block)
         return block
 
 
