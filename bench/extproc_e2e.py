@@ -182,8 +182,8 @@ class Way:
 
 
 @dataclass(slots=True)
-class PathResult:
-    """One way through to the model server, measured closed loop then at the rate."""
+class WayResult:
+    """What was measured on one way: closed loop, then at the rate."""
 
     closed: ClosedLoop
     latencies: list[float]
@@ -202,7 +202,7 @@ class Load:
     rate_seconds: float
     rounds: int = 2
 
-    async def drive(self, ways: dict[str, Way]) -> dict[str, PathResult]:
+    async def drive(self, ways: dict[str, Way]) -> dict[str, WayResult]:
         """Each way closed loop in turn, then all at the fixed rate in
         `rounds` interleaved rounds of `rate_seconds / rounds` each (in order,
         then in reverse order, and so on), so that a change in the machine's
@@ -244,7 +244,7 @@ class Load:
                         meters[name].stop()
                         gc.enable()
         return {
-            name: PathResult(
+            name: WayResult(
                 closed[name][0],
                 latencies[name],
                 closed[name][1],
@@ -327,8 +327,8 @@ async def measure(load: Load) -> dict:
         results["epp"],
     )
 
-    def added(path: PathResult, q: float) -> float:
-        return round(path.p(q) - direct.p(q), 3)
+    def added(way: WayResult, q: float) -> float:
+        return round(way.p(q) - direct.p(q), 3)
 
     result = {
         "direct_rps": round(direct.closed.rps, 1),
