@@ -500,7 +500,7 @@ class GrpcConnection(asyncio.Protocol):
         (unless it had ended the call itself) `on_cancel`."""
         if call.closed:
             return
-        handler = call.handler
+        handler, call.handler = call.handler, None
         call.finish(status, message)
         self._tell_cancelled(call, handler)
 
@@ -511,10 +511,10 @@ class GrpcConnection(asyncio.Protocol):
             self._tell_cancelled(call, handler)
 
     def _tell_cancelled(self, call: Call, handler: Handler | None) -> None:
-        """(The call lets go of its handler as it ends: the two refer to each
-        other, and a cycle per request would be left to the garbage collector,
-        whose passes then stall the event loop for tens of milliseconds.)"""
-        call.handler = None
+        """Tell the handler the call was cancelled. (Its callers have taken
+        the handler from the call: the two refer to each other, and a cycle
+        per request would be left to the garbage collector, whose passes then
+        stall the event loop for tens of milliseconds.)"""
         if handler is not None:
             try:
                 handler.on_cancel()
@@ -526,12 +526,6 @@ class GrpcConnection(asyncio.Protocol):
         h2_connection = self._h2
         outbox = call._outbox
         try:
-            if outbox and len(outbox) <= min(
-                h2_connection.local_flow_control_window(call.id),
-                h2_connection.max_outbound_frame_size,
-            ):
-                h2_connection.send_data(call.id, bytes(outbox))
-                outbox.clear()
             while outbox:
                 size = min(
                     len(outbox),
