@@ -10,6 +10,7 @@ outcomes in the same order and hold the same counts and fairness counters.
 
 from __future__ import annotations
 
+from flowcontrol_support import Credits
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -38,22 +39,6 @@ band_configs = st.builds(
 )
 
 
-class CreditGate:
-    def __init__(self) -> None:
-        self.credits = 0
-        self.log: list[tuple[str, str]] = []
-
-    def is_open(self, priority: int) -> bool:
-        return self.credits > 0
-
-    def on_dispatch(self, request: FlowRequest) -> None:
-        self.credits -= 1
-        self.log.append(("dispatch", request.request_id))
-
-    def on_complete(self, request: FlowRequest) -> None:
-        self.log.append(("complete", request.request_id))
-
-
 class MoodyPlacer(LeastLoadedPlacer):
     """Least loaded, except that tenants in `waiting` find no room and
     tenants in `refused` are ended at once."""
@@ -77,7 +62,7 @@ class Side:
     """One controller with its gates, placer and requests."""
 
     def __init__(self, config: FlowControlConfig, max_in_flight: int, per_endpoint: int) -> None:
-        self.credit_gate = CreditGate()
+        self.credit_gate = Credits(0)
         self.pool_gate = ConcurrencyGate(max_in_flight, per_endpoint)
         self.placer = MoodyPlacer(self.pool_gate)
         self.core = FlowController(
@@ -117,7 +102,8 @@ class Side:
             bands,
             requests,
             self.decided,
-            self.credit_gate.log,
+            [r.request_id for r in self.credit_gate.dispatched],
+            [r.request_id for r in self.credit_gate.completed],
             self.placer.asked,
             self.pool_gate.in_flight,
         )
