@@ -59,7 +59,7 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.sim.live.envoy_process import CONFIG_DIR, RunningEnvoy, running_envoy
+from epp.demo.envoy_process import CONFIG_DIR, RunningEnvoy, running_envoy
 from tests.support.epp_process import running_epp
 
 TARGETS = {"ratio": 0.25, "added_p50_ms": 1.0, "added_p99_ms": 5.0}

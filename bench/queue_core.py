@@ -20,11 +20,11 @@ import time
 import tracemalloc
 
 from bench.harness import OnePlacer, Setup, build
-from epp.admission import AdmissionController
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import OpenGate
 from epp.flowcontrol.request import FlowRequest
+from epp.serve.admission import AdmissionController
 
 TARGETS = {
     "ratio": ("<=", 2.0),

@@ -3,7 +3,7 @@
     python -m bench.reliability --json [OUT]     # the long runs (5-minute soak)
 
 Every case starts its own stack on loopback (simulated vLLM servers,
-`epp serve`, Envoy; `epp.sim.live.stack`), plays load through Envoy, does
+`epp serve`, Envoy; `epp.demo.stack`), plays load through Envoy, does
 something bad, and stops everything. Each returns a `CaseResult`: requests
 sent, requests that ended with an HTTP response (any status; a stream cut
 after its 200 counts as answered), requests lost (no response at all: must
@@ -46,8 +46,8 @@ from typing import Any
 
 import aiohttp
 
-from epp.sim.live.loadgen import COMPLETED, LiveRequest, LoadGenerator
-from epp.sim.live.stack import LiveStack, StackSettings, live_stack
+from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
+from epp.demo.stack import LiveStack, StackSettings, live_stack
 from epp.sim.scenario import Objective, Scenario, parse_scenario
 from epp.sim.server_model import ServerParams
 

@@ -12,10 +12,10 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("epp.validate_command", "validate manifests and configuration files"),
+    "validate": ("epp.config.validate_command", "validate manifests and configuration files"),
     "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
-    "serve": ("epp.serve_command", "run the EPP: ext_proc for Envoy, health, metrics"),
-    "demo": ("epp.sim.demo_command", "run the EPP live behind Envoy with simulated model servers"),
+    "serve": ("epp.serve.command", "run the EPP: ext_proc for Envoy, health, metrics"),
+    "demo": ("epp.demo.command", "run the EPP live behind Envoy with simulated model servers"),
 }
 """name -> (module, one-line help)."""
 

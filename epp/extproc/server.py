@@ -1,6 +1,6 @@
 """The ext_proc service: Envoy's `ExternalProcessor/Process` calls fed to ExtProcStream.
 
-Served by epp.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
+Served by epp.transport.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
 gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
 whose replies are sent in order. `AdmissionNeeded` offers the request to
 flow control; when it must queue, one task awaits its outcome (messages
@@ -27,7 +27,7 @@ from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.grpc_h2 import Call, Status
+from epp.transport.grpc_h2 import Call, Status
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 
 class Admission(Protocol):
-    """What the service needs from flow control (epp.admission.AdmissionController)."""
+    """What the service needs from flow control (epp.serve.admission.AdmissionController)."""
 
     def offer(self, request: FlowRequest) -> Outcome | None: ...
 

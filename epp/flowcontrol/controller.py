@@ -1,7 +1,7 @@
 """The flow controller: the one owner of every queue.
 
 Synchronous and clock-free: every call takes `now` from its caller. The live
-shell (`epp.admission`) and the simulator (`epp.sim`) drive the same object.
+shell (`epp.serve.admission`) and the simulator (`epp.sim`) drive the same object.
 
 Dispatch is strict priority. Bands are visited from the highest priority
 down; a band dispatches while the gate is open for it and the placer finds an

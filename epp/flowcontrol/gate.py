@@ -8,7 +8,7 @@ not one scrape interval behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from epp.flowcontrol.outcome import Outcome
@@ -119,32 +119,3 @@ class AllGates:
     def on_complete(self, request: FlowRequest) -> None:
         for gate in self.gates:
             gate.on_complete(request)
-
-
-class LeastLoadedPlacer:
-    """The simplest useful placer: the endpoint with the fewest in-flight
-    requests that still has room in `gate`; ties go to the first listed.
-
-    The scheduler (`epp.scheduling`) replaces it with filters and scorers.
-    """
-
-    __slots__ = ("_endpoints", "_gate")
-
-    def __init__(self, endpoints: Callable[[], list[str]], gate: ConcurrencyGate) -> None:
-        self._endpoints = endpoints
-        self._gate = gate
-
-    def place(self, request: FlowRequest) -> Placement:
-        best: str | None = None
-        best_load = 0
-        gate = self._gate
-        for endpoint in self._endpoints():
-            if not gate.has_room(endpoint):
-                continue
-            load = gate.in_flight_at(endpoint)
-            if best is None or load < best_load:
-                best, best_load = endpoint, load
-        return best
-
-    def has_endpoints(self) -> bool:
-        return bool(self._endpoints())

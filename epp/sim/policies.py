@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from epp.api.models import InferenceObjective, InferencePool, PoolRef
 from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
-from epp.config import EppConfig
+from epp.config.loader import EppConfig
 from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest

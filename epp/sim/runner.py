@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from epp.config import EppConfig
+from epp.config.loader import EppConfig
 from epp.sim.engine import Simulation
 from epp.sim.policies import EppPolicy, LeastQueuePolicy, RoundRobinPolicy, with_fairness
 from epp.sim.scenario import Scenario

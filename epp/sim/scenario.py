@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from epp.config import ConfigError, EppConfig, load_config
-from epp.fieldreader import FieldReader
+from epp.config.fieldreader import FieldReader
+from epp.config.loader import ConfigError, EppConfig, load_config
 from epp.flowcontrol.config import Fairness
 from epp.sim.server_model import ServerParams
 

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from epp.sim.live.processes import PartFailed
-from epp.sim.live.stack import StackSettings, live_stack
+from epp.demo.processes import PartFailed
+from epp.demo.stack import StackSettings, live_stack
 from epp.sim.scenario import Objective
 from epp.sim.server_model import ServerParams
 

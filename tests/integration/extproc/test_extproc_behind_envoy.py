@@ -19,7 +19,7 @@ from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.grpc_h2 import GrpcServer
+from epp.transport.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
 from tests.support.waiting import eventually
 

@@ -14,13 +14,14 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from epp.admission import AdmissionController
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.gate import ConcurrencyGate, LeastLoadedPlacer
-from epp.grpc_h2 import GrpcServer
+from epp.flowcontrol.gate import ConcurrencyGate
+from epp.serve.admission import AdmissionController
+from epp.transport.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
+from tests.support.placers import LeastLoadedPlacer
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]

@@ -8,7 +8,7 @@ import asyncio
 
 from grpc_health.v1 import health_pb2
 
-from epp.server import EppServer, ServeOptions
+from epp.serve.server import EppServer, ServeOptions
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
 from tests.support.waiting import eventually

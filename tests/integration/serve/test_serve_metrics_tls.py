@@ -13,10 +13,10 @@ from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.metrics import EppMetrics
 from epp.scheduling.request import InferenceRequest
-from epp.server import EppServer, ServeOptions
-from epp.tls import self_signed_certificate
+from epp.serve.metrics import EppMetrics
+from epp.serve.server import EppServer, ServeOptions
+from epp.serve.tls import self_signed_certificate
 from tests.support.health import health_status
 
 QUEUE = "inference_extension_flow_control_request_queue_duration_seconds_count"

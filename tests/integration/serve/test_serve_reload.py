@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from epp.flowcontrol.request import FlowRequest, State
-from epp.server import EppServer, ServeOptions, StartupError, read_endpoints
+from epp.serve.server import EppServer, ServeOptions, StartupError, read_endpoints
 
 CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1

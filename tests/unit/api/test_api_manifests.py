@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from epp.api.manifests import ManifestError, load_manifests, load_objectives, load_pool
 from epp.api.registry import ObjectiveRegistry
-from epp.manifests import ManifestError, load_manifests, load_objectives, load_pool
 
 
 def test_documents_keep_file_and_index(tmp_path: Path) -> None:

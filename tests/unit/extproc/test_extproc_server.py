@@ -1,4 +1,4 @@
-"""The ext_proc service on epp.grpc_h2, driven by a grpc.aio client on loopback (no Envoy)."""
+"""The ext_proc service on epp.transport.grpc_h2, driven by a grpc.aio client (no Envoy)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from epp.extproc.messages import ProcessingResponse
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
-from epp.grpc_h2 import GrpcServer
+from epp.transport.grpc_h2 import GrpcServer
 from tests.support.waiting import eventually
 
 BODY = json.dumps({"model": "m", "prompt": "p"}).encode()

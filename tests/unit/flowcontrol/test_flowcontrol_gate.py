@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flowcontrol_support import Credits, controller, enqueue_all, request
 
-from epp.flowcontrol.gate import AllGates, ConcurrencyGate, LeastLoadedPlacer, OpenGate
+from epp.flowcontrol.gate import AllGates, ConcurrencyGate, OpenGate
+from tests.support.placers import LeastLoadedPlacer
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 

@@ -27,9 +27,10 @@ from hypothesis.stateful import (
 
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, Ordering
 from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.gate import AllGates, ConcurrencyGate, LeastLoadedPlacer
+from epp.flowcontrol.gate import AllGates, ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
+from tests.support.placers import LeastLoadedPlacer
 
 ENDPOINTS = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
 PRIORITIES = [-(2**31), -3, 0, 4]

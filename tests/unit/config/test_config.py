@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
-from epp.config import ConfigError, EppConfig, load_config, parse_config, parse_duration
+from epp.config.loader import ConfigError, EppConfig, load_config, parse_config, parse_duration
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
 from epp.scheduling.config import ScorerConfig
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.grpc_h2 import RepeatedBlockDecoder, RepeatedBlockEncoder
+from epp.transport.grpc_h2 import RepeatedBlockDecoder, RepeatedBlockEncoder
 
 NAMES = [b":path", b"content-type", b"te", b"x-forwarded-for", b"x-request-id", b"grpc-timeout"]
 VALUES = [b"/envoy.service.ext_proc.v3.ExternalProcessor/Process", b"application/grpc", b"t", b""]

@@ -6,7 +6,7 @@ service turn SERVING once the EPP has its objectives and endpoints (files
 loaded, or the cluster synced) and NOT_SERVING when it starts shutting down.
 
 The health port is a grpc.aio server with grpc-health-checking's servicer
-(Check and Watch); the ext_proc port (epp.grpc_h2) answers Check from the
+(Check and Watch); the ext_proc port (epp.transport.grpc_h2) answers Check from the
 same states (`check_route`).
 """
 
@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from epp.grpc_h2 import Call, Status
+from epp.transport.grpc_h2 import Call, Status
 
 LIVENESS = "liveness"
 READINESS = "readiness"
@@ -69,7 +69,7 @@ class Health:
 
 
 class HealthCheck:
-    """`Health/Check` on epp.grpc_h2: one request, one answer; NOT_FOUND for
+    """`Health/Check` on epp.transport.grpc_h2: one request, one answer; NOT_FOUND for
     an unknown service, as grpc-health-checking answers."""
 
     __slots__ = ("_call", "_service", "_statuses")

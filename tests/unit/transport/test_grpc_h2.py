@@ -1,4 +1,4 @@
-"""epp.grpc_h2, the gRPC server of the ext_proc port, against grpc.aio as the client."""
+"""epp.transport.grpc_h2, the gRPC server of the ext_proc port, against grpc.aio as the client."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
-from epp.grpc_h2 import STREAM_WALK_SLACK, Call, GrpcServer, Status, _ServerH2Connection
-from epp.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
+from epp.serve.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
+from epp.transport.grpc_h2 import STREAM_WALK_SLACK, Call, GrpcServer, Status, _ServerH2Connection
 from tests.support.waiting import eventually
 
 ECHO = "/test.Echo/Echo"

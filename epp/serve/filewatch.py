@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epp.manifests import MANIFEST_SUFFIXES
+from epp.api.manifests import MANIFEST_SUFFIXES
 
 log = logging.getLogger(__name__)
 

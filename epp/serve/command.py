@@ -1,9 +1,9 @@
 """`epp serve`: run the EPP (ext_proc for Envoy, gRPC health, Prometheus metrics).
 
 Flag names follow the reference EPP where it has one. Durations are Go-style
-("50ms", "10s"); see epp.server for how the inputs are chosen.
+("50ms", "10s"); see epp.serve.server for how the inputs are chosen.
 
-epp.server (gRPC, aiohttp, prometheus-client) is imported in `run`, not at
+epp.serve.server (gRPC, aiohttp, prometheus-client) is imported in `run`, not at
 the top, so that the other subcommands start light.
 """
 
@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from epp.config import parse_bytes, parse_duration
+from epp.config.loader import parse_bytes, parse_duration
 
 if TYPE_CHECKING:
-    from epp.server import ServeOptions
+    from epp.serve.server import ServeOptions
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> ServeOptions:
-    from epp.server import ServeOptions
+    from epp.serve.server import ServeOptions
 
     return ServeOptions(
         grpc_port=args.grpc_port,
@@ -149,9 +149,9 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if (args.cert_path is None) != (args.key_path is None):
-        logging.getLogger("epp.server").error("--cert-path and --key-path go together")
+        logging.getLogger("epp.serve.server").error("--cert-path and --key-path go together")
         return 2
-    from epp.server import serve
+    from epp.serve.server import serve
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(serve(options_from(args)))

@@ -9,13 +9,14 @@ import time
 
 import pytest
 
-from epp.admission import AdmissionController
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.flow import FlowKey
-from epp.flowcontrol.gate import ConcurrencyGate, LeastLoadedPlacer
+from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
+from epp.serve.admission import AdmissionController
+from tests.support.placers import LeastLoadedPlacer
 
 ENDPOINT = "10.0.0.1:8000"
 TIMER_SLACK = 0.05

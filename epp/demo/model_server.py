@@ -13,7 +13,7 @@ the model refuses (its waiting queue is full) gets 429, as vLLM does.
 Prompt size is estimated at 4 characters a token; the output length is the
 request's `max_tokens` (or `max_completion_tokens`), default 16.
 
-    python -m epp.sim.live.model_server --count 4 --ready-file ports.json
+    python -m epp.demo.model_server --count 4 --ready-file ports.json
 
 runs `--count` servers on free loopback ports in one process and writes
 `{"ports": [...], "pid": N}` once they listen; SIGTERM stops them.
@@ -386,7 +386,7 @@ async def _serve(count: int, params: ServerParams, model_name: str, ready_file: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m epp.sim.live.model_server")
+    parser = argparse.ArgumentParser(prog="python -m epp.demo.model_server")
     parser.add_argument("--count", type=int, default=1, help="servers to run (default 1)")
     parser.add_argument(
         "--params",

@@ -27,9 +27,9 @@ from string import Template
 
 import aiohttp
 
-from epp.sim.live.processes import PartFailed, log_tail
+from epp.demo.processes import PartFailed, log_tail
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "config" / "envoy"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "envoy"
 DEFAULT_TEMPLATE = CONFIG_DIR / "envoy.yaml"
 LOOPBACK = "127.0.0.1"
 

@@ -9,7 +9,7 @@ import aiohttp
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim.live.model_server import SimulatedServer
+from epp.demo.model_server import SimulatedServer
 from epp.sim.server_model import ServerParams
 
 FAST = ServerParams(max_num_seqs=2, decode_ms_per_token=2.0, prefill_overhead_ms=1.0)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from epp.fieldreader import FieldReader
+from epp.config.fieldreader import FieldReader
 from epp.flowcontrol.config import (
     BandConfig,
     Fairness,

@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from epp.sim.live.demo import run_demo
-    from epp.sim.live.processes import PartFailed
-    from epp.sim.live.report import render_live_text
+    from epp.demo.demo import run_demo
+    from epp.demo.processes import PartFailed
+    from epp.demo.report import render_live_text
 
     try:
         scenario = load_scenario(args.scenario)

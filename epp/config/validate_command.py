@@ -13,9 +13,9 @@ import argparse
 import sys
 from typing import TextIO
 
+from epp.api.manifests import Manifest, ManifestError, load_manifests
 from epp.api.models import InvalidObjectError, decode
-from epp.config import ConfigError, is_config, parse_config
-from epp.manifests import Manifest, ManifestError, load_manifests
+from epp.config.loader import ConfigError, is_config, parse_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from epp.sim.live.loadgen import LiveRequest
+from epp.demo.loadgen import LiveRequest
 from epp.sim.report import LATENCY_HEADER, latency_row, latency_stats, scenario_summary
 from epp.sim.scenario import Scenario
 

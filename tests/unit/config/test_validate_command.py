@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from epp.cli import main
-from epp.validate_command import validate
+from epp.config.validate_command import validate
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 BAD = """\
 apiVersion: llm-d.ai/v1

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest_asyncio
 from aiohttp import web
 
-from epp.sim.live.loadgen import COMPLETED, LoadGenerator, outcome_of
-from epp.sim.live.model_server import SimulatedServer
-from epp.sim.live.report import live_report, render_live_text
+from epp.demo.loadgen import COMPLETED, LoadGenerator, outcome_of
+from epp.demo.model_server import SimulatedServer
+from epp.demo.report import live_report, render_live_text
 from epp.sim.scenario import parse_scenario
 from epp.sim.server_model import ServerParams
 from epp.sim.workload import workload

@@ -17,9 +17,9 @@ import yaml
 
 from epp.api import crds
 from epp.api.validation import check
-from epp.config import is_config, parse_config
+from epp.config.loader import is_config, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "config"
 KUBERNETES_VERSION = "1.33"
 SIDECAR_ENVOY = {

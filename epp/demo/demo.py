@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from epp.sim.live.loadgen import LoadGenerator
-from epp.sim.live.report import live_report
-from epp.sim.live.stack import LiveStack, StackSettings, live_stack
+from epp.demo.loadgen import LoadGenerator
+from epp.demo.report import live_report
+from epp.demo.stack import LiveStack, StackSettings, live_stack
 from epp.sim.scenario import Scenario
 
 DRAIN_TIMEOUT_S = 60.0

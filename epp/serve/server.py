@@ -9,12 +9,12 @@ down gracefully:
                                              |               (priorities -> bands)
                                      AdmissionController --> EppMetrics
                                              |
-                               ExtProcService (epp.grpc_h2, port 9002) + Health
+                               ExtProcService (epp.transport.grpc_h2, port 9002) + Health
 
 Where the pool, objectives and endpoints come from (`Inputs`):
 - files (`--endpoints` given): `--pool FILE`, `--objectives PATH...`,
   `--endpoints ip:port,...|@FILE`, each reloaded when it changes
-  (`epp.filewatch`). Without `--objectives` the objectives shipped with the
+  (`epp.serve.filewatch`). Without `--objectives` the objectives shipped with the
   package (copies of config/samples/) are used; without `--pool`, a pool
   named `--pool-name` in `--pool-namespace` with no labels, or, when neither
   `--pool-name` nor `--objectives` is given, the sample pool the sample
@@ -52,30 +52,30 @@ from typing import TYPE_CHECKING
 import grpc
 
 from epp import defaults
-from epp.admission import AdmissionController
+from epp.api.manifests import ManifestError, load_objectives, load_pool
 from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
-from epp.config import EppConfig, load_config
+from epp.config.loader import EppConfig, load_config
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
-from epp.filewatch import FileWatcher
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate
-from epp.grpc_h2 import GrpcServer
-from epp.health import CHECK_METHOD, Health
-from epp.manifests import ManifestError, load_objectives, load_pool
-from epp.metrics import EppMetrics, serve_metrics
 from epp.scheduling.gates import build_gate, pool_saturation
 from epp.scheduling.scheduler import Scheduler
+from epp.serve.admission import AdmissionController
+from epp.serve.filewatch import FileWatcher
+from epp.serve.health import CHECK_METHOD, Health
+from epp.serve.metrics import EppMetrics, serve_metrics
+from epp.transport.grpc_h2 import GrpcServer
 
 if TYPE_CHECKING:
     from epp.k8s.cluster import ClusterMode
 
-log = logging.getLogger("epp.server")
+log = logging.getLogger("epp.serve.server")
 
 SCRAPE_TIMEOUT = 1.0
 GRPC_FRAMING_ALLOWANCE = 1024 * 1024
@@ -383,7 +383,7 @@ class EppServer:
         address = options.bind_address
         ssl_context = None
         if options.secure_serving:
-            from epp.tls import server_ssl_context
+            from epp.serve.tls import server_ssl_context
 
             ssl_context = server_ssl_context(options.cert_path, options.key_path)
         self._ext_proc_server = GrpcServer(

@@ -29,8 +29,8 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim.live.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
-from epp.sim.live.processes import Child, start_child
+from epp.demo.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
+from epp.demo.processes import Child, start_child
 from epp.sim.scenario import Objective
 from epp.sim.server_model import ServerParams
 
@@ -127,7 +127,7 @@ class LiveStack:
                 name,
                 [
                     "-m",
-                    "epp.sim.live.model_server",
+                    "epp.demo.model_server",
                     "--count",
                     str(count),
                     "--model",

@@ -1,0 +1,1 @@
+"""EndpointPickerConfig: the reader, the field reader and `epp validate`."""

@@ -1,0 +1,1 @@
+"""The live shell: `epp serve` wiring, admission, health, metrics, file inputs, TLS."""
