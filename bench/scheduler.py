@@ -129,7 +129,7 @@ def xxh64_2kb_us(rounds: int) -> float:
     return (time.thread_time() - started) / rounds * 1e6
 
 
-VLLM_PAGE = Path(__file__).parents[1] / "tests/integration/datalayer/vllm_metrics.txt"
+VLLM_PAGE = Path(__file__).parents[1] / "tests/integration/datalayer/pages/vllm_v1_0.10.txt"
 
 
 async def serve_metrics(count: int) -> None:

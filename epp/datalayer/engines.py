@@ -1,72 +1,211 @@
-"""Which Prometheus series carry an engine's load, per model-server engine.
+"""Which Prometheus series carry a model server's load, per engine: the one table.
 
-The endpoint's label `inference.networking.k8s.io/engine-type` picks the
-mapping (default `vllm`), as in the reference EPP.
+Each engine's entry names the series the reader takes waiting, running,
+KV-cache use, LoRA adapters and the KV block geometry from, each with the
+place in the engine's own source that defines it, plus where the page is
+served (`metrics_path`) and which labels tell separate schedulers apart
+(`rank_labels`: their samples are summed; samples that differ only in other
+labels are copies of one scheduler's state and are counted once).
+
+Which engine an endpoint runs comes from its pod label `llm-d.ai/engine-type`
+(the legacy `inference.networking.k8s.io/engine-type` is still read), else
+the configured default (`vllm`), as in the reference's core-metrics-extractor.
+An unknown engine name falls back to the default engine's table, also as the
+reference does, with a warning once per name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+ENGINE_LABEL = "llm-d.ai/engine-type"
+LEGACY_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+DEFAULT_ENGINE = "vllm"
+
+
+@dataclass(slots=True, frozen=True)
+class Series:
+    """One series selector: a metric name and the label values its samples
+    must carry (the reference's `name{label=value}` spec)."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.labels)
+
+
+_SPEC = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?\s*$")
+_PAIR = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"?([^",]*)"?\s*$')
+
+
+def parse_series(spec: str) -> Series:
+    """`name` or `name{label=value,...}` (values quoted or not); ValueError otherwise."""
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"not a metric specification: {spec!r}")
+    pairs: list[tuple[str, str]] = []
+    if match.group(2) and match.group(2).strip():
+        for pair in match.group(2).split(","):
+            found = _PAIR.match(pair)
+            if found is None:
+                raise ValueError(f"bad label pair {pair!r} in metric specification {spec!r}")
+            pairs.append((found.group(1), found.group(2)))
+    return Series(match.group(1), tuple(pairs))
 
 
 @dataclass(slots=True, frozen=True)
 class EngineMetricNames:
-    """Series names for one engine. `lora_info` is vLLM's LoRA gauge (labels
-    running_lora_adapters, waiting_lora_adapters, max_lora; the sample with
-    the largest value, a timestamp, is the newest). `cache_info` is a gauge
-    whose labels carry the KV block size and block count; `block_size_gauge`
-    a gauge whose value is the block size."""
+    """Where one engine puts its load. For waiting, running and KV use the
+    first series of the tuple that the page carries is read (newest name
+    first). `prefix` is what every series of the engine starts with: a page
+    without any is not this engine's (a wrong label or path), while a page of
+    the engine that lacks a load series is a server with no load yet."""
 
-    waiting: str
-    running: str
-    kv_usage: str
+    waiting: tuple[Series, ...]
+    running: tuple[Series, ...]
+    kv_usage: tuple[Series, ...]
+    prefix: str | None = None
+    rank_labels: frozenset[str] = frozenset()
     lora_info: str | None = None
+    """Labels running_lora_adapters, waiting_lora_adapters, max_lora; the
+    sample with the largest value (a timestamp) is the newest."""
     cache_info: str | None = None
+    """An info gauge whose labels carry the block size and count."""
     block_size_label: str = "block_size"
     num_blocks_label: str = "num_gpu_blocks"
-    block_size_gauge: str | None = None
+    block_size_gauge: Series | None = None
+    num_blocks_gauge: Series | None = None
+    metrics_path: str = "/metrics"
 
     def names(self) -> tuple[str, ...]:
-        """Every series name this mapping reads."""
-        optional = (self.lora_info, self.cache_info, self.block_size_gauge)
-        return (
-            self.waiting,
-            self.running,
-            self.kv_usage,
-            *(name for name in optional if name is not None),
-        )
+        """Every series name this mapping reads, once each."""
+        found: dict[str, None] = {}
+        for series in (*self.waiting, *self.running, *self.kv_usage):
+            found[series.name] = None
+        for name in (self.lora_info, self.cache_info):
+            if name is not None:
+                found[name] = None
+        for gauge in (self.block_size_gauge, self.num_blocks_gauge):
+            if gauge is not None:
+                found[gauge.name] = None
+        return tuple(found)
+
+
+def _s(name: str, **labels: str) -> Series:
+    return Series(name, tuple(labels.items()))
 
 
 ENGINES: dict[str, EngineMetricNames] = {
     "vllm": EngineMetricNames(
-        waiting="vllm:num_requests_waiting",
-        running="vllm:num_requests_running",
-        kv_usage="vllm:kv_cache_usage_perc",
-        lora_info="vllm:lora_requests_info",
+        # vllm/v1/metrics/loggers.py, PrometheusStatLogger: labels model_name
+        # and engine (the engine core's index: one per data-parallel rank).
+        # With several API servers the page is assembled by prometheus_client's
+        # multiprocess collector, which adds `pid` to gauges not in
+        # "mostrecent" mode (kv_cache_usage_perc): copies, not ranks.
+        waiting=(_s("vllm:num_requests_waiting"),),  # gauge_scheduler_waiting
+        running=(_s("vllm:num_requests_running"),),  # gauge_scheduler_running
+        kv_usage=(
+            _s("vllm:kv_cache_usage_perc"),  # gauge_kv_cache_usage, since 0.9
+            # gauge_gpu_cache_usage: the V0 engine (vllm/engine/metrics.py,
+            # labels model_name only) and v1 before 0.9; deprecated in 0.9.2,
+            # hidden from 0.11 unless --show-hidden-metrics-for-version.
+            _s("vllm:gpu_cache_usage_perc"),
+        ),
+        prefix="vllm:",
+        rank_labels=frozenset({"engine"}),
+        lora_info="vllm:lora_requests_info",  # gauge_lora_info, with --enable-lora
+        # log_metrics_info("cache_config", ...): every CacheConfig field as a
+        # label, str()'d, so an unset num_gpu_blocks reads "None".
         cache_info="vllm:cache_config_info",
     ),
     "sglang": EngineMetricNames(
-        waiting="sglang:num_queue_reqs",
-        running="sglang:num_running_reqs",
-        kv_usage="sglang:token_usage",
+        # python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector;
+        # labels from scheduler_metrics_mixin.init_metrics: model_name,
+        # engine_type, tp_rank, pp_rank (and moe_ep_rank in newer releases),
+        # dp_rank with data-parallel attention. Only TP rank 0 reports unless
+        # --enable-metrics-for-all-schedulers, which repeats the same state
+        # once per TP/PP/EP rank; data-parallel ranks are separate schedulers.
+        waiting=(_s("sglang:num_queue_reqs"),),  # num_queue_reqs
+        running=(_s("sglang:num_running_reqs"),),  # num_running_reqs
+        kv_usage=(_s("sglang:token_usage"),),  # token_usage, 0-1
+        prefix="sglang:",
+        rank_labels=frozenset({"dp_rank"}),
+        # Releases before 0.5.11 carry the page geometry as labels of an info
+        # gauge (the reference's table); later ones as the gauges page_size
+        # and num_pages of SchedulerMetricsCollector.
         cache_info="sglang:cache_config_info",
         block_size_label="page_size",
         num_blocks_label="num_pages",
+        block_size_gauge=_s("sglang:page_size"),
+        num_blocks_gauge=_s("sglang:num_pages"),
     ),
     "trtllm-serve": EngineMetricNames(
-        waiting="trtllm_num_requests_waiting",
-        running="trtllm_num_requests_running",
-        kv_usage="trtllm_kv_cache_utilization",
-        block_size_gauge="trtllm_kv_cache_tokens_per_block",
+        # tensorrt_llm/metrics/collector.py, MetricsCollector.log_iteration_stats
+        # (labels model_name, engine_type). trtllm-serve's GET /metrics is a
+        # JSON list of iteration stats; the Prometheus text is mounted at
+        # /prometheus/metrics (serve/openai_server.py, mount_metrics), only
+        # with return_perf_metrics: true. Its gauges have labels, so they
+        # appear only once the first iteration's stats are logged.
+        waiting=(_s("trtllm_num_requests_waiting"),),  # numQueuedRequests
+        running=(_s("trtllm_num_requests_running"),),  # numActiveRequests
+        kv_usage=(_s("trtllm_kv_cache_utilization"),),  # usedNumBlocks / maxNumBlocks
+        prefix="trtllm_",
+        block_size_gauge=_s("trtllm_kv_cache_tokens_per_block"),  # tokensPerBlock
+        num_blocks_gauge=_s("trtllm_kv_cache_max_blocks"),  # maxNumBlocks
+        metrics_path="/prometheus/metrics",
+    ),
+    "triton-tensorrt-llm": EngineMetricNames(
+        # Triton's TensorRT-LLM backend, as the reference's built-in table
+        # (pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go)
+        # names it; no Triton source was checked.
+        waiting=(_s("nv_trt_llm_request_metrics", request_type="waiting"),),
+        running=(_s("nv_trt_llm_request_metrics", request_type="scheduled"),),
+        kv_usage=(_s("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction"),),
+        prefix="nv_trt_llm_",
+        block_size_gauge=_s("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per"),
+        num_blocks_gauge=_s("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max"),
     ),
 }
 
 
-def engine_metric_names(engine: str) -> EngineMetricNames:
-    """The mapping for `engine`; a clear error for an unknown one."""
-    try:
-        return ENGINES[engine]
-    except KeyError:
-        raise ValueError(
-            f"unknown model-server engine {engine!r}; known: {', '.join(ENGINES)}"
-        ) from None
+@dataclass(slots=True)
+class EngineLookup:
+    """An endpoint's engine table from its labels (see the module docstring).
+    `engines` holds the built-in tables plus any configured ones."""
+
+    default_engine: str = DEFAULT_ENGINE
+    label_key: str = ENGINE_LABEL
+    engines: Mapping[str, EngineMetricNames] = field(default_factory=lambda: ENGINES)
+    _warned: set[str] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.default_engine not in self.engines:
+            raise ValueError(
+                f"default engine {self.default_engine!r} is not one of: {', '.join(self.engines)}"
+            )
+
+    def engine_name(self, labels: Mapping[str, str]) -> str:
+        """The engine the labels name (default when unlabelled or unknown)."""
+        name = labels.get(self.label_key) or labels.get(LEGACY_ENGINE_LABEL)
+        if not name:
+            return self.default_engine
+        if name not in self.engines:
+            if name not in self._warned:
+                self._warned.add(name)
+                log.warning(
+                    "unknown model-server engine %r; reading its metrics as %r (known: %s)",
+                    name,
+                    self.default_engine,
+                    ", ".join(self.engines),
+                )
+            return self.default_engine
+        return name
+
+    def names_for(self, labels: Mapping[str, str]) -> EngineMetricNames:
+        return self.engines[self.engine_name(labels)]

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.datalayer.engines import EngineMetricNames
+from epp.datalayer.engines import EngineMetricNames, Series
 from epp.scheduling.endpoint import EndpointMetrics
 
 Sample = tuple[str, dict[str, str], float]
@@ -71,8 +71,8 @@ class MetricsReader:
         self._previous: dict[str, Sample] = {}
 
     def read(self, text: str, names: EngineMetricNames, now: float) -> EndpointMetrics:
-        """The metrics in `text`, read at `now`; ValueError when a required
-        series is missing or a value is malformed."""
+        """The metrics in `text`, read at `now`. ValueError when a value is
+        malformed, or when the page carries no series of the engine at all."""
         previous = self._previous
         parsed: dict[str, Sample] = {}
         samples: dict[str, list[Sample]] = {}
@@ -83,18 +83,27 @@ class MetricsReader:
             parsed[line] = sample
             samples.setdefault(sample[0], []).append(sample)
         self._previous = parsed
+        if not samples and names.prefix is not None and names.prefix not in text:
+            raise ValueError(
+                f"the page has no {names.prefix}* series: not this engine's metrics "
+                "(check the engine label and the metrics path)"
+            )
         return metrics_from_samples(samples, names, now)
 
 
 def metrics_from_samples(
     samples: dict[str, list[Sample]], names: EngineMetricNames, now: float
 ) -> EndpointMetrics:
-    """Counts are summed over the series' samples (a server with several
-    engines exports one per engine); KV-cache usage is the largest, clamped
-    to [0, 1]."""
-    waiting = sum(_values(samples, names.waiting))
-    running = sum(_values(samples, names.running))
-    kv_usage = min(1.0, max(0.0, max(_values(samples, names.kv_usage))))
+    """Counts are summed over the engine's separate schedulers (`rank_labels`)
+    and counted once over copies of one scheduler's state; KV-cache usage is
+    the largest, clamped to [0, 1]. A load series the page lacks reads 0: the
+    engines create labelled gauges only once stats flow, so a fresh server
+    has none. A malformed optional value (LoRA, block geometry) drops that
+    value only."""
+    waiting = _count(samples, names.waiting, names.rank_labels)
+    running = _count(samples, names.running, names.rank_labels)
+    kv_values = _values(samples, names.kv_usage)
+    kv_usage = min(1.0, max(0.0, max(kv_values))) if kv_values else 0.0
     if waiting < 0 or running < 0:
         raise ValueError(f"negative request count: waiting {waiting}, running {running}")
     lora_running: frozenset[str] = frozenset()
@@ -112,9 +121,8 @@ def metrics_from_samples(
         labels = cache[0][1]
         block_size = _int_label(labels, names.block_size_label)
         num_gpu_blocks = _int_label(labels, names.num_blocks_label)
-    block_gauge = samples.get(names.block_size_gauge) if names.block_size_gauge else None
-    if block_gauge:
-        block_size = int(block_gauge[0][2])
+    block_size = _gauge_int(samples, names.block_size_gauge, block_size)
+    num_gpu_blocks = _gauge_int(samples, names.num_blocks_gauge, num_gpu_blocks)
     return EndpointMetrics(
         waiting=waiting,
         running=running,
@@ -128,14 +136,39 @@ def metrics_from_samples(
     )
 
 
-def _values(samples: dict[str, list[Sample]], name: str) -> list[float]:
-    found = samples.get(name)
-    if not found:
-        raise ValueError(f"series {name} missing from the metrics")
+def _matching(samples: dict[str, list[Sample]], choices: tuple[Series, ...]) -> list[Sample]:
+    """The samples of the first of `choices` the page carries."""
+    for series in choices:
+        found = [sample for sample in samples.get(series.name, ()) if series.matches(sample[1])]
+        if found:
+            return found
+    return []
+
+
+def _values(samples: dict[str, list[Sample]], choices: tuple[Series, ...]) -> list[float]:
+    found = _matching(samples, choices)
     values = [sample[2] for sample in found]
     if any(math.isnan(value) or math.isinf(value) for value in values):
-        raise ValueError(f"series {name} is not a finite number: {values}")
+        raise ValueError(f"series {found[0][0]} is not a finite number: {values}")
     return values
+
+
+def _count(
+    samples: dict[str, list[Sample]], choices: tuple[Series, ...], rank_labels: frozenset[str]
+) -> float:
+    """Summed over ranks; the largest of the copies within one rank."""
+    found = _matching(samples, choices)
+    if not found:
+        return 0.0
+    per_rank: dict[tuple[str | None, ...], float] = {}
+    for _, labels, value in found:
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError(f"series {found[0][0]} is not a finite number: {value}")
+        rank = tuple(labels.get(label) for label in sorted(rank_labels))
+        current = per_rank.get(rank)
+        if current is None or value > current:
+            per_rank[rank] = value
+    return sum(per_rank.values())
 
 
 def _adapters(value: str) -> frozenset[str]:
@@ -143,10 +176,26 @@ def _adapters(value: str) -> frozenset[str]:
 
 
 def _int_label(labels: dict[str, str], label: str) -> int | None:
+    """An integer label's value; None when absent or not an integer (vLLM
+    prints an unset field as "None")."""
     value = labels.get(label)
-    if value is None or value == "":
+    if not value:
         return None
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"label {label}={value!r} is not an integer") from None
+        return None
+
+
+def _gauge_int(
+    samples: dict[str, list[Sample]], gauge: Series | None, fallback: int | None
+) -> int | None:
+    if gauge is None:
+        return fallback
+    found = _matching(samples, (gauge,))
+    if not found:
+        return fallback
+    value = found[0][2]
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        return fallback
+    return int(value)

@@ -1,11 +1,17 @@
-"""Scrape every endpoint's Prometheus `/metrics` into the endpoint store.
+"""Scrape every endpoint's Prometheus page into the endpoint store.
 
-One asyncio task per endpoint reads its page every `interval` seconds (a
-read that takes longer delays only that endpoint's next read), with
-`timeout` seconds per read. A read that fails (connection error, timeout,
-non-200 status, a page without the engine's series) marks the endpoint
-failing, hence stale, and keeps it in the pool. Tasks follow the store's
-membership.
+Where a page is (`MetricsSource`): scheme, port (default the endpoint's),
+path (default the endpoint's engine's: `/metrics`, trtllm-serve's
+`/prometheus/metrics`) and TLS verification (off by default, as the
+reference's `insecureSkipVerify: true`); the engine comes from the
+endpoint's labels (`EngineLookup`). One asyncio task per endpoint reads its
+page every `interval` seconds (a read that takes longer delays only that
+endpoint's next read), with `timeout` seconds per read and at most
+`max_page_bytes` per page. A read that fails (connection error, timeout,
+non-200 status, a JSON or oversized page, a page without any of the
+engine's series) marks the endpoint failing, hence stale, and keeps it in
+the pool; a page of the engine that lacks a load series reads as idle.
+Tasks follow the store's membership.
 
 After reads that changed what a gate or scorer would see (a value moved,
 an endpoint failed or recovered, or a read came after the previous one
@@ -19,20 +25,84 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 
-from epp.datalayer.engines import engine_metric_names
+from epp.datalayer.engines import EngineLookup
 from epp.datalayer.reader import MetricsReader
 from epp.datalayer.store import EndpointStore
+from epp.scheduling.endpoint import Endpoint
 
 log = logging.getLogger(__name__)
 
 
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+"""A metrics page larger than this fails the read (a vLLM page is ~50 KiB)."""
+
+
 class ScrapeError(Exception):
     """A metrics page could not be read."""
+
+
+@dataclass(slots=True, frozen=True)
+class MetricsSource:
+    """Where the model servers' metrics pages are (the reference's
+    `metrics-data-source` parameters). None means: the endpoint's port, its
+    engine's path."""
+
+    scheme: str = "http"
+    path: str | None = None
+    port: int | None = None
+    verify_tls: bool = False
+    ca_cert_path: str | None = None
+    client_cert_path: str | None = None
+    client_key_path: str | None = None
+    max_page_bytes: int = MAX_PAGE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"metrics scheme must be http or https, got {self.scheme!r}")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError(f"metrics path must start with '/', got {self.path!r}")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ValueError(f"metrics port must be 1-65535, got {self.port}")
+        if (self.client_cert_path is None) != (self.client_key_path is None):
+            raise ValueError("a client certificate and its key go together")
+        if self.max_page_bytes <= 0:
+            raise ValueError(f"max_page_bytes must be positive, got {self.max_page_bytes}")
+
+    def url(self, endpoint: Endpoint, engine_path: str) -> str:
+        host, _, port = endpoint.address.rpartition(":")
+        if self.port is not None:
+            port = str(self.port)
+        return f"{self.scheme}://{host}:{port}{self.path or engine_path}"
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """What aiohttp is given per request: False skips verification."""
+        if self.scheme != "https":
+            return False
+        if not self.verify_tls:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            context = ssl.create_default_context(cafile=self.ca_cert_path)
+        if self.client_cert_path is not None:
+            context.load_cert_chain(self.client_cert_path, self.client_key_path)
+        return context
+
+
+@dataclass(slots=True)
+class _Target:
+    """One endpoint's scrape state: its reader, and what its URL was built from."""
+
+    reader: MetricsReader = field(default_factory=MetricsReader)
+    labels: Mapping[str, str] | None = None
+    url: str = ""
 
 
 class Coalesced:
@@ -73,8 +143,8 @@ class MetricsScraper:
         timeout: float = 1.0,
         staleness: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
-        path: str = "/metrics",
-        scheme: str = "http",
+        source: MetricsSource | None = None,
+        engines: EngineLookup | None = None,
     ) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError(f"interval and timeout must be positive, got {interval}, {timeout}")
@@ -84,8 +154,9 @@ class MetricsScraper:
         self.staleness = staleness
         self._on_change = Coalesced(on_change) if on_change is not None else None
         self._clock = clock
-        self._path = path
-        self._scheme = scheme
+        self.source = source if source is not None else MetricsSource()
+        self.engines = engines if engines is not None else EngineLookup()
+        self._ssl = self.source.ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.reads = 0
@@ -137,25 +208,30 @@ class MetricsScraper:
                 )
 
     async def _scrape_forever(self, address: str) -> None:
-        reader = MetricsReader()
-        url = f"{self._scheme}://{address}{self._path}"
+        target = _Target()
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self.scrape_once(address, url, reader)
+            await self.scrape_once(address, target)
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
-    async def scrape_once(self, address: str, url: str, reader: MetricsReader) -> None:
-        """Read `url` once into the store entry for `address`."""
+    async def scrape_once(self, address: str, target: _Target | None = None) -> None:
+        """Read the page of `address` once into its store entry."""
         endpoint = self.store.get(address)
         session = self._session
         if endpoint is None or session is None:
             return
+        if target is None:
+            target = _Target()
+        names = self.engines.names_for(endpoint.labels)
+        if target.labels is not endpoint.labels:
+            target.labels = endpoint.labels
+            target.url = self.source.url(endpoint, names.metrics_path)
+        url = target.url
         try:
-            names = engine_metric_names(endpoint.engine)
             async with asyncio.timeout(self.timeout):
-                text = await _fetch(session, url)
-            metrics = reader.read(text, names, self._clock())
+                text = await _fetch(session, url, self._ssl, self.source.max_page_bytes)
+            metrics = target.reader.read(text, names, self._clock())
         except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
             self.failures += 1
             if self.store.mark_failing(address):
@@ -181,11 +257,27 @@ class MetricsScraper:
             self._on_change()
 
 
-async def _fetch(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url) as response:
-        body = await response.read()
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | bool, limit: int
+) -> str:
+    async with session.get(url, ssl=ssl_context) as response:
         if response.status != 200:
             raise ScrapeError(f"HTTP {response.status} from {url}")
+        if response.content_type == "application/json":
+            raise ScrapeError(
+                f"{url} answers JSON, not Prometheus text (trtllm-serve serves its "
+                "Prometheus text at /prometheus/metrics)"
+            )
+        if response.content_length is not None and response.content_length > limit:
+            raise ScrapeError(f"metrics page of {url} is over {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise ScrapeError(f"metrics page of {url} is over {limit} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
-DEFAULT_ENGINE = "vllm"
-
 
 class EndpointMetrics(NamedTuple):
     """The latest model-server metrics of one endpoint.
@@ -94,10 +91,6 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         self.ip = address_ip(self.address)
-
-    @property
-    def engine(self) -> str:
-        return self.labels.get(ENGINE_TYPE_LABEL, DEFAULT_ENGINE)
 
 
 @dataclass(slots=True, frozen=True)

@@ -45,7 +45,7 @@ import random
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,7 +57,8 @@ from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
 from epp.config.loader import EppConfig, load_config
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.engines import DEFAULT_ENGINE, EngineLookup
+from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
@@ -105,6 +106,10 @@ class ServeOptions:
     kubeconfig: str | None = None
     leader_election: bool = False
     refresh_metrics_interval: float = 0.05
+    metrics_source: MetricsSource = field(default_factory=MetricsSource)
+    """Where model servers' metrics pages are; by default each engine's path."""
+    default_engine: str = DEFAULT_ENGINE
+    """The engine of endpoints without an engine label (all of them in file mode)."""
     max_body_bytes: int = 16 * 1024 * 1024
     secure_serving: bool = False
     cert_path: str | None = None
@@ -342,6 +347,8 @@ class EppServer:
             interval=options.refresh_metrics_interval,
             timeout=SCRAPE_TIMEOUT,
             staleness=self.config.flow_control.gate.metrics_staleness,
+            source=options.metrics_source,
+            engines=EngineLookup(default_engine=options.default_engine),
         )
         await self._stack.enter_async_context(scraper)
         self.watch_files()

@@ -1,12 +1,19 @@
+"""The metrics reader against pages written from each engine's metric definitions
+(`pages/`, one per engine and version; each file says where its series come from)."""
+
 from pathlib import Path
 
 import pytest
 
-from epp.datalayer.engines import ENGINES, engine_metric_names
+from epp.datalayer.engines import ENGINES, EngineLookup, Series, parse_series
 from epp.datalayer.reader import MetricsReader, select_lines
 
-VLLM_PAGE = (Path(__file__).parent / "vllm_metrics.txt").read_text()
+PAGES = Path(__file__).parent / "pages"
 VLLM = ENGINES["vllm"]
+
+
+def page(name: str) -> str:
+    return (PAGES / name).read_text()
 
 
 def read(text: str, engine: str = "vllm"):
@@ -20,82 +27,140 @@ def page_with(waiting: str, kv: str) -> str:
     )
 
 
+def load(metrics) -> tuple[float, float, float]:
+    return metrics.waiting, metrics.running, metrics.kv_usage
+
+
 def test_a_vllm_page_gives_queue_running_and_kv_usage():
-    metrics = read(VLLM_PAGE)
-    assert (metrics.waiting, metrics.running, metrics.kv_usage) == (3.0, 7.0, 0.42)
+    metrics = read(page("vllm_v1_0.10.txt"))
+    assert load(metrics) == (3.0, 7.0, 0.42)
     assert metrics.updated_at == 7.0
 
 
 def test_the_newest_lora_sample_wins():
-    metrics = read(VLLM_PAGE)
+    metrics = read(page("vllm_v1_0.10.txt"))
     assert metrics.lora_running == {"sql-lora", "chat-lora"}
     assert metrics.lora_waiting == {"tool-lora"}
     assert metrics.lora_max == 4
 
 
 def test_the_cache_config_gives_block_size_and_count():
-    metrics = read(VLLM_PAGE)
+    metrics = read(page("vllm_v1_0.10.txt"))
     assert (metrics.block_size, metrics.num_gpu_blocks) == (16, 27000)
 
 
-def test_an_sglang_page_is_read_with_sglang_names():
-    page = (
-        "sglang:num_queue_reqs 2\nsglang:num_running_reqs 5\nsglang:token_usage 0.3\n"
-        'sglang:cache_config_info{page_size="64",num_pages="900"} 1\n'
+def test_a_v0_engine_page_reads_kv_use_from_gpu_cache_usage_perc():
+    metrics = read(page("vllm_v0_0.8.txt"))
+    assert load(metrics) == (2.0, 5.0, 0.27)
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (16, 7282)
+
+
+def test_kv_cache_usage_perc_wins_over_the_deprecated_name_when_both_are_there():
+    assert read(page("vllm_v1_0.10_dp2_none_blocks.txt")).kv_usage == 0.52
+
+
+def test_data_parallel_engines_are_summed():
+    metrics = read(page("vllm_v1_0.10_dp2_none_blocks.txt"))
+    assert (metrics.waiting, metrics.running) == (3.0, 10.0)
+
+
+def test_an_unset_block_count_drops_that_value_only():
+    metrics = read(page("vllm_v1_0.10_dp2_none_blocks.txt"))
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (32, None)
+    assert load(metrics) == (3.0, 10.0, 0.52)
+
+
+def test_api_server_copies_of_a_gauge_are_counted_once():
+    metrics = read(page("vllm_v1_api_servers_multiprocess.txt"))
+    assert load(metrics) == (4.0, 9.0, 0.6)
+
+
+def test_pid_copies_of_a_count_are_counted_once():
+    text = (
+        'vllm:num_requests_waiting{engine="0",pid="11"} 4\n'
+        'vllm:num_requests_waiting{engine="0",pid="12"} 4\n'
+        'vllm:num_requests_running{engine="0",pid="11"} 2\n'
+        'vllm:num_requests_running{engine="0",pid="12"} 2\n'
+        "vllm:kv_cache_usage_perc 0.1\n"
     )
-    metrics = read(page, "sglang")
-    assert (metrics.waiting, metrics.running, metrics.kv_usage) == (2, 5, 0.3)
+    assert load(read(text)) == (4.0, 2.0, 0.1)
+
+
+def test_sglang_tensor_parallel_ranks_are_one_scheduler():
+    metrics = read(page("sglang_0.4_tp2_all_schedulers.txt"), "sglang")
+    assert load(metrics) == (3.0, 8.0, 0.46)
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (1, 111470)
+
+
+def test_sglang_data_parallel_ranks_are_summed():
+    metrics = read(page("sglang_0.5.11_dp2.txt"), "sglang")
+    assert load(metrics) == (1.0, 12.0, 0.35)
+
+
+def test_sglang_page_geometry_gauges_give_block_size_and_count():
+    metrics = read(page("sglang_0.5.11_dp2.txt"), "sglang")
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (64, 2000)
+
+
+def test_an_idle_sglang_server_reads_as_idle():
+    metrics = read(page("sglang_idle.txt"), "sglang")
+    assert load(metrics) == (0.0, 0.0, 0.0)
+    assert metrics.updated_at == 7.0
+
+
+def test_a_trtllm_page_gives_load_and_block_geometry():
+    metrics = read(page("trtllm_serve_1.2.txt"), "trtllm-serve")
+    assert load(metrics) == (2.0, 6.0, 0.375)
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (32, 4096)
+
+
+def test_an_idle_trtllm_server_reads_as_idle():
+    metrics = read(page("trtllm_serve_idle.txt"), "trtllm-serve")
+    assert load(metrics) == (0.0, 0.0, 0.0)
+
+
+def test_a_page_of_another_engine_is_an_error():
+    with pytest.raises(ValueError, match="no vllm:\\* series"):
+        read(page("sglang_0.4_tp2_all_schedulers.txt"), "vllm")
+
+
+def test_an_empty_page_is_an_error():
+    with pytest.raises(ValueError, match="no trtllm_\\* series"):
+        read("", "trtllm-serve")
+
+
+def test_triton_series_are_told_apart_by_their_labels():
+    text = (
+        'nv_trt_llm_request_metrics{request_type="waiting"} 3\n'
+        'nv_trt_llm_request_metrics{request_type="scheduled"} 5\n'
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"} 0.25\n'
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"} 64\n'
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"} 900\n'
+    )
+    metrics = read(text, "triton-tensorrt-llm")
+    assert load(metrics) == (3.0, 5.0, 0.25)
     assert (metrics.block_size, metrics.num_gpu_blocks) == (64, 900)
 
 
-def test_a_trtllm_page_is_read_with_trtllm_names():
-    page = (
-        "trtllm_num_requests_waiting 1\ntrtllm_num_requests_running 4\n"
-        "trtllm_kv_cache_utilization 0.6\ntrtllm_kv_cache_tokens_per_block 32\n"
-    )
-    metrics = read(page, "trtllm-serve")
-    assert (metrics.waiting, metrics.running, metrics.kv_usage, metrics.block_size) == (
-        1,
-        4,
-        0.6,
-        32,
-    )
-
-
 def test_a_series_whose_name_only_starts_alike_is_ignored():
-    page = "vllm:num_requests_waiting_total 50\nother 2\nvllm:num_requests_waiting 1\n"
-    assert select_lines(page, ["vllm:num_requests_waiting"]) == ["vllm:num_requests_waiting 1"]
-
-
-def test_samples_of_several_engines_are_summed():
-    page = (
-        'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} 2\n'
-        "vllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.1\n"
-    )
-    assert read(page).waiting == 3
+    text = "vllm:num_requests_waiting_total 50\nother 2\nvllm:num_requests_waiting 1\n"
+    assert select_lines(text, ["vllm:num_requests_waiting"]) == ["vllm:num_requests_waiting 1"]
 
 
 def test_windows_line_ends_are_read():
-    page = "\r\n".join(
+    text = "\r\n".join(
         ["vllm:num_requests_waiting 1", "vllm:num_requests_running 2", "vllm:kv_cache_usage_perc 0"]
     )
-    assert read(page).running == 2
+    assert read(text).running == 2
 
 
 def test_kv_usage_above_one_is_clamped():
-    page = page_with(waiting="0", kv="1.2")
-    assert read(page).kv_usage == 1.0
-
-
-def test_a_missing_series_is_a_clear_error():
-    with pytest.raises(ValueError, match="vllm:kv_cache_usage_perc missing"):
-        read("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
+    assert read(page_with(waiting="0", kv="1.2")).kv_usage == 1.0
 
 
 def test_a_non_number_is_a_clear_error():
-    page = page_with(waiting="NaN", kv="0")
     with pytest.raises(ValueError, match="not a finite number"):
-        read(page)
+        read(page_with(waiting="NaN", kv="0"))
 
 
 def test_a_malformed_line_is_an_error():
@@ -105,12 +170,40 @@ def test_a_malformed_line_is_an_error():
 
 def test_an_unchanged_page_reads_the_same_values_again():
     reader = MetricsReader()
-    first = reader.read(VLLM_PAGE, VLLM, now=1.0)
-    again = reader.read(VLLM_PAGE, VLLM, now=2.0)
+    text = page("vllm_v1_0.10.txt")
+    first = reader.read(text, VLLM, now=1.0)
+    again = reader.read(text, VLLM, now=2.0)
     assert again.same_values(first)
     assert again.updated_at == 2.0
 
 
-def test_an_unknown_engine_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown model-server engine 'tgi'"):
-        engine_metric_names("tgi")
+def test_the_engine_comes_from_the_llm_d_label_then_the_legacy_one():
+    lookup = EngineLookup()
+    assert lookup.engine_name({"llm-d.ai/engine-type": "sglang"}) == "sglang"
+    assert lookup.engine_name({"inference.networking.k8s.io/engine-type": "sglang"}) == "sglang"
+    both = {"llm-d.ai/engine-type": "trtllm-serve", "inference.networking.k8s.io/engine-type": "x"}
+    assert lookup.engine_name(both) == "trtllm-serve"
+
+
+def test_an_unlabelled_endpoint_runs_the_default_engine():
+    assert EngineLookup(default_engine="sglang").engine_name({}) == "sglang"
+
+
+def test_an_unknown_engine_falls_back_to_the_default():
+    assert EngineLookup().engine_name({"llm-d.ai/engine-type": "tgi"}) == "vllm"
+
+
+def test_an_unknown_default_engine_is_a_clear_error():
+    with pytest.raises(ValueError, match="default engine 'tgi'"):
+        EngineLookup(default_engine="tgi")
+
+
+def test_trtllm_serve_is_read_at_prometheus_metrics():
+    assert ENGINES["trtllm-serve"].metrics_path == "/prometheus/metrics"
+    assert ENGINES["vllm"].metrics_path == "/metrics"
+
+
+def test_a_series_spec_reads_name_and_labels():
+    assert parse_series('m{a=b, c="d"}') == Series("m", (("a", "b"), ("c", "d")))
+    with pytest.raises(ValueError):
+        parse_series("m{a}")

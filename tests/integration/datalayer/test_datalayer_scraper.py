@@ -9,25 +9,27 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from epp.datalayer.endpoints import EndpointSpec
-from epp.datalayer.scraper import Coalesced, MetricsScraper
+from epp.datalayer.engines import ENGINE_LABEL
+from epp.datalayer.scraper import Coalesced, MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
-from epp.scheduling.endpoint import ENGINE_TYPE_LABEL
 from tests.support.waiting import eventually
 
-VLLM_PAGE = (Path(__file__).parent / "vllm_metrics.txt").read_text()
+PAGES = Path(__file__).parent / "pages"
+VLLM_PAGE = (PAGES / "vllm_v1_0.10.txt").read_text()
 SGLANG_PAGE = "sglang:num_queue_reqs 2\nsglang:num_running_reqs 5\nsglang:token_usage 0.3\n"
-TRTLLM_PAGE = (
-    "trtllm_num_requests_waiting 1\ntrtllm_num_requests_running 4\n"
-    "trtllm_kv_cache_utilization 0.6\n"
-)
+TRTLLM_PAGE = (PAGES / "trtllm_serve_1.2.txt").read_text()
 INTERVAL = 0.02
 
 
 @contextlib.asynccontextmanager
 async def metrics_server(
-    respond: Callable[[], web.Response] | None = None, delay: float = 0.0, page: str = VLLM_PAGE
+    respond: Callable[[], web.Response] | None = None,
+    delay: float = 0.0,
+    page: str = VLLM_PAGE,
+    path: str = "/metrics",
+    ssl_context=None,
 ) -> AsyncIterator[TestServer]:
-    """A /metrics server on a free loopback port, stopped on exit."""
+    """A metrics server at `path` on a free loopback port, stopped on exit."""
 
     async def handle(request: web.Request) -> web.Response:
         if delay:
@@ -35,9 +37,9 @@ async def metrics_server(
         return respond() if respond is not None else web.Response(text=page)
 
     app = web.Application()
-    app.router.add_get("/metrics", handle)
+    app.router.add_get(path, handle)
     server = TestServer(app, host="127.0.0.1", port=None)
-    await server.start_server()
+    await server.start_server(ssl=ssl_context)
     try:
         yield server
     finally:
@@ -46,7 +48,7 @@ async def metrics_server(
 
 def spec(server: TestServer, engine: str = "vllm") -> EndpointSpec:
     address = f"127.0.0.1:{server.port}"
-    return EndpointSpec(address, address, {ENGINE_TYPE_LABEL: engine})
+    return EndpointSpec(address, address, {ENGINE_LABEL: engine})
 
 
 def scraper(store: EndpointStore, **options) -> MetricsScraper:
@@ -75,13 +77,62 @@ async def test_an_sglang_server_is_scraped_with_sglang_names():
     assert (metrics.waiting, metrics.running, metrics.kv_usage) == (2, 5, 0.3)
 
 
-async def test_a_trtllm_server_is_scraped_with_trtllm_names():
-    async with metrics_server(page=TRTLLM_PAGE) as server:
+async def test_trtllm_serve_is_scraped_at_prometheus_metrics():
+    async with metrics_server(page=TRTLLM_PAGE, path="/prometheus/metrics") as server:
         store = EndpointStore([spec(server, "trtllm-serve")])
         async with scraper(store):
             await eventually(lambda: store.snapshot().endpoints[0].metrics.updated_at is not None)
     metrics = store.snapshot().endpoints[0].metrics
-    assert (metrics.waiting, metrics.running, metrics.kv_usage) == (1, 4, 0.6)
+    assert (metrics.waiting, metrics.running, metrics.kv_usage) == (2, 6, 0.375)
+    assert not metrics.failing
+
+
+async def test_a_json_metrics_page_is_a_clear_failure(caplog):
+    def iteration_stats() -> web.Response:
+        return web.json_response([{"numActiveRequests": 1, "numQueuedRequests": 0}])
+
+    async with metrics_server(iteration_stats) as server:
+        store = EndpointStore([spec(server, "trtllm-serve")])
+        async with scraper(store, source=MetricsSource(path="/metrics")):
+            await eventually(failing_in(store))
+    assert "/prometheus/metrics" in caplog.text
+
+
+async def test_the_configured_path_and_port_are_scraped():
+    async with metrics_server(path="/custom/metrics") as server:
+        elsewhere = EndpointSpec("a", "127.0.0.1:1", {})
+        store = EndpointStore([elsewhere])
+        source = MetricsSource(path="/custom/metrics", port=server.port)
+        async with scraper(store, source=source):
+            await eventually(lambda: store.snapshot().endpoints[0].metrics.updated_at is not None)
+    assert store.snapshot().endpoints[0].metrics.waiting == 3.0
+
+
+async def test_https_is_scraped_without_verification_by_default():
+    from epp.serve.tls import server_ssl_context
+
+    async with metrics_server(ssl_context=server_ssl_context()) as server:
+        store = EndpointStore([spec(server)])
+        async with scraper(store, source=MetricsSource(scheme="https")):
+            await eventually(lambda: store.snapshot().endpoints[0].metrics.updated_at is not None)
+    assert store.snapshot().endpoints[0].metrics.running == 7.0
+
+
+async def test_https_with_verification_refuses_an_unknown_certificate():
+    from epp.serve.tls import server_ssl_context
+
+    async with metrics_server(ssl_context=server_ssl_context()) as server:
+        store = EndpointStore([spec(server)])
+        async with scraper(store, source=MetricsSource(scheme="https", verify_tls=True)):
+            await eventually(failing_in(store))
+    assert store.snapshot().endpoints[0].metrics.updated_at is None
+
+
+async def test_a_page_over_the_size_limit_fails_the_read():
+    async with metrics_server() as server:
+        store = EndpointStore([spec(server)])
+        async with scraper(store, source=MetricsSource(max_page_bytes=1000)):
+            await eventually(failing_in(store))
 
 
 def failing_in(store: EndpointStore) -> Callable[[], bool]:

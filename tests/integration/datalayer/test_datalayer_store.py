@@ -1,8 +1,9 @@
 import pytest
 
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints, pod_endpoints
+from epp.datalayer.engines import ENGINE_LABEL
 from epp.datalayer.store import EndpointStore
-from epp.scheduling.endpoint import ENGINE_TYPE_LABEL, EndpointMetrics
+from epp.scheduling.endpoint import EndpointMetrics
 
 A = EndpointSpec("a", "10.0.0.1:8000")
 B = EndpointSpec("b", "10.0.0.2:8000")
@@ -39,9 +40,9 @@ def test_new_labels_keep_the_metrics_and_the_membership():
     store = EndpointStore([A])
     store.set_metrics(A.address, EndpointMetrics(waiting=2, updated_at=1.0))
     membership = store.snapshot().membership
-    assert store.upsert(EndpointSpec("a", A.address, {ENGINE_TYPE_LABEL: "sglang"}))
+    assert store.upsert(EndpointSpec("a", A.address, {ENGINE_LABEL: "sglang"}))
     endpoint = store.snapshot().endpoints[0]
-    assert endpoint.engine == "sglang"
+    assert endpoint.labels == {ENGINE_LABEL: "sglang"}
     assert endpoint.metrics.waiting == 2
     assert store.snapshot().membership == membership
 
@@ -94,9 +95,9 @@ def test_a_recovered_endpoint_counts_as_changed():
 
 
 def test_a_static_list_gives_one_endpoint_per_address():
-    specs = parse_static_endpoints(" 10.0.0.1:8000, [fd00::1]:9000 ,", {ENGINE_TYPE_LABEL: "vllm"})
+    specs = parse_static_endpoints(" 10.0.0.1:8000, [fd00::1]:9000 ,", {ENGINE_LABEL: "vllm"})
     assert [spec.address for spec in specs] == ["10.0.0.1:8000", "[fd00::1]:9000"]
-    assert specs[0].labels == {ENGINE_TYPE_LABEL: "vllm"}
+    assert specs[0].labels == {ENGINE_LABEL: "vllm"}
 
 
 @pytest.mark.parametrize(
