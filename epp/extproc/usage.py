@@ -3,8 +3,9 @@
 Chat/Completions report `usage.prompt_tokens` / `usage.completion_tokens`;
 the Responses API reports `usage.input_tokens` / `usage.output_tokens`, in
 SSE inside the `response.completed` event's `response` object. In SSE the
-first event carrying a usage object wins (with
-`stream_options.include_usage`, the other chunks carry `"usage": null`).
+last event carrying a usage object before `data: [DONE]` (or the end of the
+body) wins: with `stream_options.continuous_usage_stats` vLLM sends the
+cumulative usage on every chunk, so the last one is the whole request's.
 """
 
 from __future__ import annotations
@@ -51,38 +52,49 @@ def usage_from_json(body: bytes) -> Usage | None:
 
 
 class SseUsageReader:
-    """Feeds SSE chunks as they pass; keeps only the unfinished last line."""
+    """Feeds SSE chunks as they pass; keeps only the unfinished last line.
+    `usage` is the latest usage seen; `done` once `data: [DONE]` was read
+    (nothing after it is read)."""
 
-    __slots__ = ("_partial", "usage")
+    __slots__ = ("_partial", "done", "usage")
 
     def __init__(self) -> None:
         self._partial = b""
         self.usage: Usage | None = None
+        self.done = False
 
     def feed(self, chunk: bytes) -> None:
-        if self.usage is not None:
+        if self.done:
             return
         data = self._partial + chunk if self._partial else chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            if self._read_line(line):
+            self._read_line(line)
+            if self.done:
+                self._partial = b""
                 return
 
     def finish(self) -> None:
         """The body ended: read a last line that had no newline."""
-        if self.usage is None and self._partial:
+        if not self.done and self._partial:
             self._read_line(self._partial)
         self._partial = b""
 
-    def _read_line(self, line: bytes) -> bool:
-        if not line.startswith(b"data:") or b'"usage"' not in line:
-            return False
+    def _read_line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        if line[5:].strip() == b"[DONE]":
+            self.done = True
+            return
+        if b'"usage"' not in line or b'"usage":null' in line or b'"usage": null' in line:
+            return
         try:
-            self.usage = usage_from_document(orjson.loads(line[5:]))
+            usage = usage_from_document(orjson.loads(line[5:]))
         except orjson.JSONDecodeError:
-            return False
-        return self.usage is not None
+            return
+        if usage is not None:
+            self.usage = usage
 
 
 class ModelNameRestorer:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
 from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
 
 
@@ -29,11 +33,78 @@ def test_sse_usage_split_across_chunks_is_found():
     assert reader.usage == Usage(1, 2)
 
 
-def test_sse_first_usage_wins():
+def chunk(delta: str, completion_tokens: int, finish: str | None = None) -> bytes:
+    """One chat chunk as vLLM streams it with continuous_usage_stats: the
+    cumulative usage on every chunk."""
+    choice = {"index": 0, "delta": {"content": delta}, "logprobs": None, "finish_reason": finish}
+    usage = {
+        "prompt_tokens": 17,
+        "completion_tokens": completion_tokens,
+        "total_tokens": 17 + completion_tokens,
+    }
+    event = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [choice],
+        "usage": usage,
+    }
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+CONTINUOUS_USAGE_BODY = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+    b'"usage":{"prompt_tokens":17,"completion_tokens":0,"total_tokens":17}}\n\n'
+    + b"".join(chunk(" x", n) for n in range(1, 12))
+    + chunk(" x", 12, "length")
+    + b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":17,"completion_tokens":12,"total_tokens":29}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def read_in_pieces(body: bytes, cuts: list[int]) -> Usage | None:
+    reader = SseUsageReader()
+    for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True):
+        reader.feed(body[start:end])
+    reader.finish()
+    return reader.usage
+
+
+def test_sse_last_usage_wins():
     reader = SseUsageReader()
     reader.feed(b'data: {"usage":{"prompt_tokens":1,"completion_tokens":2}}\n')
     reader.feed(b'data: {"usage":{"prompt_tokens":8,"completion_tokens":9}}\n')
+    assert reader.usage == Usage(8, 9)
+
+
+def test_continuous_usage_stats_give_the_whole_requests_usage():
+    assert read_in_pieces(CONTINUOUS_USAGE_BODY, []) == Usage(17, 12)
+
+
+def test_continuous_usage_stats_split_at_every_byte_give_the_same_usage():
+    for cut in range(1, len(CONTINUOUS_USAGE_BODY)):
+        assert read_in_pieces(CONTINUOUS_USAGE_BODY, [cut]) == Usage(17, 12), cut
+
+
+def test_continuous_usage_stats_fed_byte_by_byte_give_the_same_usage():
+    cuts = list(range(1, len(CONTINUOUS_USAGE_BODY)))
+    assert read_in_pieces(CONTINUOUS_USAGE_BODY, cuts) == Usage(17, 12)
+
+
+@given(st.sets(st.integers(1, len(CONTINUOUS_USAGE_BODY) - 1), max_size=40))
+def test_continuous_usage_stats_split_anywhere_give_the_same_usage(cuts):
+    assert read_in_pieces(CONTINUOUS_USAGE_BODY, sorted(cuts)) == Usage(17, 12)
+
+
+def test_nothing_after_done_is_read():
+    reader = SseUsageReader()
+    reader.feed(b'data: {"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+    reader.feed(b'data: {"usage":{"prompt_tokens":8,"completion_tokens":9}}\n')
+    reader.finish()
     assert reader.usage == Usage(1, 2)
+    assert reader.done
 
 
 def test_sse_null_usage_is_skipped():
