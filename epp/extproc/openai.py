@@ -2,13 +2,21 @@
 
 The API is chosen by the suffix of `:path` (query string ignored), as the
 reference EPP's openai-parser does; an unknown path is read as
-`/v1/completions`. Each API has one required prompt field:
+`/v1/completions`. Each API has one required prompt field, and accepts
+what vLLM accepts besides:
 
     /chat/completions  messages (non-empty list of message objects)
     /completions       prompt   (string, list of strings, or token ids)
-    /responses         input    (string or list of items)
-    /embeddings        input    (string, list of strings, or token ids)
+    /responses         input    (string or list of items); may be absent
+                                when previous_response_id continues a response
+    /embeddings        input    (string, list of strings, or token ids), or
+                                messages (vLLM's chat-style embeddings)
 
+A request without `model` gets 400, as in the reference, unless a default
+model is given (vLLM serves such a request with its served model). The
+prompt text (for prefix matching and the token estimate) includes tool
+calls: a chat message's `tool_calls` and the Responses items
+`function_call` (name, arguments) and `function_call_output` (output).
 Input tokens are estimated as characters / 4 (rounded up), token-id arrays
 count one per id. Anything malformed raises `BadRequest` (HTTP 400).
 """
@@ -78,11 +86,14 @@ def api_for_path(path: str) -> Api:
     return Api.COMPLETIONS
 
 
-def parse_body(path: str, body: bytes, rewrite_to: str | None = None) -> ParsedBody:
+def parse_body(
+    path: str, body: bytes, rewrite_to: str | None = None, default_model: str | None = None
+) -> ParsedBody:
     """Parse and validate `body` for the API named by `path`.
 
     `rewrite_to` is the model-rewrite target from the request headers; when it
     differs from the body's `model`, the body is re-serialised with it.
+    `default_model` is the model of a body without one (None: 400).
     """
     api = api_for_path(path)
     try:
@@ -93,13 +104,12 @@ def parse_body(path: str, body: bytes, rewrite_to: str | None = None) -> ParsedB
         raise BadRequest("body must be a JSON object")
     model = document.get("model")
     if model is None:
-        raise BadRequest("missing required field 'model'")
+        if default_model is None:
+            raise BadRequest("missing required field 'model'")
+        model = default_model
     if not isinstance(model, str) or not model:
         raise BadRequest("field 'model' must be a non-empty string")
-    field = PROMPT_FIELD[api]
-    if field not in document:
-        raise BadRequest(f"missing required field '{field}'")
-    prompt, tokens = _read_prompt(api, field, document[field])
+    prompt, tokens = _read_request_prompt(api, document)
     stream = document.get("stream", False)
     if stream is None:
         stream = False
@@ -112,6 +122,20 @@ def parse_body(path: str, body: bytes, rewrite_to: str | None = None) -> ParsedB
         document["model"] = target
         body = orjson.dumps(document)
     return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body)
+
+
+def _read_request_prompt(api: Api, document: dict[str, Any]) -> tuple[str, int]:
+    field = PROMPT_FIELD[api]
+    if field in document:
+        return _read_prompt(api, field, document[field])
+    if api is Api.EMBEDDINGS and "messages" in document:
+        return _read_prompt(Api.CHAT_COMPLETIONS, "messages", document["messages"])
+    if api is Api.RESPONSES and "previous_response_id" in document:
+        previous = document["previous_response_id"]
+        if not isinstance(previous, str) or not previous:
+            raise BadRequest("field 'previous_response_id' must be a non-empty string")
+        return "", 0
+    raise BadRequest(f"missing required field '{field}'")
 
 
 def _read_max_tokens(api: Api, document: dict[str, Any]) -> int | None:
@@ -167,17 +191,38 @@ def _is_token_ids(items: list[Any]) -> bool:
 
 
 def _message_text(message: Any) -> str:
-    """The text of one chat message or Responses input item: `role: content`, one line."""
+    """The text of one chat message or Responses input item: `role: content`
+    and each tool call as `name(arguments)`, one line."""
     if isinstance(message, str):
         return message
     if not isinstance(message, dict):
         raise BadRequest("each message must be a JSON object")
-    content = message.get("content")
+    kind = message.get("type")
+    if kind == "function_call":
+        return f"{_text(message.get('name'))}({_text(message.get('arguments'))})\n"
+    if kind == "function_call_output":
+        return f"tool: {_parts_text(message.get('output'), 'output')}\n"
     role = message.get("role", "")
     if not isinstance(role, str):
         raise BadRequest("field 'role' must be a string")
+    text = _parts_text(message.get("content"), "content")
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                text += f"{_text(function.get('name'))}({_text(function.get('arguments'))})"
+    return f"{role}: {text}\n"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _parts_text(content: Any, field: str) -> str:
+    """A string, or the text of a list of parts (strings or `{"text": ...}`)."""
     if content is None or isinstance(content, str):
-        return f"{role}: {content or ''}\n"
+        return content or ""
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -185,5 +230,5 @@ def _message_text(message: Any) -> str:
                 parts.append(part)
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
-        return f"{role}: {''.join(parts)}\n"
-    raise BadRequest("field 'content' must be a string or a list of parts")
+        return "".join(parts)
+    raise BadRequest(f"field '{field}' must be a string or a list of parts")

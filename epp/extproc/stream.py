@@ -63,6 +63,8 @@ class StreamSettings:
     max_header_count: int = 1000
     max_header_bytes: int = 64 * 1024
     default_fairness_id: str = "default-flow"
+    default_model: str | None = None
+    """The model of a request body without `model`; None: 400, as the reference."""
 
 
 class Phase(Enum):
@@ -242,7 +244,12 @@ class ExtProcStream:
     def _admit(self, body: bytes, now: float) -> list[Event]:
         headers = self.headers
         try:
-            parsed = parse_body(headers.get(h.PATH, ""), body, h.first(headers, h.MODEL_REWRITE))
+            parsed = parse_body(
+                headers.get(h.PATH, ""),
+                body,
+                h.first(headers, h.MODEL_REWRITE),
+                self._settings.default_model,
+            )
         except BadRequest as error:
             return self._reject(400, "bad-request", f"bad request: {error}")
         self._upstream_body = parsed.body

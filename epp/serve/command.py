@@ -111,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     serving.add_argument("--seed", type=int, help="seed of the scheduler's random choices")
     serving.add_argument(
+        "--default-model",
+        metavar="NAME",
+        help="the model of a request without `model`, as vLLM serves it with its served "
+        "model (default: such a request gets 400, as in the reference EPP)",
+    )
+    serving.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -143,6 +149,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         watch_interval=args.file_watch_interval,
         ready_file=args.ready_file,
         seed=args.seed,
+        default_model=args.default_model,
     )
 
 

@@ -110,6 +110,9 @@ class ServeOptions:
     """Where model servers' metrics pages are; by default each engine's path."""
     default_engine: str = DEFAULT_ENGINE
     """The engine of endpoints without an engine label (all of them in file mode)."""
+    default_model: str | None = None
+    """The model of a request body without `model` (vLLM serves such a request
+    with its served model); None: 400, as the reference."""
     max_body_bytes: int = 16 * 1024 * 1024
     secure_serving: bool = False
     cert_path: str | None = None
@@ -221,7 +224,9 @@ class EppServer:
             on_complete=self.metrics.on_complete,
         )
         self.store.on_membership_change(self.admission.poke)
-        self.settings = StreamSettings(max_body_bytes=options.max_body_bytes)
+        self.settings = StreamSettings(
+            max_body_bytes=options.max_body_bytes, default_model=options.default_model
+        )
         self.service = ExtProcService(
             self.admission,
             self.priority_of,

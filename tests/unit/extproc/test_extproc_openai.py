@@ -114,3 +114,46 @@ def test_rewrite_to_same_model_keeps_body():
 def test_malformed_body_raises_bad_request_naming_the_problem(path, raw, message):
     with pytest.raises(BadRequest, match=message):
         parse_body(path, raw)
+
+
+def test_a_body_without_model_takes_the_default_model_when_one_is_given():
+    parsed = parse_body("/v1/completions", body(prompt="p"), default_model="served")
+    assert (parsed.model, parsed.target_model) == ("served", "served")
+
+
+def test_a_responses_continuation_without_input_is_accepted():
+    parsed = parse_body("/v1/responses", body(model="m", previous_response_id="resp_1"))
+    assert (parsed.api, parsed.prompt, parsed.input_tokens) == (Api.RESPONSES, "", 0)
+
+
+def test_a_responses_continuation_needs_a_string_id():
+    with pytest.raises(BadRequest, match="previous_response_id"):
+        parse_body("/v1/responses", body(model="m", previous_response_id=3))
+
+
+def test_embeddings_sent_as_messages_are_accepted():
+    messages = [{"role": "user", "content": "embed me"}]
+    parsed = parse_body("/v1/embeddings", body(model="m", messages=messages))
+    assert parsed.prompt == "user: embed me\n"
+
+
+def test_responses_function_calls_and_outputs_count_in_the_prompt_text():
+    items = [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"c":1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny, 21C"},
+    ]
+    parsed = parse_body("/v1/responses", body(model="m", input=items))
+    assert 'get_weather({"c":1})' in parsed.prompt
+    assert "sunny, 21C" in parsed.prompt
+    assert parsed.input_tokens == -(-len(parsed.prompt) // 4)
+
+
+def test_chat_tool_calls_count_in_the_prompt_text():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x":2}'}}
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    parsed = parse_body("/v1/chat/completions", body(model="m", messages=messages))
+    assert parsed.prompt == 'assistant: f({"x":2})\ntool: 42\n'
