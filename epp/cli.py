@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("epp.config.validate_command", "validate manifests and configuration files"),
+    "plugins": ("epp.config.plugins_command", "list the plugin types a configuration may use"),
     "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
     "serve": ("epp.serve.command", "run the EPP: ext_proc for Envoy, health, metrics"),
     "demo": ("epp.demo.command", "run the EPP live behind Envoy with simulated model servers"),

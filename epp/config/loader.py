@@ -1,7 +1,8 @@
 """The EPP's configuration file: `llm-d.ai/v1alpha1` `EndpointPickerConfig`.
 
 Shaped like the reference EPP's file: `plugins` declares plugins by `type`
-(and optional `name`, default the type) with `parameters`;
+(and optional `name`, default the type) with `parameters`, each type and
+its parameter schema taken from the plugin registry (`epp.config.registry`);
 `schedulingProfiles` lists one profile whose `plugins` reference them by
 `pluginRef` with a scorer `weight`; `flowControl` holds the queueing limits,
 the default band template, the priority bands (whose fairness and ordering
@@ -10,14 +11,13 @@ the gate. Every field has a default (see `config/epp/default.yaml`); an
 unknown key or a bad value is an error naming its path, and all such errors
 are reported together.
 
-Durations are Go-style strings ("60s", "500ms", "1m30s", "0s") or numbers of
-seconds; byte sizes are integers or quantities ("1Gi", "500M").
+Durations are Go duration strings ("60s", "500ms", "1m30s", "0s"); byte
+sizes are integers or quantities ("1Gi", "500M"); see `epp.config.units`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +26,9 @@ from typing import Any
 import yaml
 
 from epp.config.fieldreader import FieldReader
+from epp.config.plugin import Configured, Kind, ParameterError, Unsupported, read_parameters
+from epp.config.registry import REGISTRY
+from epp.config.units import parse_byte_size, parse_duration
 from epp.flowcontrol.config import (
     BandConfig,
     Fairness,
@@ -39,66 +42,23 @@ from epp.scheduling.config import SchedulingConfig, ScorerConfig
 API_VERSION = "llm-d.ai/v1alpha1"
 KIND = "EndpointPickerConfig"
 
-SCORER_PARAMETERS: dict[str, frozenset[str]] = {
-    "queue-scorer": frozenset(),
-    "kv-cache-utilization-scorer": frozenset(),
-    "lora-affinity-scorer": frozenset(),
-    "prefix-cache-scorer": frozenset(
-        {"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer"}
-    ),
-}
-SATURATION_FILTER = "saturation-filter"
-SATURATION_PARAMETERS = frozenset(
-    {"metricsStalenessThreshold", "queueDepthThreshold", "kvCacheUtilThreshold"}
-)
-PICKERS = frozenset({"max-score-picker", "random-picker", "weighted-random-picker"})
-PROFILE_HANDLERS = frozenset({"single-profile-handler"})
 FAIRNESS_PLUGINS = {f"{policy.value}-fairness-policy": policy for policy in Fairness}
 ORDERING_PLUGINS = {f"{policy.value}-ordering-policy": policy for policy in Ordering}
-VTC_PARAMETERS = frozenset({"inputTokenWeight", "outputTokenWeight"})
-
-PLUGIN_PARAMETERS: dict[str, frozenset[str]] = {
-    **SCORER_PARAMETERS,
-    **dict.fromkeys(PICKERS | PROFILE_HANDLERS, frozenset()),
-    **dict.fromkeys(FAIRNESS_PLUGINS, frozenset()),
-    **dict.fromkeys(ORDERING_PLUGINS, frozenset()),
-    "vtc-fairness-policy": VTC_PARAMETERS,
-    SATURATION_FILTER: SATURATION_PARAMETERS,
-}
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
-_QUANTITY_UNITS = {
-    None: 1,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "k": 1000,
-    "K": 1000,
-    "M": 1000**2,
-    "G": 1000**3,
-    "T": 1000**4,
-}
+SATURATION_FILTER = "saturation-filter"
+PREFIX_PRODUCER = "approx-prefix-cache-producer"
 
 
 class ConfigError(ValueError):
     """A configuration with errors; `errors` holds one "path: message" each."""
 
-    def __init__(self, errors: list[str], source: str | None = None) -> None:
+    def __init__(
+        self, errors: list[str], source: str | None = None, unsupported: bool = False
+    ) -> None:
         prefix = f"{source}: " if source else ""
         super().__init__("\n".join(prefix + error for error in errors))
         self.errors = errors
+        self.unsupported = unsupported
+        """Whether a declared plugin type is one epp cannot run (exit status 2)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,40 +67,12 @@ class EppConfig:
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
 
 
-def parse_duration(value: Any) -> float:
-    """Seconds from a Go duration string or a number; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"must be a duration, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        if body == "0":
-            return 0.0
-        parts = _DURATION_PART.findall(body)
-        if not parts or "".join(number + unit for number, unit in parts) != body:
-            raise ValueError(f'invalid duration {value!r}; use e.g. "60s", "500ms", "1m30s"')
-        seconds = sign * sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
-    else:
-        raise ValueError(f"must be a duration, got {value!r}")
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"must be a finite duration, got {value!r}")
-    return seconds
-
-
-def parse_bytes(value: Any) -> int:
-    """Bytes from an integer or a quantity string; ValueError otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and (match := _QUANTITY.match(value.strip())):
-        return int(match.group(1)) * _QUANTITY_UNITS[match.group(2)]
-    raise ValueError(f'must be a byte count or quantity such as "1Gi", got {value!r}')
-
-
 class _Reader(FieldReader):
     """Reads typed values and collects every error with its path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsupported = False
 
     def integer(self, value: Any, path: str, default: int, minimum: int | None = 0) -> int:
         if value is None:
@@ -199,7 +131,7 @@ class _Reader(FieldReader):
         if value is None:
             return default
         try:
-            size = parse_bytes(value)
+            size = parse_byte_size(value)
         except ValueError as error:
             self.fail(path, str(error))
             return default
@@ -209,7 +141,11 @@ class _Reader(FieldReader):
 @dataclass(slots=True, frozen=True)
 class _Plugin:
     type: str
+    kind: Kind
     parameters: Mapping[str, Any]
+    """The checked parameters, defaults filled in."""
+    value: Any
+    """What the type's factory made of them."""
     path: str = ""
     """Where the plugin was declared, for errors in its parameters."""
 
@@ -222,20 +158,34 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
         plugin_type = reader.string(fields.get("type"), f"{path}.type")
         if plugin_type is None:
             continue
-        if plugin_type not in PLUGIN_PARAMETERS:
-            known = ", ".join(sorted(PLUGIN_PARAMETERS))
-            reader.fail(f"{path}.type", f"unknown plugin type {plugin_type!r}; known: {known}")
+        registered = REGISTRY.get(plugin_type)
+        if registered is None:
+            reader.fail(
+                f"{path}.type",
+                f"unknown plugin type {plugin_type!r}; `epp plugins` lists the known ones",
+            )
             continue
         name = reader.string(fields.get("name", plugin_type), f"{path}.name")
-        parameters = reader.mapping(
-            fields.get("parameters"), f"{path}.parameters", PLUGIN_PARAMETERS[plugin_type]
-        )
+        where = f"{path}.parameters"
+        errors_before = len(reader.errors)
+        parameters = read_parameters(reader, registered.parameters, fields.get("parameters"), where)
         if name is None:
             continue
         if name in plugins:
             reader.fail(f"{path}.name", f"duplicate plugin name {name!r}")
             continue
-        plugins[name] = _Plugin(plugin_type, parameters, path)
+        if len(reader.errors) > errors_before:
+            continue
+        try:
+            built = registered.build(parameters)
+        except Unsupported as refusal:
+            reader.unsupported = True
+            reader.fail(f"{path}.type", str(refusal))
+            continue
+        except ParameterError as error:
+            reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
+            continue
+        plugins[name] = _Plugin(plugin_type, registered.kind, parameters, built, path)
     return plugins
 
 
@@ -260,77 +210,69 @@ def _profile(
         if plugin is None:
             reader.fail(f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
             continue
-        if plugin.type in SCORER_PARAMETERS:
+        if plugin.kind is Kind.SCORER:
             weight = reader.number(fields.get("weight"), f"{path}.weight", 1.0)
             scorers.append(ScorerConfig(plugin.type, weight))
             continue
         if "weight" in fields:
             reader.fail(f"{path}.weight", f"only scorers take a weight, {ref!r} is a {plugin.type}")
-        if plugin.type in PICKERS:
+        if plugin.kind is Kind.PICKER:
             picker = plugin.type
             pickers += 1
             if pickers > 1:
                 reader.fail(f"{path}.pluginRef", "a profile has at most one picker")
-        elif plugin.type not in PROFILE_HANDLERS and plugin.type != SATURATION_FILTER:
+        elif plugin.kind not in (Kind.PROFILE_HANDLER, Kind.FILTER):
             reader.fail(
                 f"{path}.pluginRef", f"{plugin.type} does not belong in a scheduling profile"
             )
     return tuple(scorers), picker
 
 
-def _declared(plugins: dict[str, _Plugin], plugin_type: str) -> _Plugin:
-    """The first declared plugin of `plugin_type`, or one with no parameters."""
-    return next(
-        (plugin for plugin in plugins.values() if plugin.type == plugin_type),
-        _Plugin(plugin_type, {}, "plugins"),
-    )
+def _declared(reader: _Reader, plugins: dict[str, _Plugin], plugin_type: str) -> _Plugin:
+    """The first declared plugin of `plugin_type`, or one with its defaults."""
+    for plugin in plugins.values():
+        if plugin.type == plugin_type:
+            return plugin
+    registered = REGISTRY.get(plugin_type)
+    assert registered is not None, plugin_type
+    parameters = read_parameters(reader, registered.parameters, None, "plugins")
+    return _Plugin(plugin_type, registered.kind, parameters, Configured(plugin_type, parameters))
+
+
+def _prefix_blocks(producer: _Plugin, defaults: SchedulingConfig) -> tuple[int, int, int]:
+    """Block characters, blocks per prompt and LRU capacity from the
+    approx-prefix-cache-producer's parameters (4 characters per token)."""
+    if producer.path == "":
+        return defaults.prefix_block_chars, defaults.prefix_max_blocks, defaults.prefix_lru_capacity
+    parameters = producer.parameters
+    tokens = parameters["blockSizeTokens"]
+    if parameters["blockSize"] and tokens == 16:
+        tokens = parameters["blockSize"]
+    max_tokens = parameters["maxPrefixTokensToMatch"]
+    blocks = max_tokens // tokens if max_tokens > 0 else parameters["maxPrefixBlocksToMatch"]
+    return tokens * 4, max(blocks, 1), parameters["lruCapacityPerServer"]
 
 
 def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> SchedulingConfig:
-    """Scorers and picker from the profile (defaults without one); plugin
-    parameters from the declared prefix-cache scorer and saturation filter."""
+    """Scorers and picker from the profile (defaults without one); the
+    prefix index from the declared approx-prefix-cache-producer; the
+    saturation filter's thresholds."""
     defaults = SchedulingConfig()
     profiles = reader.sequence(value, "schedulingProfiles")
     scorers, picker = _profile(reader, profiles, plugins) if profiles else (None, defaults.picker)
-    prefix_plugin = _declared(plugins, "prefix-cache-scorer")
-    prefix, where = prefix_plugin.parameters, f"{prefix_plugin.path}.parameters"
-    saturation_plugin = _declared(plugins, SATURATION_FILTER)
-    saturation, filter_where = saturation_plugin.parameters, f"{saturation_plugin.path}.parameters"
+    block_chars, max_blocks, lru_capacity = _prefix_blocks(
+        _declared(reader, plugins, PREFIX_PRODUCER), defaults
+    )
+    saturation = _declared(reader, plugins, SATURATION_FILTER).parameters
     return SchedulingConfig(
         scorers=defaults.scorers if scorers is None else scorers,
         picker=picker,
-        prefix_block_chars=reader.integer(
-            prefix.get("hashBlockSize"), f"{where}.hashBlockSize", defaults.prefix_block_chars, 1
-        ),
-        prefix_max_blocks=reader.integer(
-            prefix.get("maxPrefixBlocksToMatch"),
-            f"{where}.maxPrefixBlocksToMatch",
-            defaults.prefix_max_blocks,
-            1,
-        ),
-        prefix_lru_capacity=reader.integer(
-            prefix.get("lruCapacityPerServer"),
-            f"{where}.lruCapacityPerServer",
-            defaults.prefix_lru_capacity,
-            1,
-        ),
-        metrics_staleness=reader.duration(
-            saturation.get("metricsStalenessThreshold"),
-            f"{filter_where}.metricsStalenessThreshold",
-            defaults.metrics_staleness,
-        )
-        or 0.0,
-        saturation_queue_depth=reader.number(
-            saturation.get("queueDepthThreshold"),
-            f"{filter_where}.queueDepthThreshold",
-            defaults.saturation_queue_depth,
-        ),
-        saturation_kv_cache=reader.number(
-            saturation.get("kvCacheUtilThreshold"),
-            f"{filter_where}.kvCacheUtilThreshold",
-            defaults.saturation_kv_cache,
-            maximum=1.0,
-        ),
+        prefix_block_chars=block_chars,
+        prefix_max_blocks=max_blocks,
+        prefix_lru_capacity=lru_capacity,
+        metrics_staleness=saturation["metricsStalenessThreshold"],
+        saturation_queue_depth=saturation["queueDepthThreshold"],
+        saturation_kv_cache=saturation["kvCacheUtilThreshold"],
     )
 
 
@@ -348,8 +290,10 @@ def _policy_type(
     if ref in plugins:
         return plugins[ref]
     for suffix in ("", "-fairness-policy", "-ordering-policy"):
-        if ref + suffix in PLUGIN_PARAMETERS:
-            return _Plugin(ref + suffix, {})
+        registered = REGISTRY.get(ref + suffix)
+        if registered is not None and registered.supported:
+            parameters = read_parameters(reader, registered.parameters, None, path)
+            return _Plugin(registered.name, registered.kind, parameters, None)
     reader.fail(path, f"no plugin named {ref!r} and no such policy")
     return None
 
@@ -380,16 +324,8 @@ def _band(
             band = replace(
                 band,
                 fairness=FAIRNESS_PLUGINS[plugin.type],
-                input_weight=reader.number(
-                    plugin.parameters.get("inputTokenWeight"),
-                    f"{plugin.path}.parameters.inputTokenWeight",
-                    1.0,
-                ),
-                output_weight=reader.number(
-                    plugin.parameters.get("outputTokenWeight"),
-                    f"{plugin.path}.parameters.outputTokenWeight",
-                    2.0,
-                ),
+                input_weight=plugin.parameters.get("inputTokenWeight", 1.0),
+                output_weight=plugin.parameters.get("outputTokenWeight", 2.0),
             )
     if "orderingPolicyRef" in fields:
         where = f"{path}.orderingPolicyRef"
@@ -544,7 +480,9 @@ def parse_config(document: Any) -> EppConfig:
         scheduling=_scheduling(reader, fields.get("schedulingProfiles"), plugins),
     )
     if reader.errors:
-        raise ConfigError([error.removeprefix(".") for error in reader.errors])
+        raise ConfigError(
+            [error.removeprefix(".") for error in reader.errors], unsupported=reader.unsupported
+        )
     return config
 
 
@@ -558,4 +496,4 @@ def load_config(path: str | Path) -> EppConfig:
     try:
         return parse_config(document)
     except ConfigError as error:
-        raise ConfigError(error.errors, str(path)) from None
+        raise ConfigError(error.errors, str(path), error.unsupported) from None

@@ -4,7 +4,9 @@ Validates InferenceObjective (llm-d.ai v1 and v1alpha2) and InferencePool
 (inference.networking.k8s.io/v1) against the bundled CRDs, as the API server
 would with strict field validation, and EndpointPickerConfig files as the EPP
 loads them. Every error is printed as `FILE[DOCUMENT]: FIELD: message`;
-the exit status is 0 when everything is valid, 1 otherwise.
+the exit status is 0 when everything is valid, 2 when a configuration
+declares a plugin type epp cannot run (`plugin type 'X' is not supported by
+epp: <reason>`), 1 for any other error.
 """
 
 from __future__ import annotations
@@ -24,24 +26,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_errors(manifest: Manifest) -> list[str]:
     """Every problem of one document, as `path: message` lines."""
+    return document_check(manifest)[0]
+
+
+def document_check(manifest: Manifest) -> tuple[list[str], bool]:
+    """The problems of one document, and whether one is an unsupported plugin."""
     if is_config(manifest.object):
         try:
             parse_config(manifest.object)
         except ConfigError as error:
-            return error.errors
-        return []
+            return error.errors, error.unsupported
+        return [], False
     try:
         decode(manifest.object)
     except InvalidObjectError as error:
-        return [str(field_error) for field_error in error.errors]
-    return []
+        return [str(field_error) for field_error in error.errors], False
+    return [], False
 
 
-def validate(paths: list[str], out: TextIO) -> bool:
+def validate(paths: list[str], out: TextIO) -> int:
     """Print every error of every document in `paths`, then a summary line;
-    True when there are none. A file that cannot be read or parsed is an
-    error of its own and does not stop the others from being checked."""
+    return the exit status (see the module docstring). A file that cannot
+    be read or parsed is an error of its own and does not stop the others
+    from being checked."""
     errors = documents = 0
+    unsupported = False
     for path in paths:
         try:
             manifests = load_manifests([path])
@@ -51,13 +60,16 @@ def validate(paths: list[str], out: TextIO) -> bool:
             continue
         for manifest in manifests:
             documents += 1
-            for error in manifest_errors(manifest):
+            found, refused = document_check(manifest)
+            unsupported = unsupported or refused
+            for error in found:
                 errors += 1
                 print(f"{manifest.where}: {error}", file=out)
     print(f"{documents} documents checked, {errors} errors", file=out)
-    return errors == 0
+    if unsupported:
+        return 2
+    return 0 if errors == 0 else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    valid = validate(args.files, sys.stdout)
-    return 0 if valid else 1
+    return validate(args.files, sys.stdout)

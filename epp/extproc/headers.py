@@ -6,8 +6,9 @@ GIE alias where one exists, and the canonical name wins when both are sent.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+
+from epp.config.units import parse_duration
 
 OBJECTIVE = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
 FAIRNESS_ID = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
@@ -42,43 +43,12 @@ def first(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
     return None
 
 
-_GO_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,  # Go accepts both micro signs
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_GO_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go duration ("1m30s", "250ms") or a plain number of seconds."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    position, total = 0, 0.0
-    for match in _GO_TERM.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
-        position = match.end()
-    if position != len(text) or not text:
-        raise ValueError(f"not a duration: {text!r}")
-    return total
-
-
 def parse_ttl(value: str) -> float:
-    """The request's queue TTL in seconds; must be positive."""
+    """The request's queue TTL in seconds: a Go duration ("30s"), positive."""
     try:
-        seconds = parse_duration(value)
+        seconds = parse_duration(value.strip())
     except ValueError:
-        raise BadHeader(f"{TTL[0]}: not a duration: {value!r}") from None
+        raise BadHeader(f'{TTL[0]}: not a duration such as "30s": {value!r}') from None
     if not seconds > 0 or seconds == float("inf"):
         raise BadHeader(f"{TTL[0]}: must be a positive duration, got {value!r}")
     return seconds

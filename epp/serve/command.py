@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from epp.config.loader import parse_bytes, parse_duration
+from epp.config.units import parse_byte_size, parse_duration
 
 if TYPE_CHECKING:
     from epp.serve.server import ServeOptions
@@ -32,7 +32,7 @@ def _duration(text: str) -> float:
 
 def _size(text: str) -> int:
     try:
-        return parse_bytes(text)
+        return parse_byte_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

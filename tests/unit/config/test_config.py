@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from epp.config.loader import ConfigError, EppConfig, load_config, parse_config, parse_duration
+from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
 from epp.scheduling.config import ScorerConfig
 
@@ -29,30 +29,6 @@ def test_default_file_is_the_defaults() -> None:
 
 def test_empty_document_is_the_defaults() -> None:
     assert parse_config(config()) == EppConfig()
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("60s", 60.0),
-        ("500ms", 0.5),
-        ("0s", 0.0),
-        ("0", 0.0),
-        ("1m30s", 90.0),
-        ("1.5h", 5400.0),
-        ("250us", 0.00025),
-        (3, 3.0),
-        (0.25, 0.25),
-    ],
-)
-def test_durations_are_go_strings_or_seconds(text: Any, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text", ["60", "5x", "s", "1m 30s", "", True])
-def test_bad_durations_are_refused(text: Any) -> None:
-    with pytest.raises(ValueError):
-        parse_duration(text)
 
 
 def test_flow_control_fields_are_read() -> None:
@@ -146,10 +122,10 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
         config(
             plugins=[
                 {"type": "queue-scorer"},
+                {"type": "prefix-cache-scorer", "name": "prefix"},
                 {
-                    "type": "prefix-cache-scorer",
-                    "name": "prefix",
-                    "parameters": {"hashBlockSize": 32},
+                    "type": "approx-prefix-cache-producer",
+                    "parameters": {"blockSizeTokens": 8, "maxPrefixTokensToMatch": 0},
                 },
                 {"type": "weighted-random-picker"},
             ],
@@ -171,6 +147,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
     )
     assert scheduling.picker == "weighted-random-picker"
     assert scheduling.prefix_block_chars == 32
+    assert scheduling.prefix_max_blocks == 2048
 
 
 @pytest.mark.parametrize(
@@ -235,8 +212,26 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
             "plugins[0].parameters.depth: unknown field",
         ),
         (
-            config(plugins=[{"type": "prefix-cache-scorer", "parameters": {"hashBlockSize": 0}}]),
-            "plugins[0].parameters.hashBlockSize: must be at least 1",
+            config(
+                plugins=[
+                    {"type": "approx-prefix-cache-producer", "parameters": {"blockSizeTokens": 0}}
+                ]
+            ),
+            "plugins[0].parameters.blockSizeTokens: must be >= 1",
+        ),
+        (
+            config(
+                plugins=[{"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": "2"}}]
+            ),
+            "plugins[0].parameters.maxNumOfEndpoints: must be int",
+        ),
+        (
+            config(plugins=[{"type": "mm-embeddings-cache-producer"}]),
+            "plugins[0].type: plugin type 'mm-embeddings-cache-producer' is not supported by epp: ",
+        ),
+        (
+            config(flowControl={"defaultRequestTTL": 60}),
+            'flowControl.defaultRequestTTL: must be a duration string such as "60s"',
         ),
         (
             config(schedulingProfiles=[{"name": "d", "plugins": [{"pluginRef": "queue-scorer"}]}]),

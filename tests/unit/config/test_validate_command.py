@@ -31,8 +31,8 @@ flowControl: {defaultRequestTTL: soon}
 
 def run(*paths: Path | str) -> tuple[bool, list[str]]:
     out = io.StringIO()
-    valid = validate([str(path) for path in paths], out)
-    return valid, out.getvalue().splitlines()
+    status = validate([str(path) for path in paths], out)
+    return status == 0, out.getvalue().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -93,3 +93,16 @@ def test_exit_status_is_zero_when_valid_and_one_otherwise(tmp_path: Path, capsys
     bad.write_text(BAD)
     assert main(["validate", str(ROOT / "config" / "samples")]) == 0
     assert main(["validate", str(bad)]) == 1
+
+
+def test_an_unsupported_plugin_exits_two_naming_it(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "epp.yaml"
+    path.write_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: predicted-latency-producer\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    assert (
+        f"{path}[0]: plugins[0].type: plugin type 'predicted-latency-producer' "
+        "is not supported by epp: " in capsys.readouterr().out
+    )

@@ -84,8 +84,8 @@ def test_priority_resolver_sees_request_headers():
     assert seen["x-llm-d-inference-objective"] == "gold"
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("30s", 30.0), ("1m30s", 90.0), ("2.5", 2.5)])
-def test_ttl_header_accepts_go_durations_and_plain_seconds(value, seconds):
+@pytest.mark.parametrize(("value", "seconds"), [("30s", 30.0), ("1m30s", 90.0), ("2.5s", 2.5)])
+def test_ttl_header_is_a_go_duration(value, seconds):
     headers = {"x-llm-d-inference-ttl": value}
     assert admit(machine(), headers=headers).request.ttl == seconds
 
@@ -94,10 +94,18 @@ def test_ttft_slo_header_is_milliseconds():
     assert admit(machine(), headers={"x-llm-d-slo-ttft-ms": "250"}).request.ttft_slo == 0.25
 
 
-@pytest.mark.parametrize("header", ["x-llm-d-inference-ttl", "x-llm-d-slo-ttft-ms"])
-def test_unusable_ttl_or_ttft_value_is_400(header):
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x-llm-d-inference-ttl", "soon"),
+        ("x-llm-d-inference-ttl", "2.5"),
+        ("x-llm-d-inference-ttl", "-1s"),
+        ("x-llm-d-slo-ttft-ms", "soon"),
+    ],
+)
+def test_unusable_ttl_or_ttft_value_is_400(header, value):
     stream = machine()
-    events = stream.receive(request_headers({**CHAT, header: "soon"}), 0.0)
+    events = stream.receive(request_headers({**CHAT, header: value}), 0.0)
     assert immediate_status(events) == 400
     assert isinstance(events[1], Rejected) and events[1].reason == "bad-request"
 

@@ -1,0 +1,1 @@
+"""Every plugin type epp knows, by room; `epp.config.registry` joins them."""

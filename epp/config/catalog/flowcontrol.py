@@ -1,0 +1,159 @@
+"""Flow-control plugin types: fairness, ordering, saturation detectors,
+usage-limit policies and eviction, with the reference's parameter names,
+types and defaults (`pkg/epp/framework/plugins/flowcontrol/`)."""
+
+from __future__ import annotations
+
+from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+
+T = ParamType
+ALPHA = Stability.ALPHA
+FLOW_CONTROL_ISSUE = "issue #19"
+
+ENTRIES: tuple[PluginType, ...] = (
+    # -- fairness (between the flows of a band) --------------------------------
+    PluginType(
+        "global-strict-fairness-policy",
+        Kind.FAIRNESS,
+        "the best head request of the band goes first, whatever its flow",
+        factory=configured("global-strict-fairness-policy"),
+    ),
+    PluginType(
+        "round-robin-fairness-policy",
+        Kind.FAIRNESS,
+        "flows take turns, one request each",
+        factory=configured("round-robin-fairness-policy"),
+    ),
+    PluginType(
+        "vtc-fairness-policy",
+        Kind.FAIRNESS,
+        "epp's own: Virtual Token Counter, the least-served flow goes first "
+        "(input + 2 x output tokens)",
+        (
+            Param("inputTokenWeight", T.FLOAT, 1.0, "charge per input token", 0),
+            Param("outputTokenWeight", T.FLOAT, 2.0, "charge per output token", 0),
+        ),
+        factory=configured("vtc-fairness-policy"),
+    ),
+    PluginType(
+        "program-aware-fairness",
+        Kind.FAIRNESS,
+        "least attained service first (LAS): 0.8 service + 0.2 head wait",
+        (
+            Param("strategy", T.STRING, "las", "scoring strategy", choices=("las",)),
+            Param("lasWeightService", T.FLOAT, 0.8, "weight of inverted attained service", 0),
+            Param("lasWeightHeadWait", T.FLOAT, 0.2, "weight of head-of-queue age", 0),
+            Param(
+                "lasHalfLifeSeconds", T.FLOAT, 60.0, "half-life of attained service; 0 = none", 0
+            ),
+            Param("evictionTtlSeconds", T.FLOAT, 3600.0, "programs idle this long are dropped", 0),
+            Param("evictionSweepSeconds", T.FLOAT, 300.0, "sweep period", 0, None, True),
+        ),
+        factory=pending("program-aware-fairness", FLOW_CONTROL_ISSUE),
+    ),
+    # -- ordering (inside a flow) ---------------------------------------------
+    PluginType(
+        "fcfs-ordering-policy",
+        Kind.ORDERING,
+        "first come, first served",
+        factory=configured("fcfs-ordering-policy"),
+    ),
+    PluginType(
+        "edf-ordering-policy",
+        Kind.ORDERING,
+        "earliest deadline (arrival + TTL) first",
+        factory=configured("edf-ordering-policy"),
+    ),
+    PluginType(
+        "slo-deadline-ordering-policy",
+        Kind.ORDERING,
+        "earliest TTFT deadline (arrival + x-llm-d-slo-ttft-ms) first",
+        factory=configured("slo-deadline-ordering-policy"),
+    ),
+    # -- saturation detectors -------------------------------------------------
+    PluginType(
+        "utilization-detector",
+        Kind.SATURATION_DETECTOR,
+        "pool saturation = mean over pods of max(queue / threshold, KV / threshold); "
+        "stale or missing metrics count as saturated",
+        (
+            Param("queueDepthThreshold", T.INT, 5, "waiting requests per pod", 0, None, True),
+            Param("kvCacheUtilThreshold", T.FLOAT, 0.8, "KV-cache usage per pod", 0, 1, True),
+            Param(
+                "metricsStalenessThreshold",
+                T.DURATION,
+                0.2,
+                "older metrics are stale",
+                0,
+                None,
+                True,
+            ),
+            Param("headroom", T.FLOAT, 0.0, "burst allowance above the thresholds", 0),
+        ),
+        factory=pending("utilization-detector", FLOW_CONTROL_ISSUE),
+    ),
+    PluginType(
+        "concurrency-detector",
+        Kind.SATURATION_DETECTOR,
+        "pool saturation from the EPP's own in-flight requests or tokens per pod",
+        (
+            Param(
+                "concurrencyMode",
+                T.STRING,
+                "requests",
+                "what is counted",
+                choices=("requests", "tokens", "hybrid"),
+            ),
+            Param("maxConcurrency", T.INT, 100, "requests in flight per pod", 0, None, True),
+            Param(
+                "maxTokenConcurrency", T.INT, 1_000_000, "tokens in flight per pod", 0, None, True
+            ),
+            Param("headroom", T.FLOAT, 0.0, "burst allowance above the limits", 0),
+            Param("inFlightLoadProducerName", T.STRING, ""),
+        ),
+        factory=pending("concurrency-detector", FLOW_CONTROL_ISSUE),
+    ),
+    # -- usage limits (a ceiling on saturation per priority) --------------------
+    PluginType(
+        "static-usage-limit-policy",
+        Kind.USAGE_LIMIT,
+        "one ceiling for every priority",
+        (Param("threshold", T.FLOAT, 1.0, "the ceiling; 1.0 = no gating", 0, 1, True),),
+        factory=pending("static-usage-limit-policy", FLOW_CONTROL_ISSUE),
+    ),
+    PluginType(
+        "priority-holdback-policy",
+        Kind.USAGE_LIMIT,
+        "ceilings from minCeiling (lowest priority) to maxCeiling (highest)",
+        (
+            Param("shape", T.STRING, "linear", "interpolation curve", choices=("linear",)),
+            Param("domain", T.STRING, "rank", "priority mapping", choices=("rank", "value")),
+            Param("minCeiling", T.FLOAT, None, "ceiling of the lowest priority", 0, required=True),
+            Param("maxCeiling", T.FLOAT, 1.0, "ceiling of the highest priority", 0, 1, True),
+        ),
+        factory=pending("priority-holdback-policy", FLOW_CONTROL_ISSUE),
+        stability=ALPHA,
+    ),
+    PluginType(
+        "soft-reflective-ceiling-policy",
+        Kind.USAGE_LIMIT,
+        "lower bands alternate open and closed in proportion to saturation",
+        factory=pending("soft-reflective-ceiling-policy", FLOW_CONTROL_ISSUE),
+        stability=ALPHA,
+    ),
+    # -- eviction -------------------------------------------------------------
+    PluginType(
+        "sheddable-eviction-filter",
+        Kind.EVICTION_FILTER,
+        "only sheddable (negative-priority) in-flight requests may be evicted",
+        factory=pending("sheddable-eviction-filter", FLOW_CONTROL_ISSUE),
+        stability=ALPHA,
+    ),
+    PluginType(
+        "priority-then-time-eviction-order-policy",
+        Kind.EVICTION_ORDERING,
+        "evicts the lowest priority first, the newest first within it",
+        factory=pending("priority-then-time-eviction-order-policy", FLOW_CONTROL_ISSUE),
+        stability=ALPHA,
+    ),
+)

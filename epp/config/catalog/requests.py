@@ -1,0 +1,241 @@
+"""Request plugin types: parsers, data producers, admitters and the other
+request-control plugins, with the reference's parameter names, types and
+defaults (`pkg/epp/framework/plugins/requesthandling/` and `requestcontrol/`)."""
+
+from __future__ import annotations
+
+from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+
+T = ParamType
+ALPHA = Stability.ALPHA
+PART3 = "issue #14, scheduling plugins"
+FLOW_CONTROL_ISSUE = "issue #19"
+
+_NEEDS_LATENCY_PREDICTOR = (
+    "needs the reference's latency-predictor sidecar (trained XGBoost models), "
+    "which epp does not run"
+)
+
+_TOKEN_PRODUCER_PARAMETERS = (
+    Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
+    Param(
+        "vllm",
+        T.OBJECT,
+        None,
+        "the vLLM /render backend",
+        fields=(
+            Param("url", T.STRING, "http://localhost:8000"),
+            Param("timeout", T.DURATION, 5.0),
+            Param("mmTimeout", T.DURATION, 30.0),
+        ),
+    ),
+    Param("estimate", T.ANY, None, "tokenizer-free estimate (the default backend)"),
+    Param("udsTokenizerConfig", T.ANY, None, "deprecated tokenizer sidecar"),
+)
+
+ENTRIES: tuple[PluginType, ...] = (
+    # -- parsers --------------------------------------------------------------
+    PluginType(
+        "openai-parser",
+        Kind.PARSER,
+        "OpenAI API bodies: completions, chat completions, responses, embeddings, conversations",
+        factory=configured("openai-parser"),
+    ),
+    PluginType(
+        "anthropic-parser",
+        Kind.PARSER,
+        "Anthropic Messages API bodies (/v1/messages)",
+        factory=pending("anthropic-parser", PART3),
+    ),
+    PluginType(
+        "vllmhttp-parser",
+        Kind.PARSER,
+        "vLLM's own HTTP endpoints (OpenAI-compatible plus /tokenize, /pooling, ...)",
+        factory=pending("vllmhttp-parser", PART3),
+    ),
+    PluginType(
+        "passthrough-parser",
+        Kind.PARSER,
+        "no body parsing; requests are still routed",
+        factory=pending("passthrough-parser", PART3),
+    ),
+    PluginType(
+        "sglanghttp-parser",
+        Kind.PARSER,
+        "SGLang's native HTTP API bodies",
+        refusal="SGLang's native request format is not parsed by epp",
+    ),
+    PluginType(
+        "vllmgrpc-parser",
+        Kind.PARSER,
+        "vLLM gRPC request bodies",
+        refusal="gRPC request bodies (vLLM's gRPC API) are not parsed by epp",
+    ),
+    PluginType(
+        "vertexai-parser",
+        Kind.PARSER,
+        "Vertex AI request bodies",
+        refusal="Vertex AI request bodies are not parsed by epp",
+    ),
+    # -- data producers ---------------------------------------------------------
+    PluginType(
+        "approx-prefix-cache-producer",
+        Kind.PRODUCER,
+        "hashes the prompt into blocks and matches them against a per-pod LRU index",
+        (
+            Param("autoTune", T.BOOL, True, "block size and capacity from the pods' metrics"),
+            Param("blockSizeTokens", T.INT, 16, "tokens per block", 1),
+            Param("maxPrefixBlocksToMatch", T.INT, 2048, "blocks hashed per request", 1),
+            Param(
+                "maxPrefixTokensToMatch",
+                T.INT,
+                131_072,
+                "cap in tokens; wins over maxPrefixBlocksToMatch unless 0",
+                0,
+            ),
+            Param("lruCapacityPerServer", T.INT, 31_250, "block hashes kept per pod", 1),
+            Param("blockSize", T.INT, 0, "deprecated: block size in characters", 0),
+        ),
+        factory=configured("approx-prefix-cache-producer"),
+    ),
+    PluginType(
+        "token-producer",
+        Kind.PRODUCER,
+        "counts the prompt's tokens (estimate backend; vLLM /render is not called)",
+        _TOKEN_PRODUCER_PARAMETERS,
+        factory=pending("token-producer", PART3),
+    ),
+    PluginType(
+        "tokenizer",
+        Kind.PRODUCER,
+        "deprecated name of token-producer",
+        _TOKEN_PRODUCER_PARAMETERS,
+        factory=pending("tokenizer", PART3),
+        deprecated_for="token-producer",
+    ),
+    PluginType(
+        "inflight-load-producer",
+        Kind.PRODUCER,
+        "counts requests and tokens in flight per pod, from dispatch to response",
+        (
+            Param("addEstimatedOutputTokens", T.BOOL, False, "count estimated output tokens too"),
+            Param("outputRatio", T.FLOAT, 1.5, "estimated output / input tokens", 0),
+            Param("maxEstimatedOutputTokens", T.INT, None, "cap on estimated output tokens", 0),
+            Param("prefixMatchInfoProducerName", T.STRING, ""),
+            Param("syncCrossReplicaState", T.BOOL, None, "share counts between EPP replicas"),
+        ),
+        factory=pending("inflight-load-producer", PART3),
+    ),
+    PluginType(
+        "session-id-producer",
+        Kind.PRODUCER,
+        "reads a session id from a header or a cookie",
+        (
+            Param("headerName", T.STRING, "", "header carrying the session id"),
+            Param("cookieName", T.STRING, "", "cookie carrying the session id"),
+        ),
+        factory=pending("session-id-producer", PART3),
+    ),
+    PluginType(
+        "precise-prefix-cache-producer",
+        Kind.PRODUCER,
+        "prefix-cache index from vLLM KV-cache events",
+        refusal="needs vLLM KV-cache events over ZMQ and a real tokenizer; planned in a "
+        "later issue",
+    ),
+    PluginType(
+        "burst-prefix-cache-producer",
+        Kind.PRODUCER,
+        "co-locates prompt-sharing requests that arrive in a burst",
+        refusal="batches requests over a time window by their tokenized prompts, which "
+        "epp does not do",
+        stability=ALPHA,
+    ),
+    PluginType(
+        "mm-embeddings-cache-producer",
+        Kind.PRODUCER,
+        "tracks which pods recently encoded each multimodal input",
+        refusal="needs multimodal input hashing (encoder cache), which epp does not do",
+    ),
+    PluginType(
+        "predicted-latency-producer",
+        Kind.PRODUCER,
+        "per-pod TTFT and TPOT predictions from a trained model",
+        refusal=_NEEDS_LATENCY_PREDICTOR,
+    ),
+    PluginType(
+        "p2p-source-producer",
+        Kind.PRODUCER,
+        "names the pod to pull KV cache from (x-kv-cache-source-host-port)",
+        refusal="peer-to-peer KV-cache transfer is not supported by epp",
+        stability=ALPHA,
+    ),
+    PluginType(
+        "multicluster-approx-prefix-cache-producer",
+        Kind.PRODUCER,
+        "prefix index over clusters",
+        refusal="cluster-scoped (multi-cluster) EPPs are not supported",
+        stability=ALPHA,
+    ),
+    # -- admission and other request control -------------------------------------
+    PluginType(
+        "probabilistic-admitter",
+        Kind.ADMITTER,
+        "sheds sheddable requests with a probability rising with pool saturation",
+        (
+            Param(
+                "queueDepthThreshold",
+                T.INT,
+                5,
+                "queue at which a pod counts saturated",
+                0,
+                None,
+                True,
+            ),
+            Param(
+                "kvCacheUtilThreshold",
+                T.FLOAT,
+                0.8,
+                "KV use at which a pod counts saturated",
+                0,
+                1,
+                True,
+            ),
+            Param("power", T.FLOAT, 5.0, "steepness of the shedding curve", 0, None, True),
+            Param("k", T.FLOAT, 300.0, "where shedding starts", 0, None, True),
+        ),
+        factory=pending("probabilistic-admitter", FLOW_CONTROL_ISSUE),
+    ),
+    PluginType(
+        "latency-slo-admitter",
+        Kind.ADMITTER,
+        "rejects requests predicted to miss their SLO",
+        refusal=_NEEDS_LATENCY_PREDICTOR,
+    ),
+    PluginType(
+        "request-attribute-reporter",
+        Kind.REQUEST_CONTROL,
+        "reports request attributes as response metadata",
+        refusal="request attributes are not reported by epp",
+    ),
+    PluginType(
+        "agent-identity",
+        Kind.REQUEST_CONTROL,
+        "derives the fairness id from an agent identity header",
+        refusal="agent identities are not read by epp",
+        stability=ALPHA,
+    ),
+    PluginType(
+        "disaggregatedset-rollout-screener",
+        Kind.REQUEST_CONTROL,
+        "screens pods during a DisaggregatedSet rollout",
+        refusal="DisaggregatedSet rollouts are not watched by epp",
+        stability=ALPHA,
+    ),
+    PluginType(
+        "destination-endpoint-served-verifier",
+        Kind.REQUEST_CONTROL,
+        "the reference's test plugin",
+        refusal="a test-only plugin of the reference",
+    ),
+)
