@@ -65,6 +65,8 @@ class StreamSettings:
     default_fairness_id: str = "default-flow"
     default_model: str | None = None
     """The model of a request body without `model`; None: 400, as the reference."""
+    honour_subset: bool = True
+    """Follow Envoy's endpoint subset hint (`--disable-endpoint-subset-filter` turns it off)."""
 
 
 class Phase(Enum):
@@ -222,7 +224,7 @@ class ExtProcStream:
             self._ttft_slo = h.parse_ttft_slo(ttft) if ttft is not None else None
         except h.BadHeader as error:
             return self._reject(400, "bad-request", f"bad request: {error}")
-        subset = messages.lb_subset(message)
+        subset = messages.lb_subset(message) if self._settings.honour_subset else None
         if subset is not None:
             self._subset = frozenset(h.endpoint_ip(endpoint) for endpoint in subset)
         self.phase = Phase.REQUEST_BODY

@@ -29,7 +29,7 @@ requests are never dropped by a reload.
 Readiness (gRPC health) turns SERVING once the inputs are loaded (files) or
 synced (cluster). On SIGTERM or SIGINT: readiness NOT_SERVING; admission
 closes (new requests get 503 rejected-shutting-down) while the queue drains
-for up to `--grace`; then open streams get the rest of the grace period to
+for up to `--drain-timeout`; then open streams get the rest of that time to
 finish; then everything stops.
 """
 
@@ -43,22 +43,24 @@ import logging
 import os
 import random
 import signal
+import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+import yaml
 
 from epp import defaults
 from epp.api.manifests import ManifestError, load_objectives, load_pool
 from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
-from epp.config.loader import EppConfig, load_config
+from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
-from epp.datalayer.engines import DEFAULT_ENGINE, EngineLookup
-from epp.datalayer.scraper import MetricsScraper, MetricsSource
+from epp.datalayer.engines import EngineLookup
+from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
@@ -71,6 +73,7 @@ from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import CHECK_METHOD, Health
 from epp.serve.metrics import EppMetrics, serve_metrics
+from epp.serve.options import ServeOptions
 from epp.transport.grpc_h2 import GrpcServer
 
 if TYPE_CHECKING:
@@ -88,43 +91,6 @@ GC_GEN0_THRESHOLD = 50_000
 
 class StartupError(Exception):
     """The options or the files they name cannot make a working EPP."""
-
-
-@dataclass(slots=True, frozen=True)
-class ServeOptions:
-    grpc_port: int = 9002
-    grpc_health_port: int = 9003
-    metrics_port: int = 9090
-    bind_address: str = "0.0.0.0"
-    config_file: str | None = None
-    objectives: tuple[str, ...] = ()
-    pool_file: str | None = None
-    pool_name: str | None = None
-    pool_namespace: str = "default"
-    endpoints: str | None = None
-    """`ip:port,...`, or `@FILE` holding such a list (commas or newlines)."""
-    kubeconfig: str | None = None
-    leader_election: bool = False
-    refresh_metrics_interval: float = 0.05
-    metrics_source: MetricsSource = field(default_factory=MetricsSource)
-    """Where model servers' metrics pages are; by default each engine's path."""
-    default_engine: str = DEFAULT_ENGINE
-    """The engine of endpoints without an engine label (all of them in file mode)."""
-    default_model: str | None = None
-    """The model of a request body without `model` (vLLM serves such a request
-    with its served model); None: 400, as the reference."""
-    max_body_bytes: int = 16 * 1024 * 1024
-    secure_serving: bool = False
-    cert_path: str | None = None
-    key_path: str | None = None
-    grace: float = 10.0
-    watch_interval: float = 1.0
-    ready_file: str | None = None
-    seed: int | None = None
-
-    @property
-    def cluster(self) -> bool:
-        return self.pool_name is not None and self.endpoints is None
 
 
 def read_endpoints(value: str) -> list[EndpointSpec]:
@@ -149,7 +115,7 @@ def initial_pool(options: ServeOptions) -> InferencePool:
         return load_pool(options.pool_file)
     if options.pool_name is None and not options.objectives:
         return load_pool(defaults.POOL)
-    return synthesized_pool(options.pool_name or "default", options.pool_namespace)
+    return synthesized_pool(options.pool_name or "default", options.namespace)
 
 
 def saturation_of(gate: GateConfig, store: EndpointStore, credits: ConcurrencyGate | None) -> float:
@@ -196,7 +162,7 @@ class EppServer:
         self.health = Health()
         self.ports: dict[str, int] = {}
         self.registry: ObjectiveRegistry | None = None
-        self.watcher = FileWatcher(options.watch_interval)
+        self.watcher = FileWatcher(options.file_watch_interval)
         self._stack = contextlib.AsyncExitStack()
         self._ext_proc_server: GrpcServer | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -204,6 +170,13 @@ class EppServer:
             defaults.OBJECTIVES,
         )
         self._ready_task: asyncio.Task[None] | None = None
+        self._ssl_context: ssl.SSLContext | None = None
+        if options.secure_serving:
+            from epp.serve.tls import server_ssl_context
+
+            self._ssl_context = server_ssl_context(
+                options.cert_files, options.tls_min_version, options.tls_cipher_suites
+            )
         self._mode: ClusterMode | None = None
         self.config = self._load_config()
         self.store = EndpointStore()
@@ -225,7 +198,9 @@ class EppServer:
         )
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(
-            max_body_bytes=options.max_body_bytes, default_model=options.default_model
+            max_body_bytes=options.max_body_bytes,
+            honour_subset=not options.disable_endpoint_subset_filter,
+            default_model=options.default_model,
         )
         self.service = ExtProcService(
             self.admission,
@@ -237,9 +212,17 @@ class EppServer:
     # -- building ------------------------------------------------------------
 
     def _load_config(self) -> EppConfig:
-        if self.options.config_file is None:
+        options = self.options
+        if options.config_text is not None:
+            try:
+                return parse_config(yaml.safe_load(options.config_text))
+            except yaml.YAMLError as error:
+                raise ConfigError([f"cannot read: {error}"], "--config-text") from None
+            except ConfigError as error:
+                raise ConfigError(error.errors, "--config-text") from None
+        if options.config_file is None:
             return EppConfig()
-        return load_config(self.options.config_file)
+        return load_config(options.config_file)
 
     def _build_core(self, config: EppConfig) -> None:
         seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)
@@ -323,11 +306,18 @@ class EppServer:
         assert self.options.endpoints is not None
         self.store.replace_all(read_endpoints(self.options.endpoints))
 
+    def reload_certificate(self) -> None:
+        assert self._ssl_context is not None and self.options.cert_files is not None
+        self._ssl_context.load_cert_chain(*self.options.cert_files)
+        log.info("certificate reloaded from %s", self.options.cert_path)
+
     def watch_files(self) -> None:
         """Register the input files with the watcher (which `start` runs)."""
         options = self.options
         if options.config_file is not None:
             self.watcher.watch("the configuration", [options.config_file], self.reload_config)
+        if options.enable_cert_reload and options.cert_files is not None:
+            self.watcher.watch("the certificate", options.cert_files, self.reload_certificate)
         if options.cluster:
             return
         if options.objectives:
@@ -374,8 +364,8 @@ class EppServer:
             cluster_mode(
                 ClusterSettings(
                     options.pool_name,
-                    options.pool_namespace,
-                    leader_election=options.leader_election,
+                    options.namespace,
+                    leader_election=options.ha_enable_leader_election,
                 ),
                 lambda pool: ObjectiveRegistry(pool, publish=self.core.ensure_bands),
                 self.store,
@@ -393,17 +383,15 @@ class EppServer:
     async def _start_servers(self) -> None:
         options = self.options
         address = options.bind_address
-        ssl_context = None
-        if options.secure_serving:
-            from epp.serve.tls import server_ssl_context
-
-            ssl_context = server_ssl_context(options.cert_path, options.key_path)
+        max_message_bytes = options.grpc_max_recv_msg_size
+        if max_message_bytes is None:
+            max_message_bytes = self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE
         self._ext_proc_server = GrpcServer(
             {PROCESS_METHOD: self.service.open, CHECK_METHOD: self.health.check_route},
-            max_message_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
+            max_message_bytes=max_message_bytes,
         )
         self.ports["grpc"] = await self._ext_proc_server.start(
-            address, options.grpc_port, ssl_context
+            address, options.grpc_port, self._ssl_context
         )
 
         self._health_server = grpc.aio.server()
@@ -424,7 +412,7 @@ class EppServer:
             "epp serving: ext_proc port %d (%s), grpc health port %d, metrics port %d, "
             "%s mode, pid %d",
             ports["grpc"],
-            "tls" if self.options.secure_serving else "plaintext",
+            "tls" if self._ssl_context is not None else "plaintext",
             ports["grpc_health"],
             ports["metrics"],
             "cluster" if self.options.cluster else "file",
@@ -439,16 +427,16 @@ class EppServer:
     async def stop(self) -> None:
         """Graceful: see the module docstring."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.grace
+        deadline = loop.time() + self.options.drain_timeout
         gc.unfreeze()
         await self.health.shutting_down()
         log.info(
             "shutting down: %d queued, %d in flight, grace %.1f s",
             self.admission.queued,
             self.admission.in_flight,
-            self.options.grace,
+            self.options.drain_timeout,
         )
-        await self.admission.shutdown(self.options.grace)
+        await self.admission.shutdown(self.options.drain_timeout)
         if self._ext_proc_server is not None:
             await self._ext_proc_server.stop(max(0.0, deadline - loop.time()))
         if self._health_server is not None:

@@ -54,16 +54,77 @@ def self_signed_certificate(common_name: str | None = None) -> tuple[bytes, byte
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def server_ssl_context(cert_path: str | None = None, key_path: str | None = None) -> ssl.SSLContext:
-    """TLS for the ext_proc port from the given PEM files, or self-signed when
-    neither is given: TLS 1.2 or later, ALPN `h2` (gRPC clients require it)."""
-    if (cert_path is None) != (key_path is None):
-        raise ValueError("--cert-path and --key-path go together")
+TLS_VERSIONS = {
+    "VersionTLS10": ssl.TLSVersion.TLSv1,
+    "VersionTLS11": ssl.TLSVersion.TLSv1_1,
+    "VersionTLS12": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS13": ssl.TLSVersion.TLSv1_3,
+}
+"""`--tls-min-version` values (Go's names) -> Python's."""
+
+GO_CIPHER_SUITES = {
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA": "DES-CBC3-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA": "ECDHE-RSA-DES-CBC3-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+"""Go crypto/tls cipher suite names (`--tls-cipher-suites`) -> OpenSSL's."""
+TLS13_SUITES = frozenset(
+    {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
+)
+"""Accepted and left alone: TLS 1.3 suites are not configurable (in Go either)."""
+
+
+def openssl_ciphers(go_names: tuple[str, ...]) -> str | None:
+    """The OpenSSL cipher string for Go suite names; ValueError for an unknown
+    one; None when only TLS 1.3 suites (or none) are named."""
+    chosen = []
+    for name in go_names:
+        if name in TLS13_SUITES:
+            continue
+        openssl = GO_CIPHER_SUITES.get(name)
+        if openssl is None:
+            raise ValueError(f"--tls-cipher-suites: unknown cipher suite {name!r}")
+        chosen.append(openssl)
+    return ":".join(chosen) or None
+
+
+def server_ssl_context(
+    cert_files: tuple[str, str] | None = None,
+    min_version: str | None = None,
+    cipher_suites: tuple[str, ...] = (),
+) -> ssl.SSLContext:
+    """TLS for the ext_proc port from (certificate, key) PEM files, or
+    self-signed when none are given: TLS 1.2 or later unless `min_version`
+    says otherwise, ALPN `h2` (gRPC clients require it). `load_cert_chain`
+    on the returned context again swaps the certificate for new connections
+    (`--enable-cert-reload`)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.minimum_version = TLS_VERSIONS[min_version or "VersionTLS12"]
+    ciphers = openssl_ciphers(cipher_suites)
+    if ciphers is not None:
+        try:
+            context.set_ciphers(ciphers)
+        except ssl.SSLError as error:
+            raise ValueError(f"--tls-cipher-suites: {error}") from None
     context.set_alpn_protocols(["h2"])
-    if cert_path is not None and key_path is not None:
-        context.load_cert_chain(cert_path, key_path)
+    if cert_files is not None:
+        context.load_cert_chain(*cert_files)
         return context
     certificate, key = self_signed_certificate()
     with tempfile.TemporaryDirectory(prefix="epp-tls-") as directory:

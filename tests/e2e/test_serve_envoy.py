@@ -235,7 +235,7 @@ async def test_invalid_objectives_change_is_refused_and_the_last_good_state_stay
     "service", ["", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"]
 )
 async def test_health_is_serving_once_loaded(stack, port, service):
-    status = await health_status_at(stack.epp.ports[port], service)
+    status = await health_status_at(stack.epp.ports[port], service, tls=port == "grpc")
     assert status == health_pb2.HealthCheckResponse.SERVING
 
 

@@ -19,6 +19,7 @@ from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.serve.admission import AdmissionController
+from epp.serve.tls import server_ssl_context
 from epp.transport.grpc_h2 import GrpcServer
 from tests.support.envoy import running_envoy
 from tests.support.placers import LeastLoadedPlacer
@@ -63,7 +64,7 @@ async def stack():
         return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
 
     server = GrpcServer({PROCESS_METHOD: ExtProcService(admission, priority_of).open})
-    port = await server.start("127.0.0.1", 0)
+    port = await server.start("127.0.0.1", 0, server_ssl_context())
     try:
         async with running_envoy(epp_port=port) as envoy:
             yield f"http://127.0.0.1:{envoy.listen_port}/v1/completions", admission, upstream

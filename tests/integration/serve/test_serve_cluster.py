@@ -24,7 +24,7 @@ async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_pat
                 bind_address="127.0.0.1",
                 pool_name="pool-a",
                 kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
-                grace=0.1,
+                drain_timeout=0.1,
             )
         )
         await server.start()

@@ -94,15 +94,15 @@ def test_errors_are_counted_by_reason():
 
 
 @pytest.fixture
-def pem_files(tmp_path):
+def cert_dir(tmp_path):
     certificate, key = self_signed_certificate("localhost")
-    (tmp_path / "cert.pem").write_bytes(certificate)
-    (tmp_path / "key.pem").write_bytes(key)
-    return tmp_path / "cert.pem", tmp_path / "key.pem", certificate
+    (tmp_path / "tls.crt").write_bytes(certificate)
+    (tmp_path / "tls.key").write_bytes(key)
+    return tmp_path, certificate
 
 
-async def test_secure_serving_with_given_files_speaks_tls_on_the_ext_proc_port(pem_files):
-    cert_path, key_path, certificate = pem_files
+async def test_secure_serving_with_given_files_speaks_tls_on_the_ext_proc_port(cert_dir):
+    cert_path, certificate = cert_dir
     server = EppServer(
         ServeOptions(
             grpc_port=0,
@@ -112,8 +112,7 @@ async def test_secure_serving_with_given_files_speaks_tls_on_the_ext_proc_port(p
             endpoints="127.0.0.1:1",
             secure_serving=True,
             cert_path=str(cert_path),
-            key_path=str(key_path),
-            grace=0.1,
+            drain_timeout=0.1,
         )
     )
     await server.start()
@@ -137,8 +136,7 @@ async def test_secure_serving_without_files_makes_a_self_signed_certificate():
             metrics_port=0,
             bind_address="127.0.0.1",
             endpoints="127.0.0.1:1",
-            secure_serving=True,
-            grace=0.1,
+            drain_timeout=0.1,
         )
     )
     await server.start()
