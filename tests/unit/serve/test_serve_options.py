@@ -108,7 +108,7 @@ def test_help_groups_the_flags_as_the_reference_runner_does(capsys):
     text = capsys.readouterr().out
     positions = [text.index(f"\n{group.value}:\n") for group in Group]
     assert positions == sorted(positions)
-    assert positions[0] < text.index("--grpc-port") < positions[1]
+    assert positions[0] < text.index("\n  --grpc-port") < positions[1]
     pool_section = text[positions[1] : positions[2]]
     assert "--pool-group" in pool_section and "--endpoint-selector" not in pool_section
 
