@@ -72,6 +72,7 @@ class ClusterMode:
         endpoints: EndpointSink,
     ) -> None:
         self.settings = settings
+        self.api_client = api_client
         self.ready = asyncio.Event()
         self.pool: InferencePool | None = None
         self.registry: ObjectiveRegistry | None = None

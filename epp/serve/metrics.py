@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from http import HTTPStatus
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -274,12 +275,24 @@ class _FlowControlCollector(Collector):
         yield saturation
 
 
-async def serve_metrics(metrics: EppMetrics, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `/metrics` on `host:port` (0 picks a free port) in this event
-    loop, so scrapes read the core without locks. Returns the runner (call
-    `cleanup()` to stop) and the bound port."""
+Authorize = Callable[[str | None, str], Awaitable[int]]
+"""(Authorization header, path) -> HTTP status: 200 lets the scrape through
+(`epp.k8s.metrics_auth.MetricsAuthorizer.check` is one)."""
 
-    async def handle(_: web.Request) -> web.Response:
+
+async def serve_metrics(
+    metrics: EppMetrics, host: str, port: int, authorize: Authorize | None = None
+) -> tuple[web.AppRunner, int]:
+    """Serve `/metrics` on `host:port` (0 picks a free port) in this event
+    loop, so scrapes read the core without locks; with `authorize`, only to
+    requests it answers 200. Returns the runner (call `cleanup()` to stop)
+    and the bound port."""
+
+    async def handle(request: web.Request) -> web.Response:
+        if authorize is not None:
+            status = await authorize(request.headers.get("Authorization"), request.path)
+            if status != 200:
+                return web.Response(status=status, text=HTTPStatus(status).phrase + "\n")
         return web.Response(
             body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

@@ -72,7 +72,7 @@ from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import CHECK_METHOD, Health
-from epp.serve.metrics import EppMetrics, serve_metrics
+from epp.serve.metrics import Authorize, EppMetrics, serve_metrics
 from epp.serve.options import ServeOptions
 from epp.transport.grpc_h2 import GrpcServer
 
@@ -402,19 +402,31 @@ class EppServer:
         await self._health_server.start()
 
         runner, self.ports["metrics"] = await serve_metrics(
-            self.metrics, address, options.metrics_port
+            self.metrics, address, options.metrics_port, self._metrics_authorizer()
         )
         self._stack.push_async_callback(runner.cleanup)
+
+    def _metrics_authorizer(self) -> Authorize | None:
+        """Bearer tokens checked with the API server in cluster mode
+        (`--metrics-endpoint-auth`); /metrics is open in file mode."""
+        if self._mode is None or not self.options.metrics_endpoint_auth:
+            return None
+        from epp.k8s.metrics_auth import MetricsAuthorizer
+
+        return MetricsAuthorizer(self._mode.api_client).check
 
     def _announce(self) -> None:
         ports = self.ports
         log.info(
-            "epp serving: ext_proc port %d (%s), grpc health port %d, metrics port %d, "
+            "epp serving: ext_proc port %d (%s), grpc health port %d, metrics port %d (%s), "
             "%s mode, pid %d",
             ports["grpc"],
             "tls" if self._ssl_context is not None else "plaintext",
             ports["grpc_health"],
             ports["metrics"],
+            "bearer token"
+            if self._mode is not None and self.options.metrics_endpoint_auth
+            else "open",
             "cluster" if self.options.cluster else "file",
             os.getpid(),
         )

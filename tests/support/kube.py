@@ -21,7 +21,10 @@ server of its own that implements just what the EPP's control plane uses:
   to the requested version, and `prune` hooks drop what that version does not
   declare (InferenceObjective v1 loses `spec.poolRef`, as the real server
   prunes with conversion None);
-- fault injection: `drop_watches()`, `compact()`, `bookmark()`, `fail()`.
+- fault injection: `drop_watches()`, `compact()`, `bookmark()`, `fail()`;
+- TokenReview (tokens registered with `add_token`) and SubjectAccessReview
+  for non-resource URLs (grants registered with `allow`), the two reviews a
+  delegating authenticator and authorizer make; `reviews` records each.
 
 Tests change objects in-process (`apply`, `delete`), as another client would.
 """
@@ -172,6 +175,9 @@ class KubeEmulator:
         self._failing: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.tokens: dict[str, dict[str, Any]] = {}
+        self.grants: set[tuple[str, str, str]] = set()
+        self.reviews: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> KubeEmulator:
         app = web.Application()
@@ -180,6 +186,10 @@ class KubeEmulator:
         )
         app.router.add_route(
             "*", "/apis/{group}/{version}/namespaces/{namespace}/{plural}{rest:.*}", self._grouped
+        )
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        app.router.add_post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review
         )
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()
@@ -280,6 +290,14 @@ class KubeEmulator:
     def heal(self) -> None:
         self._failing.clear()
 
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = ()) -> None:
+        """A bearer token TokenReview accepts as `username`."""
+        self.tokens[token] = {"username": username, "uid": f"uid-{username}", "groups": [*groups]}
+
+    def allow(self, subject: str, path: str = "/metrics", verb: str = "get") -> None:
+        """Let a user or group `verb` the non-resource URL `path`."""
+        self.grants.add((subject, verb, path))
+
     def open_watches(self) -> int:
         return len(self._watchers)
 
@@ -295,10 +313,15 @@ class KubeEmulator:
         info = request.match_info
         return await self._serve(request, info["group"], info["version"])
 
-    async def _serve(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+    def _injected_failure(self, request: web.Request) -> web.Response | None:
         for part, status in self._failing.items():
             if part in request.path:
                 return self._error(status, "ServiceUnavailable", "injected failure")
+        return None
+
+    async def _serve(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+        if (failure := self._injected_failure(request)) is not None:
+            return failure
         info = request.match_info
         resource = (group, info["plural"])
         namespace = info["namespace"]
@@ -445,6 +468,30 @@ class KubeEmulator:
         updated["status"] = merge_patch(current.get("status"), body.get("status"))
         self._store(key, updated, "MODIFIED")
         return web.json_response(self._served(updated, resource, version))
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        if (failure := self._injected_failure(request)) is not None:
+            return failure
+        review = await request.json()
+        self.reviews.append(review)
+        user = self.tokens.get(review["spec"].get("token", ""))
+        review["status"] = {"authenticated": True, "user": user} if user else {}
+        return web.json_response(review, status=201)
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        if (failure := self._injected_failure(request)) is not None:
+            return failure
+        review = await request.json()
+        self.reviews.append(review)
+        spec = review["spec"]
+        attributes = spec.get("nonResourceAttributes") or {}
+        subjects = [spec.get("user", ""), *(spec.get("groups") or [])]
+        allowed = any(
+            (subject, attributes.get("verb"), attributes.get("path")) in self.grants
+            for subject in subjects
+        )
+        review["status"] = {"allowed": allowed}
+        return web.json_response(review, status=201)
 
     # -- internals -------------------------------------------------------------
 
