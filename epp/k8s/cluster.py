@@ -7,6 +7,13 @@ once the pool is first seen, since a registry needs its pool) and an endpoint
 sink (the datalayer's EndpointStore). `ready` is set after the first complete
 list of all three kinds; ext_proc serves on every replica, and only the
 leader of the pool's Lease writes status.
+
+Pool-less (`--endpoint-selector` with `--endpoint-target-ports`, as the
+reference's standalone mode): no InferencePool and no InferenceObjectives are
+read (every request has priority 0); the pods matching the selector, in the
+namespace, are the endpoints, one per target port. The pool is named after the
+EPP's Deployment (from `$POD_NAME`), as the reference names it. `ready` is set
+after the first list of pods.
 """
 
 from __future__ import annotations
@@ -59,6 +66,15 @@ class ClusterSettings:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     status_retry: float = 1.0
+    endpoint_selector: str | None = None
+    """Pool-less: the pods' label selector (API server syntax), in lieu of the pool."""
+    target_ports: tuple[int, ...] = ()
+    """Pool-less: the pods' ports."""
+
+    @property
+    def pool_less(self) -> bool:
+        return self.endpoint_selector is not None
+
 
 
 class ClusterMode:
@@ -131,6 +147,9 @@ class ClusterMode:
         return self.elector.is_leader if self.elector is not None else True
 
     async def start(self) -> None:
+        if self.settings.pool_less:
+            self._start_pool_less()
+            return
         log.info(
             "reading InferenceObjectives through %s/%s, the storage version "
             "(v1 would prune the poolRef of objectives written in v1alpha2)",
@@ -158,6 +177,19 @@ class ClusterMode:
         if self.elector is not None:
             await self.elector.release()
 
+    def _start_pool_less(self) -> None:
+        settings = self.settings
+        assert settings.endpoint_selector is not None
+        pool = InferencePool(
+            settings.pool_name, settings.namespace, target_ports=settings.target_ports
+        )
+        self.pool = pool
+        self.registry = self._registry_factory(pool)
+        self._objectives_done = True
+        self._watch_pods(pool, settings.endpoint_selector)
+        if self.elector is not None:
+            self._spawn(self.elector.run())
+
     # -- pool ------------------------------------------------------------------
 
     def pool_seen(self, obj: dict[str, Any]) -> None:
@@ -178,7 +210,7 @@ class ClusterMode:
         else:
             self.registry.set_pool(pool)
         if previous is None or previous.selector != pool.selector or self._pods is None:
-            self._watch_pods(pool)
+            self._watch_pods(pool, label_selector(pool))
         else:
             self._pods.set_pool(pool)
         self.status.mark_all()
@@ -198,9 +230,8 @@ class ClusterMode:
 
     # -- pods ------------------------------------------------------------------
 
-    def _watch_pods(self, pool: InferencePool) -> None:
+    def _watch_pods(self, pool: InferencePool, selector: str) -> None:
         self._stop_pod_watch()
-        selector = label_selector(pool)
         log.info("watching pods of %s/%s with selector %r", pool.namespace, pool.name, selector)
         self._pods = PodEndpoints(self._endpoints, pool)
         self.pod_reflector = Reflector(

@@ -619,6 +619,15 @@ class ServeOptions:
         )
 
     @property
+    def served_pool_name(self) -> str | None:
+        """The pool's name: `--pool-name`, or pool-less the EPP's Deployment's
+        (from `$POD_NAME`), as the reference names it."""
+        if self.pool_name is None and self.endpoint_selector is not None:
+            pod_name = os.environ.get("POD_NAME")
+            return deployment_name(pod_name) if pod_name else "epp"
+        return self.pool_name
+
+    @property
     def namespace(self) -> str:
         return self.pool_namespace or os.environ.get("NAMESPACE") or DEFAULT_NAMESPACE
 
@@ -666,6 +675,12 @@ class ServeOptions:
                 f"{flag.no_effect}"
             )
         return lines
+
+
+def deployment_name(pod_name: str) -> str:
+    """The Deployment of a pod named `<deployment>-<replicaset hash>-<pod hash>`."""
+    parts = pod_name.rsplit("-", 2)
+    return parts[0] if len(parts) == 3 else pod_name
 
 
 def flags() -> Iterator[tuple[str, Flag]]:

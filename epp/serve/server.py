@@ -184,7 +184,7 @@ class EppServer:
         self._pool: InferencePool | None = None
         if not options.cluster:
             self._load_files()
-        pool_name = self._pool.name if self._pool is not None else options.pool_name
+        pool_name = self._pool.name if self._pool is not None else options.served_pool_name
         self.metrics = EppMetrics(pool_name or "default")
         self.metrics.watch_core(
             self.core,
@@ -359,13 +359,15 @@ class EppServer:
         from epp.k8s.cluster import ClusterSettings, cluster_mode
 
         options = self.options
-        assert options.pool_name is not None
+        assert options.served_pool_name is not None
         mode = await self._stack.enter_async_context(
             cluster_mode(
                 ClusterSettings(
-                    options.pool_name,
+                    options.served_pool_name,
                     options.namespace,
                     leader_election=options.ha_enable_leader_election,
+                    endpoint_selector=options.endpoint_selector,
+                    target_ports=options.endpoint_target_ports,
                 ),
                 lambda pool: ObjectiveRegistry(pool, publish=self.core.ensure_bands),
                 self.store,

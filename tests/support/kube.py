@@ -9,8 +9,10 @@ Wrapping it would replace every handler it has, so this is a small aiohttp
 server of its own that implements just what the EPP's control plane uses:
 
 - list and watch (`watch=true|1`, `resourceVersion`, `allowWatchBookmarks`,
-  `timeoutSeconds`, `labelSelector` with `=`, `==`, `!=`, `fieldSelector` on
+  `timeoutSeconds`, `labelSelector` (equality, existence and set-based), `fieldSelector` on
   `metadata.name`/`metadata.namespace`), over `/api/v1` and `/apis/G/V`;
+- an object that enters or leaves a watch's selector is ADDED or DELETED for
+  that watch, as the API server's watch cache sends it;
 - one global resourceVersion counter and an event log; a watch from a version
   older than the compaction point gets 410 Gone, either as an ERROR event in
   a 200 stream (what kube-apiserver does) or as the HTTP status;
@@ -91,9 +93,35 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _selector_terms(selector: str) -> list[str]:
+    """The comma-separated terms of a label selector (commas inside
+    `in (...)` sets do not split)."""
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += char
+    terms.append(current.strip())
+    return [term for term in terms if term]
+
+
 def _labels_match(selector: str, labels: dict[str, str]) -> bool:
-    for term in filter(None, (part.strip() for part in selector.split(","))):
-        if "!=" in term:
+    """Kubernetes label selector syntax: `k=v`, `k==v`, `k!=v`, `k`, `!k`,
+    `k in (a,b)`, `k notin (a,b)`."""
+    for term in _selector_terms(selector):
+        words = term.split(None, 1)
+        if len(words) == 2 and words[1].startswith(("in ", "in(", "notin ", "notin(")):
+            operator, _, values = words[1].partition("(")
+            allowed = {value.strip() for value in values.rstrip(")").split(",")}
+            if operator.strip() == "in" and labels.get(words[0]) not in allowed:
+                return False
+            if operator.strip() == "notin" and labels.get(words[0]) in allowed:
+                return False
+        elif "!=" in term:
             key, value = term.split("!=", 1)
             if labels.get(key.strip()) == value.strip():
                 return False
@@ -102,7 +130,7 @@ def _labels_match(selector: str, labels: dict[str, str]) -> bool:
             if labels.get(key.strip()) != value.strip():
                 return False
         elif term.startswith("!"):
-            if term[1:] in labels:
+            if term[1:].strip() in labels:
                 return False
         elif term not in labels:
             return False
@@ -124,6 +152,8 @@ class _Event:
     resource: ResourceKey
     kind: str
     object: dict[str, Any]
+    previous: dict[str, Any] | None = None
+    """The object before a MODIFIED event (a selector may match only one of them)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -424,10 +454,19 @@ class KubeEmulator:
             return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"
         if event.object["metadata"]["namespace"] != watcher.namespace:
             return None
-        if not self._selected(event.object, query):
+        kind = event.kind
+        selected = self._selected(event.object, query)
+        if kind == "MODIFIED" and event.previous is not None:
+            was_selected = self._selected(event.previous, query)
+            if selected != was_selected:
+                # as the API server's watch cache: an object entering or
+                # leaving a selector's view is ADDED or DELETED for that watch
+                kind = "ADDED" if selected else "DELETED"
+                selected = True
+        if not selected:
             return None
         obj = self._served(event.object, event.resource, version)
-        return json.dumps({"type": event.kind, "object": obj}).encode() + b"\n"
+        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
 
     def _create(self, resource: ResourceKey, namespace: str, body: Any) -> web.Response:
         body.setdefault("metadata", {})["namespace"] = namespace
@@ -498,8 +537,9 @@ class KubeEmulator:
     def _store(self, key: tuple[ResourceKey, str, str], obj: dict[str, Any], kind: str) -> None:
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
+        previous = self.objects.get(key)
         self.objects[key] = obj
-        self._publish(_Event(self._version, key[0], kind, copy.deepcopy(obj)))
+        self._publish(_Event(self._version, key[0], kind, copy.deepcopy(obj), previous))
 
     def _publish(self, event: _Event) -> None:
         self._events.append(event)

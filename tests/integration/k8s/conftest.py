@@ -30,6 +30,8 @@ async def start_epp(kube: KubeEmulator) -> AsyncIterator[StartEpp]:
             identity: str = "epp-1",
             leader_election: bool = False,
             wait_ready: bool = True,
+            endpoint_selector: str | None = None,
+            target_ports: tuple[int, ...] = (),
         ) -> Epp:
             store = EndpointStore()
             api = await stack.enter_async_context(kube.api_client())
@@ -40,6 +42,8 @@ async def start_epp(kube: KubeEmulator) -> AsyncIterator[StartEpp]:
                 lease=FAST_LEASE,
                 watch=FAST_WATCH,
                 status_retry=0.05,
+                endpoint_selector=endpoint_selector,
+                target_ports=target_ports,
             )
             mode = await stack.enter_async_context(
                 cluster_mode(settings, ObjectiveRegistry, store, api_client=api)

@@ -42,3 +42,29 @@ async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_pat
             )
         finally:
             await asyncio.wait_for(server.stop(), 10)
+
+
+async def test_pool_less_mode_serves_the_selected_pods(tmp_path, monkeypatch):
+    monkeypatch.setenv("POD_NAME", "router-epp-5d8f7c9b4-x2x7q")
+    async with KubeEmulator() as kube:
+        kube.apply(pod("a-1", "10.0.0.1", {"app": "vllm"}))
+        kube.apply(pod("b-1", "10.0.0.2", {"app": "other"}))
+        server = EppServer(
+            ServeOptions(
+                grpc_port=0,
+                grpc_health_port=0,
+                metrics_port=0,
+                bind_address="127.0.0.1",
+                endpoint_selector="app=vllm",
+                endpoint_target_ports=(8000, 8001),
+                kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
+                drain_timeout=0.1,
+            )
+        )
+        await server.start()
+        try:
+            await eventually(lambda: server.health.ready, timeout=5)
+            assert sorted(server.store.addresses()) == ["10.0.0.1:8000", "10.0.0.1:8001"]
+            assert server.metrics.pool_name == "router-epp"
+        finally:
+            await asyncio.wait_for(server.stop(), 10)
