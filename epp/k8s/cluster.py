@@ -76,7 +76,6 @@ class ClusterSettings:
         return self.endpoint_selector is not None
 
 
-
 class ClusterMode:
     """See the module docstring. `start()` once, `stop()` once."""
 

@@ -51,7 +51,10 @@ class RunningEpp:
         return self.process.returncode
 
 
-async def start_epp(*args: str, ready_timeout: float = 30.0) -> RunningEpp:
+async def start_epp(
+    *args: str, ready_timeout: float = 30.0, env: dict[str, str] | None = None
+) -> RunningEpp:
+    """`epp serve` with free ports and `args`; `env` adds to the environment."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-test-"))
     ready = workdir / "ready.json"
     with (workdir / "epp.log").open("wb") as log:
@@ -69,7 +72,7 @@ async def start_epp(*args: str, ready_timeout: float = 30.0) -> RunningEpp:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     epp = RunningEpp(process, {}, workdir)
     loop = asyncio.get_running_loop()
@@ -84,8 +87,10 @@ async def start_epp(*args: str, ready_timeout: float = 30.0) -> RunningEpp:
 
 
 @contextlib.asynccontextmanager
-async def running_epp(*args: str, ready_timeout: float = 30.0) -> AsyncIterator[RunningEpp]:
-    epp = await start_epp(*args, ready_timeout=ready_timeout)
+async def running_epp(
+    *args: str, ready_timeout: float = 30.0, env: dict[str, str] | None = None
+) -> AsyncIterator[RunningEpp]:
+    epp = await start_epp(*args, ready_timeout=ready_timeout, env=env)
     try:
         yield epp
     finally:

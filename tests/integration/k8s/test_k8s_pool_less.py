@@ -47,6 +47,4 @@ async def test_pods_follow_their_labels_and_readiness(kube, start_epp: StartEpp)
     kube.apply(pod("bronze-1", "10.0.0.3", {"app": "vllm", "tier": "gold"}))
     kube.apply(pod("gold-3", "10.0.0.5", {"app": "vllm", "tier": "gold"}))
     kube.apply(pod("gold-1", "10.0.0.1", {"app": "vllm", "tier": "gold", "draining": "y"}))
-    await eventually(
-        lambda: epp.addresses() == {"10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.5:8000"}
-    )
+    await eventually(lambda: epp.addresses() == {"10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.5:8000"})

@@ -1,0 +1,159 @@
+"""`epp serve` started with the flags the reference's Helm chart renders, in
+cluster mode against the emulated API server, behind a real Envoy that speaks
+TLS to it (as the chart's gateway does).
+
+The flags are written down from llm-d-router
+`config/charts/routerlib/templates/_deployment.yaml` (commit ebab6879,
+2026-08-22), rendered with the charts' defaults: release `router` in namespace
+`default`, one replica (no `--ha-enable-leader-election`), tracing off,
+Prometheus auth on (no `--metrics-endpoint-auth=false`), model server type
+vllm. Two substitutions, for a test on a shared machine: the config file path
+(`/config/default-plugins.yaml` in the pod) points at a file written here, and
+the health port 9003 is 0 (a free port). The pod's env (`NAMESPACE`,
+`POD_NAME`) is set as the chart sets it; `KUBECONFIG` stands in for the
+in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from grpc_health.v1 import health_pb2
+
+from tests.support.envoy import running_envoy
+from tests.support.epp_process import RunningEpp, running_epp
+from tests.support.fake_vllm import running_fake_vllm
+from tests.support.health import health_status_at
+from tests.support.kube import KubeEmulator, pod, pool
+
+pytestmark = pytest.mark.envoy
+
+CHART_CONFIG_FILE = "/config/default-plugins.yaml"
+CHART_HEALTH_PORT = "9003"
+POOL_MODE_FLAGS = (
+    # router.inferencePool.create unset: the InferencePool branch
+    "--pool-name", "router",
+    "--pool-namespace", "default",
+    "--pool-group", "inference.networking.k8s.io",
+    "--zap-encoder", "json",
+    "--config-file", CHART_CONFIG_FILE,
+    "--grpc-health-port", CHART_HEALTH_PORT,
+    "--tracing=false",
+)  # fmt: skip
+POOL_LESS_FLAGS = (
+    # llm-d-router-standalone (router.inferencePool.create: false), with
+    # modelServers.matchLabels {app: vllm} and targetPorts [{number: PORT}]
+    "--endpoint-selector", "app=vllm",
+    "--endpoint-target-ports", "PORT",
+    "--zap-encoder", "json",
+    "--config-file", CHART_CONFIG_FILE,
+    "--grpc-health-port", CHART_HEALTH_PORT,
+    "--tracing=false",
+)  # fmt: skip
+DEFAULT_PLUGINS = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+  - pluginRef: kv-cache-utilization-scorer
+  - pluginRef: prefix-cache-scorer
+"""
+"""The scheduling part of the chart's `default-plugins.yaml` (its data-layer
+plugins, metrics-data-source and core-metrics-extractor, are the config
+half's work in issue #14)."""
+PROMETHEUS_TOKEN = "prometheus-token"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def chart_flags(flags: tuple[str, ...], config_file: str, port: int = 0) -> list[str]:
+    substitutions = {CHART_CONFIG_FILE: config_file, CHART_HEALTH_PORT: "0", "PORT": str(port)}
+    return [substitutions.get(flag, flag) for flag in flags]
+
+
+async def wait_ready(epp: RunningEpp) -> None:
+    """Until readiness is SERVING (the cluster state is synced)."""
+    async with asyncio.timeout(10):
+        while await health_status_at(epp.ports["grpc_health"]) != SERVING:
+            await asyncio.sleep(0.05)
+
+
+async def request_through_envoy(envoy_port: int) -> tuple[int, bytes]:
+    url = f"http://127.0.0.1:{envoy_port}/v1/completions"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json={"model": "m", "prompt": "hello"}) as response,
+    ):
+        return response.status, await response.read()
+
+
+async def scrape(url: str, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+        return response.status, await response.text()
+
+
+def cluster(kube: KubeEmulator, tmp_path, upstream_port: int) -> dict[str, str]:
+    """The pod's environment, with the emulator as its API server."""
+    kube.apply(pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
+    kube.add_token(PROMETHEUS_TOKEN, "system:serviceaccount:monitoring:prometheus")
+    kube.allow("system:serviceaccount:monitoring:prometheus")
+    return {
+        "KUBECONFIG": kube.write_kubeconfig(tmp_path / "kubeconfig"),
+        "NAMESPACE": "default",
+        "POD_NAME": "router-epp-6c9f8d7b5-k2x4z",
+    }
+
+
+def json_log_lines(log: str) -> list[dict]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+async def test_the_charts_pool_flags_start_a_serving_epp(tmp_path):
+    config = tmp_path / "default-plugins.yaml"
+    config.write_text(DEFAULT_PLUGINS)
+    async with KubeEmulator() as kube, running_fake_vllm() as upstream:
+        upstream_port = int(upstream.address.rsplit(":", 1)[1])
+        env = cluster(kube, tmp_path, upstream_port)
+        kube.apply(pool("router", selector={"app": "vllm"}, ports=(upstream_port,)))
+        async with (
+            running_epp(*chart_flags(POOL_MODE_FLAGS, str(config)), env=env) as epp,
+            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        ):
+            await wait_ready(epp)
+            status, body = await request_through_envoy(envoy.listen_port)
+            assert status == 200, body
+            assert upstream.received
+            assert await scrape(epp.metrics_url, None) == (401, "Unauthorized\n")
+            status, _ = await scrape(epp.metrics_url, PROMETHEUS_TOKEN)
+            assert status == 200
+            log = epp.log()
+    lines = json_log_lines(log)
+    assert lines and all({"level", "ts", "logger", "msg"} <= line.keys() for line in lines)
+    assert not [line for line in lines if line["level"] == "warning"], log
+    assert any("tls" in line["msg"] and "cluster mode" in line["msg"] for line in lines)
+
+
+async def test_the_standalone_charts_flags_serve_the_selected_pods(tmp_path):
+    config = tmp_path / "default-plugins.yaml"
+    config.write_text(DEFAULT_PLUGINS)
+    async with KubeEmulator() as kube, running_fake_vllm() as upstream:
+        upstream_port = int(upstream.address.rsplit(":", 1)[1])
+        env = cluster(kube, tmp_path, upstream_port)
+        flags = chart_flags(POOL_LESS_FLAGS, str(config), upstream_port)
+        async with (
+            running_epp(*flags, env=env) as epp,
+            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        ):
+            await wait_ready(epp)
+            status, body = await request_through_envoy(envoy.listen_port)
+            assert status == 200, body
+            assert upstream.received
