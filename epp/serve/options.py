@@ -176,6 +176,7 @@ ENGINE_METRICS_FLAG = (
     "come from the engine of each pod"
 )
 
+
 def _metrics_source() -> MetricsSource:
     """The default MetricsSource, imported when needed (the scraper brings aiohttp)."""
     from epp.datalayer.scraper import MetricsSource
