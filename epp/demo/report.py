@@ -14,20 +14,28 @@ from collections import Counter
 from typing import Any
 
 from epp.demo.loadgen import LiveRequest
-from epp.sim.report import LATENCY_HEADER, latency_row, latency_stats, scenario_summary
+from epp.sim.report import (
+    LATENCY_HEADER,
+    Slos,
+    latency_row,
+    latency_stats,
+    scenario_summary,
+    tenant_slos,
+)
 from epp.sim.scenario import Scenario
 
 
-def _stats(requests: list[LiveRequest], slo: float | None) -> dict[str, Any]:
+def _stats(requests: list[LiveRequest], slos: Slos) -> dict[str, Any]:
     if not requests:
         return {"requests": 0, "completed": 0, "outcomes": {}}
-    return latency_stats(requests, slo)  # type: ignore[arg-type]
+    return latency_stats(requests, slos)  # type: ignore[arg-type]
 
 
 def live_report(
     scenario: Scenario, requests: list[LiveRequest], wall_s: float, epp_config: str | None
 ) -> dict[str, Any]:
     tenants = scenario.tenants
+    slos = tenant_slos(scenario)
     objectives: dict[str, Any] = {}
     for objective in scenario.objectives:
         members = {i for i, t in enumerate(tenants) if t.objective == objective.name}
@@ -36,20 +44,19 @@ def live_report(
         chosen = [r for r in requests if r.tenant in members]
         objectives[objective.name] = {
             "priority": objective.priority,
-            **_stats(chosen, objective.slo_ttft_s),
+            **_stats(chosen, slos),
         }
-    slos = {o.name: o.slo_ttft_s for o in scenario.objectives}
     tenant_stats = {
         t.name: {
             "objective": t.objective,
-            **_stats([r for r in requests if r.tenant == i], slos.get(t.objective)),
+            **_stats([r for r in requests if r.tenant == i], slos),
         }
         for i, t in enumerate(tenants)
     }
     policy = {
         "objectives": objectives,
         "tenants": tenant_stats,
-        **_stats(requests, None),
+        **_stats(requests, slos),
         "outcomes": dict(sorted(Counter(r.outcome for r in requests).items())),
         "statuses": {str(k): v for k, v in sorted(Counter(r.status for r in requests).items())},
     }

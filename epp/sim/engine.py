@@ -11,6 +11,18 @@ that moved that time are skipped when popped. Servers report starts at once and 
 they have advanced, so a completion that dispatches more work never re-enters
 a server in the middle of its step.
 
+Disaggregated prefill/decode: `send(request, decode, now, prefill)` does
+what the decode server's routing sidecar does with `x-prefiller-host-port`:
+it sends the prompt to the prefill server as a `PrefillLeg` (max_tokens 1);
+when the leg finishes, the KV cache moves to the decode server
+(`Scenario.kv_transfer`, a TRANSFER event that long after), and the request
+joins the decode server with `remote_kv`. If the prefill server rejects the
+leg or fails with it, the sidecar falls back to a local prefill on the decode
+server (`fallback`). A request whose decode server fails while its prefill
+runs elsewhere ends `server-failed` when its KV would have arrived.
+A simulation built `aggregated` labels no server with a role: the same
+servers, each serving both stages.
+
 Metrics: every `scrape_interval` each live server's metrics are sampled and
 published `scrape_lag` later as a new `PoolSnapshot` (`version` grows with
 every publication, `membership` when servers go down or come back), so the
@@ -31,8 +43,9 @@ from epp.sim.scenario import Scenario
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
-SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT = range(6)
+SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER = range(7)
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
+ROLE_LABEL = "llm-d.ai/role"
 
 COMPLETED = "completed"
 SERVER_REJECTED = "server-rejected"
@@ -50,6 +63,21 @@ class SimRequest(ServerRequest):
     arrival: float = 0.0
     server: int = -1
     outcome: str | None = None
+    batched_at: float | None = None
+    """When the request (or its remote prefill) first entered a batch."""
+    prefill_server: int = -1
+    """The prefill server it was sent to (-1: prefilled where it decodes)."""
+    prefilled_at: float | None = None
+    """When its remote prefill finished."""
+    fallback: bool = False
+    """Its remote prefill failed and it was prefilled on its decode server."""
+
+
+@dataclass(slots=True, eq=False)
+class PrefillLeg(ServerRequest):
+    """The sidecar's remote prefill of `parent`: its prompt, one output token."""
+
+    parent: SimRequest | None = None
 
 
 def address_of(index: int) -> str:
@@ -95,6 +123,7 @@ class Simulation:
         arrivals: list[Arrived],
         weights: Callable[[int], tuple[float, float]],
         progress: Callable[[float], None] | None = None,
+        aggregated: bool = False,
     ) -> None:
         self.scenario = scenario
         pool = scenario.pool
@@ -103,6 +132,10 @@ class Simulation:
         self.servers = [ModelServer(pool.params, self) for _ in range(pool.servers)]
         self.addresses = [address_of(index) for index in range(pool.servers)]
         self.names = [f"server-{index}" for index in range(pool.servers)]
+        roles = () if aggregated else pool.roles
+        self.labels: list[Mapping[str, str]] = [
+            MappingProxyType({ROLE_LABEL: role}) if role else NO_LABELS for role in roles
+        ] or [NO_LABELS] * pool.servers
         self.index_of = {address: index for index, address in enumerate(self.addresses)}
         self.up = [True] * pool.servers
         groups = sorted({t.prefix_group for t in scenario.tenants if t.prefix_group})
@@ -129,6 +162,7 @@ class Simulation:
         self._scheduled = [inf] * pool.servers
         self._finished: list[SimRequest] = []
         self._timer_at = inf
+        self._transfers = 0
         self._version = 0
         self._membership = 1
         self._metrics: list[EndpointMetrics] = [EndpointMetrics() for _ in self.servers]
@@ -157,25 +191,75 @@ class Simulation:
 
     # -- what policies do -----------------------------------------------------
 
-    def send(self, request: SimRequest, server_index: int, now: float) -> None:
-        """Hand `request` to a server; a full waiting queue rejects it."""
+    def send(
+        self, request: SimRequest, server_index: int, now: float, prefill_index: int = -1
+    ) -> None:
+        """Hand `request` to a server (its prompt prefilled first on server
+        `prefill_index`, when one is named); a full waiting queue rejects it."""
         request.server = server_index
-        server = self.servers[server_index]
-        if not server.admit(request, now):
+        if prefill_index >= 0:
+            request.prefill_server = prefill_index
+            leg = PrefillLeg(
+                request.request_id,
+                request.prompt_tokens,
+                1,
+                request.prefix_group,
+                request.prefix_tokens,
+                request.lora,
+                parent=request,
+            )
+            if self.up[prefill_index] and self._admit(leg, prefill_index, now):
+                return
+            request.fallback = True
+        if not self._admit(request, server_index, now):
             self.end(request, SERVER_REJECTED, now)
             self.policy.finished(request, now)
-            return
+
+    def _admit(self, request: ServerRequest, server_index: int, now: float) -> bool:
+        server = self.servers[server_index]
+        if not server.admit(request, now):
+            return False
         when = server.next_event_time()
         if when != self._scheduled[server_index]:
             self._scheduled[server_index] = when
             if when != inf:
                 self._seq += 1
                 heappush(self._heap, (when, self._seq, SERVER, server_index))
+        return True
+
+    def _prefilled(self, leg: PrefillLeg, now: float) -> None:
+        """A remote prefill finished: its KV cache moves to the decode server."""
+        request = leg.parent
+        request.prefilled_at = now
+        self._transfers += 1
+        self._push(now + self.scenario.kv_transfer.seconds(leg.prompt_tokens), TRANSFER, request)
+
+    def _transferred(self, request: SimRequest, now: float) -> None:
+        self._transfers -= 1
+        if not self.up[request.server]:
+            self.end(request, SERVER_FAILED, now)
+            self.policy.finished(request, now)
+            return
+        request.remote_kv = True
+        if not self._admit(request, request.server, now):
+            self.end(request, SERVER_REJECTED, now)
+            self.policy.finished(request, now)
+
+    def _prefill_lost(self, leg: PrefillLeg, now: float) -> None:
+        """The prefill server failed with the leg: prefill on the decode server."""
+        request = leg.parent
+        request.fallback = True
+        if not self.up[request.server]:
+            self.end(request, SERVER_FAILED, now)
+            self.policy.finished(request, now)
+        elif not self._admit(request, request.server, now):
+            self.end(request, SERVER_REJECTED, now)
+            self.policy.finished(request, now)
 
     def end(self, request: SimRequest, outcome: str, now: float) -> None:
         """`request` ends without (further) service."""
         request.outcome = outcome
-        if request.started_at is None:
+        if request.batched_at is None:
             self.waiting_by_tenant[request.tenant] -= 1
         request.finished_at = now
 
@@ -188,9 +272,13 @@ class Simulation:
     # -- the server listener ----------------------------------------------------
 
     def started(self, request: ServerRequest, now: float) -> None:
-        tenant = request.tenant  # type: ignore[attr-defined]
+        owner: SimRequest = request.parent if type(request) is PrefillLeg else request  # type: ignore[assignment,attr-defined]
+        if owner.batched_at is not None:
+            return
+        owner.batched_at = now
+        tenant = owner.tenant
         self.waiting_by_tenant[tenant] -= 1
-        self.service_by_tenant[tenant] += self._weights[tenant][0] * request.prompt_tokens
+        self.service_by_tenant[tenant] += self._weights[tenant][0] * owner.prompt_tokens
 
     def first_token(self, request: ServerRequest, now: float) -> None:
         pass
@@ -207,9 +295,9 @@ class Simulation:
     def _build_snapshot(self) -> PoolSnapshot:
         self._version += 1
         endpoints = tuple(
-            Endpoint(name, address, NO_LABELS, metrics)
-            for name, address, metrics, up in zip(
-                self.names, self.addresses, self._metrics, self.up, strict=True
+            Endpoint(name, address, labels, metrics)
+            for name, address, labels, metrics, up in zip(
+                self.names, self.addresses, self.labels, self._metrics, self.up, strict=True
             )
             if up
         )
@@ -255,6 +343,9 @@ class Simulation:
                         heappush(heap, (following, self._seq, SERVER, index))
                     while finished:
                         done = finished.pop()
+                        if type(done) is PrefillLeg:
+                            self._prefilled(done, when)
+                            continue
                         done.outcome = COMPLETED
                         service[done.tenant] += weights[done.tenant][1] * done.output_tokens
                         policy.finished(done, when)
@@ -280,6 +371,8 @@ class Simulation:
                         self._push(min(when + sample_every, scenario.duration_s), SAMPLE, None)
                     elif self._busy():
                         self._push(when + sample_every, SAMPLE, None)
+                elif kind == TRANSFER:
+                    self._transferred(data, when)  # type: ignore[arg-type]
                 else:
                     self._pool_event(data, when)
             elif next_index < count:
@@ -300,6 +393,8 @@ class Simulation:
             progress(scenario.duration_s)
 
     def _busy(self) -> bool:
+        if self._transfers:
+            return True
         return any(server.next_event_time() != inf for server in self.servers) or any(
             self.policy.queued_by_priority().values()
         )
@@ -324,6 +419,9 @@ class Simulation:
             lost = server.fail()
             self._scheduled[index] = inf
             for request in lost:
+                if type(request) is PrefillLeg:
+                    self._prefill_lost(request, now)
+                    continue
                 self.end(request, SERVER_FAILED, now)
                 self.policy.finished(request, now)
         self.snapshot_now = self._build_snapshot()

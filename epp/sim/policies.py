@@ -7,10 +7,17 @@ completion, metrics publication and TTL expiry (at `next_deadline`),
 complete with the real usage, and idle flows collected when due. The
 objective's priority comes from the `ObjectiveRegistry`.
 
-The baselines keep no queue: `round-robin` is a Kubernetes Service (next
-live server in turn); `least-queue` is the reference EPP with flow control
-off: every request goes at once to the server with the fewest waiting
-requests in the last scraped metrics (ties: fewest running, then at random).
+A request the scheduler disaggregates (a prefill endpoint in the
+`x-prefiller-host-port` routing header) goes to its decode server by way of
+its prefill server (`Simulation.send`).
+
+The baselines run on the same servers, each serving both stages.
+`aggregated` is ours with the scenario's flow control and the default
+scheduling profile (`without_disaggregation`). The others keep no queue:
+`round-robin` is a Kubernetes Service (next live server in turn);
+`least-queue` is the reference EPP with flow control off: every request goes
+at once to the server with the fewest waiting requests in the last scraped
+metrics (ties: fewest running, then at random).
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ def with_fairness(config: EppConfig, fairness: Fairness) -> EppConfig:
         bands=tuple(replace(band, fairness=fairness) for band in flow.bands),
     )
     return replace(config, flow_control=flow)
+
+
+def without_disaggregation(config: EppConfig) -> EppConfig:
+    """`config` with the default scheduling (one profile, no P/D)."""
+    return replace(config, scheduling=EppConfig().scheduling)
 
 
 def prefix_text(group: str, tokens: int) -> str:

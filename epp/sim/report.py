@@ -4,7 +4,15 @@ Latencies: TTFT = first token - arrival; TPOT = (finish - first token) /
 (output tokens - 1); end-to-end = finish - arrival; over completed requests.
 Throughput counts completed requests and their output tokens over the span
 from the first arrival to the last completion; goodput counts only those that
-met their objective's `slo_ttft_s`.
+met both of their objective's SLOs (`slo_ttft_s`, and `slo_tpot_s` for a
+request of more than one output token).
+
+Disaggregation: `disaggregated_share` is the share of the requests sent to
+a server that the policy sent by way of a prefill server (0 for the
+baselines), `prefill_fallbacks` those of them prefilled on their decode
+server after all (the prefill server refused or lost them), and
+`kv_transfer_p50_s` the median time from a remote prefill's end to the
+request's arrival at its decode server.
 
 Fairness, per band, over token service (input weight x prompt tokens when a
 request enters its server's batch, output weight x output tokens when it
@@ -25,13 +33,14 @@ under the same policy.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from epp.sim.engine import COMPLETED, SimRequest, Simulation
 from epp.sim.runner import ScenarioRun
-from epp.sim.scenario import Scenario
+from epp.sim.scenario import KvTransfer, Scenario
 
 QUANTILES = (50, 90, 99)
 
@@ -43,17 +52,33 @@ def _quantiles(values: list[float], prefix: str) -> dict[str, float | None]:
     return {f"{prefix}_p{q}_s": float(v) for q, v in zip(QUANTILES, points, strict=True)}
 
 
-def latency_stats(requests: list[SimRequest], slo: float | None) -> dict[str, Any]:
+Slos = Sequence[tuple[float | None, float | None]]
+"""Per tenant (by index): the (TTFT, TPOT) limits of its objective, None = no limit."""
+
+
+def tenant_slos(scenario: Scenario) -> Slos:
+    by_name = {o.name: (o.slo_ttft_s, o.slo_tpot_s) for o in scenario.objectives}
+    return [by_name.get(t.objective, (None, None)) for t in scenario.tenants]
+
+
+def _tpot(request: SimRequest) -> float:
+    return (request.finished_at - request.first_token_at) / (request.output_tokens - 1)
+
+
+def _meets(request: SimRequest, slos: Slos) -> bool:
+    ttft_slo, tpot_slo = slos[request.tenant]
+    if ttft_slo is not None and request.first_token_at - request.arrival > ttft_slo:
+        return False
+    return tpot_slo is None or request.output_tokens <= 1 or _tpot(request) <= tpot_slo
+
+
+def latency_stats(requests: list[SimRequest], slos: Slos) -> dict[str, Any]:
     done = [r for r in requests if r.outcome == COMPLETED]
     ttft = [r.first_token_at - r.arrival for r in done]
-    tpot = [
-        (r.finished_at - r.first_token_at) / (r.output_tokens - 1)
-        for r in done
-        if r.output_tokens > 1
-    ]
+    tpot = [_tpot(r) for r in done if r.output_tokens > 1]
     e2e = [r.finished_at - r.arrival for r in done]
     span = (max(r.finished_at for r in done) - min(r.arrival for r in requests)) if done else 0.0
-    good = len(done) if slo is None else sum(1 for value in ttft if value <= slo)
+    good = sum(1 for r in done if _meets(r, slos))
     tokens = sum(r.output_tokens for r in done)
     stats: dict[str, Any] = {"requests": len(requests), "completed": len(done)}
     stats.update(_quantiles(ttft, "ttft"))
@@ -113,27 +138,27 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
     by_tenant: dict[int, list[SimRequest]] = {i: [] for i in range(len(tenants))}
     for request in sim.requests:
         by_tenant[request.tenant].append(request)
+    slos = tenant_slos(scenario)
     objectives: dict[str, Any] = {}
     for objective in scenario.objectives:
         members = [i for i, t in enumerate(tenants) if t.objective == objective.name]
         if not members:
             continue
         requests = [r for i in members for r in by_tenant[i]]
-        stats = {"priority": objective.priority, **latency_stats(requests, objective.slo_ttft_s)}
+        stats = {"priority": objective.priority, **latency_stats(requests, slos)}
         alone = run.alone.get(name, {}).get(objective.name)
         if alone is not None:
-            reference = latency_stats(alone.requests, objective.slo_ttft_s)["ttft_p99_s"]
+            reference = latency_stats(alone.requests, slos)["ttft_p99_s"]
             stats["ttft_p99_alone_s"] = reference
             stats["isolation_p99"] = (
                 stats["ttft_p99_s"] / reference if reference and stats["ttft_p99_s"] else None
             )
         objectives[objective.name] = stats
-    slos = {o.name: o.slo_ttft_s for o in scenario.objectives}
     tenant_stats = {
         t.name: {
             "objective": t.objective,
             "service": sim.service_by_tenant[i],
-            **latency_stats(by_tenant[i], slos.get(t.objective)),
+            **latency_stats(by_tenant[i], slos),
         }
         for i, t in enumerate(tenants)
     }
@@ -160,11 +185,23 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
         "tenants": tenant_stats,
         "bands": bands,
         "outcomes": dict(sorted(Counter(r.outcome for r in sim.requests).items())),
-        **latency_stats(sim.requests, None),
+        **latency_stats(sim.requests, slos),
+        **disaggregation_stats(sim.requests, sim.scenario.kv_transfer),
         "prefix_cache_hit_rate": sum(s.cached_tokens for s in servers) / prompt if prompt else 0.0,
         "server_waiting_max": max(s.max_waiting_seen for s in servers),
         "server_waiting_limit": scenario.pool.params.max_waiting,
         "server_rejections": sum(s.rejected for s in servers),
+    }
+
+
+def disaggregation_stats(requests: list[SimRequest], transfer: KvTransfer) -> dict[str, Any]:
+    sent = [r for r in requests if r.server >= 0]
+    remote = [r for r in sent if r.prefill_server >= 0]
+    moved = [transfer.seconds(r.prompt_tokens) for r in remote if r.prefilled_at is not None]
+    return {
+        "disaggregated_share": len(remote) / len(sent) if sent else 0.0,
+        "prefill_fallbacks": sum(1 for r in remote if r.fallback),
+        "kv_transfer_p50_s": float(np.median(moved)) if moved else None,
     }
 
 
@@ -226,7 +263,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"== {name}: outcomes {policy['outcomes']}, prefix-cache hits "
             f"{policy['prefix_cache_hit_rate']:.1%}, server queue max "
             f"{policy['server_waiting_max']} (limit {policy['server_waiting_limit'] or 'none'}), "
-            f"server rejections {policy['server_rejections']}"
+            f"server rejections {policy['server_rejections']}, disaggregated "
+            f"{policy['disaggregated_share']:.1%} ({policy['prefill_fallbacks']} fell back)"
         )
         lines.append(header)
         rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]

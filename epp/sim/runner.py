@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 
 from epp.config.loader import EppConfig
 from epp.sim.engine import Simulation
-from epp.sim.policies import EppPolicy, LeastQueuePolicy, RoundRobinPolicy, with_fairness
-from epp.sim.scenario import Scenario
+from epp.sim.policies import (
+    EppPolicy,
+    LeastQueuePolicy,
+    RoundRobinPolicy,
+    with_fairness,
+    without_disaggregation,
+)
+from epp.sim.scenario import BASELINES, Scenario
 from epp.sim.workload import Arrived, workload
 
 Progress = Callable[[float], None]
@@ -34,6 +40,8 @@ def _config_for(scenario: Scenario, name: str) -> EppConfig:
     for variant in scenario.variants:
         if variant.name == name:
             return with_fairness(scenario.epp_config, variant.fairness)
+    if name == "aggregated":
+        return without_disaggregation(scenario.epp_config)
     return scenario.epp_config
 
 
@@ -48,7 +56,8 @@ def simulate(
         band = flow.band(priority)
         return band.input_weight, band.output_weight
 
-    sim = Simulation(scenario, arrivals, weights, progress)
+    # The baselines do not disaggregate: every server serves both stages.
+    sim = Simulation(scenario, arrivals, weights, progress, aggregated=name in BASELINES)
     if name == "round-robin":
         policy = RoundRobinPolicy(sim)
     elif name == "least-queue":

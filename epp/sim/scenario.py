@@ -5,8 +5,10 @@ name: overload-three-tiers
 seed: 7
 duration_s: 300
 pool: {servers: 8, max_num_seqs: 32, prefill_ms_per_token: 0.2, decode_ms_per_token: 12,
-       kv_blocks: 8000, block_size: 16}
-objectives: [{name: premium, priority: 10}, {name: standard, priority: 0}]
+       kv_blocks: 8000, block_size: 16, roles: {prefill: 3, decode: 5}}
+kv_transfer: {fixed_ms: 2, bytes_per_token: 131072, gbytes_per_s: 25}
+objectives: [{name: premium, priority: 10, slo_ttft_s: 2, slo_tpot_s: 0.025},
+             {name: standard, priority: 0}]
 tenants:
   - {name: a, objective: premium, rate_rps: 5, arrival: poisson,
      prompt_tokens: {lognormal: {mean: 600, sigma: 0.6}}, output_tokens: {constant: 200}}
@@ -14,6 +16,11 @@ events: [{at_s: 120, server_down: 3}]
 epp: {config: config/epp/default.yaml}
 baselines: [round-robin, least-queue]
 ```
+
+`pool.roles` labels the servers with the reference's `llm-d.ai/role`, in
+order (here servers 0-2 prefill, 3-7 decode; a server left out has no
+label, so it serves both stages); `kv_transfer` prices moving a prompt's KV
+cache from a prefill server to a decode server (see `KvTransfer`).
 
 Every key is checked; an unknown key or a bad value is an error naming its
 path (`tenants[1].arrival`), and all errors are reported together. Relative
@@ -38,7 +45,17 @@ from epp.config.loader import ConfigError, EppConfig, load_config
 from epp.flowcontrol.config import Fairness
 from epp.sim.server_model import ServerParams
 
-BASELINES = ("round-robin", "least-queue")
+BASELINES = ("round-robin", "least-queue", "aggregated")
+ROLES = (
+    "decode",
+    "prefill",
+    "encode",
+    "prefill-decode",
+    "encode-prefill",
+    "encode-prefill-decode",
+    "both",
+)
+"""The values of the reference's `llm-d.ai/role` pod label."""
 ARRIVALS = ("constant", "poisson")
 DISTRIBUTIONS = ("constant", "uniform", "lognormal", "trace")
 
@@ -99,12 +116,13 @@ class Tenant:
 
 @dataclass(slots=True, frozen=True)
 class Objective:
-    """`slo_ttft_s`: the TTFT a completed request must meet to count as goodput
-    (None: every completed request counts)."""
+    """`slo_ttft_s`, `slo_tpot_s`: the TTFT and the time per output token a
+    completed request must meet to count as goodput (None: no limit)."""
 
     name: str
     priority: int
     slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,10 +144,30 @@ class Variant:
 
 @dataclass(slots=True, frozen=True)
 class Pool:
+    """`roles[i]`: server i's `llm-d.ai/role` label ("" = none); empty when
+    no server has a role."""
+
     servers: int
     params: ServerParams
     scrape_interval_s: float = 0.05
     scrape_lag_s: float = 0.01
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class KvTransfer:
+    """Moving a prompt's KV cache from the prefill server to the decode
+    server: `fixed_ms` (connection set-up, block handshake) plus the bytes
+    (tokens x `bytes_per_token`: 2 (K and V) x layers x KV heads x head dim x
+    bytes per value, 131,072 for Llama-3-8B in 16 bits) over the link
+    (`gbytes_per_s`; 25 GB/s is a 200 Gb/s RDMA NIC)."""
+
+    fixed_ms: float = 2.0
+    bytes_per_token: float = 131072.0
+    gbytes_per_s: float = 25.0
+
+    def seconds(self, tokens: int) -> float:
+        return self.fixed_ms / 1000.0 + tokens * self.bytes_per_token / (self.gbytes_per_s * 1e9)
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,6 +179,7 @@ class Scenario:
     objectives: tuple[Objective, ...]
     tenants: tuple[Tenant, ...]
     events: tuple[ServerEvent, ...] = ()
+    kv_transfer: KvTransfer = field(default_factory=KvTransfer)
     epp_config: EppConfig = field(default_factory=EppConfig)
     epp_config_path: str | None = None
     variants: tuple[Variant, ...] = ()
@@ -159,6 +198,7 @@ class Scenario:
 
 POOL_KEYS = {
     "servers",
+    "roles",
     "scrape_interval_ms",
     "scrape_lag_ms",
     *(f.name for f in fields(ServerParams)),
@@ -184,6 +224,7 @@ TOP_KEYS = {
     "objectives",
     "tenants",
     "events",
+    "kv_transfer",
     "epp",
     "baselines",
     "drain_s",
@@ -281,14 +322,44 @@ def _pool(reader: _Reader, value: Any) -> Pool:
             params[spec.name] = reader.number(raw.get(spec.name), path, default)
     if params["decode_ms_per_token"] == 0:
         reader.fail("pool.decode_ms_per_token", "must be positive, got 0")
+    servers = reader.integer(raw.get("servers"), "pool.servers", positive=True)
     return Pool(
-        servers=reader.integer(raw.get("servers"), "pool.servers", positive=True),
+        servers=servers,
+        roles=_roles(reader, raw.get("roles"), servers),
         params=ServerParams(**params),
         scrape_interval_s=reader.number(
             raw.get("scrape_interval_ms"), "pool.scrape_interval_ms", 50.0, positive=True
         )
         / 1000.0,
         scrape_lag_s=reader.number(raw.get("scrape_lag_ms"), "pool.scrape_lag_ms", 10.0) / 1000.0,
+    )
+
+
+def _roles(reader: _Reader, value: Any, servers: int) -> tuple[str, ...]:
+    """`{role: count, ...}`: the servers in order get the roles in order;
+    the rest get none."""
+    if value is None:
+        return ()
+    raw = reader.mapping(value, "pool.roles", set(ROLES))
+    roles: list[str] = []
+    for role, count in raw.items():
+        roles.extend([role] * reader.integer(count, f"pool.roles.{role}", positive=True))
+    if len(roles) > servers:
+        reader.fail("pool.roles", f"gives {len(roles)} roles to {servers} servers")
+    return tuple(roles[:servers]) + ("",) * (servers - len(roles))
+
+
+def _kv_transfer(reader: _Reader, value: Any) -> KvTransfer:
+    raw = reader.mapping(value, "kv_transfer", {"fixed_ms", "bytes_per_token", "gbytes_per_s"})
+    default = KvTransfer()
+    return KvTransfer(
+        reader.number(raw.get("fixed_ms"), "kv_transfer.fixed_ms", default.fixed_ms),
+        reader.number(
+            raw.get("bytes_per_token"), "kv_transfer.bytes_per_token", default.bytes_per_token
+        ),
+        reader.number(
+            raw.get("gbytes_per_s"), "kv_transfer.gbytes_per_s", default.gbytes_per_s, positive=True
+        ),
     )
 
 
@@ -480,20 +551,19 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
     objectives = []
     for index, item in enumerate(reader.sequence(raw.get("objectives"), "objectives")):
         path = f"objectives[{index}]"
-        entry = reader.mapping(item, path, {"name", "priority", "slo_ttft_s"})
+        entry = reader.mapping(item, path, {"name", "priority", "slo_ttft_s", "slo_tpot_s"})
         priority = entry.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             reader.fail(f"{path}.priority", f"must be an integer, got {priority!r}")
             priority = 0
-        slo = entry.get("slo_ttft_s")
+        slos = [
+            reader.number(entry[key], f"{path}.{key}", positive=True)
+            if entry.get(key) is not None
+            else None
+            for key in ("slo_ttft_s", "slo_tpot_s")
+        ]
         objectives.append(
-            Objective(
-                reader.string(entry.get("name"), f"{path}.name"),
-                priority,
-                reader.number(slo, f"{path}.slo_ttft_s", positive=True)
-                if slo is not None
-                else None,
-            )
+            Objective(reader.string(entry.get("name"), f"{path}.name"), priority, *slos)
         )
     names = {objective.name for objective in objectives}
     tenant_items = reader.sequence(raw.get("tenants"), "tenants")
@@ -524,6 +594,7 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
         objectives=tuple(objectives),
         tenants=tenants,
         events=_events(reader, raw.get("events"), pool.servers),
+        kv_transfer=_kv_transfer(reader, raw.get("kv_transfer")),
         epp_config=epp_config,
         epp_config_path=epp_path,
         variants=variants,

@@ -16,7 +16,13 @@ What it models:
   shared prompt prefixes (`prefix_group`) in an LRU bounded by the free
   blocks, and a prompt reuses its leading cached blocks;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
-  arrives to a full queue is rejected.
+  arrives to a full queue is rejected;
+- prefill/decode disaggregation: a request with `remote_kv` brings its
+  prompt's KV from a prefill server (the sidecar's decode leg), so its step
+  computes no prefill: it takes its blocks and decodes from its first step.
+  A prefill server is this same model fed only remote-prefill legs (output
+  1 token): every step is then a batch of prefills, compute-bound at
+  1000 / prefill_ms_per_token tokens per second.
 
 Event-efficient: the batch only changes at an admission or a completion, so
 the server advances over whole runs of identical steps at once, keyed by a
@@ -70,6 +76,7 @@ class ServerRequest:
     prefix_tokens: int = 0
     lora: str | None = None
     owner: Any = None
+    remote_kv: bool = False
 
     started_at: float | None = None
     first_token_at: float | None = None
@@ -336,8 +343,9 @@ class ModelServer:
         request.blocks = need
         cached = cached_blocks * size
         request.cached_tokens = cached
-        self.prompt_tokens += request.prompt_tokens
-        self.cached_tokens += cached
+        if not request.remote_kv:  # a remote prompt counts where it was prefilled
+            self.prompt_tokens += request.prompt_tokens
+            self.cached_tokens += cached
         for block in range(shared_blocks):
             key = (group, block)
             if block < cached_blocks:
@@ -346,6 +354,8 @@ class ModelServer:
                 cache[key] = None
         if cache:
             self._trim_cache()
+        if request.remote_kv:
+            return 0.0
         return params.prefill_overhead_ms + params.prefill_ms_per_token * (
             request.prompt_tokens - cached
         )
