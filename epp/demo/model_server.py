@@ -10,6 +10,13 @@ when the model's batch next changes and advances it to that time, which
 resolves the requests whose first token or completion has come. A request
 the model refuses (its waiting queue is full) gets 429, as vLLM does.
 
+Prefill/decode disaggregation, as vLLM's NixlConnector protocol: a body
+with `kv_transfer_params.do_remote_decode` is a remote prefill (counted in
+`epp_sim_remote_prefills_total`; the answer carries the `kv_transfer_params`
+a decode server pulls the KV with); a body with `do_remote_prefill` pulls
+the prompt's KV (waiting `--kv-transfer`'s time for it) and decodes without
+computing the prefill.
+
 Prompt size is estimated at 4 characters a token; the output length is the
 request's `max_tokens` (or `max_completion_tokens`), default 16.
 
@@ -38,6 +45,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
 
 CHARS_PER_TOKEN = 4
@@ -69,15 +77,20 @@ class RealTimeModel:
         self._timer_at = math.inf
         self._sequence = 0
         self.finished_total = 0
+        self.remote_prefills = 0
 
     def now(self) -> float:
         return self._loop.time() - self._origin
 
-    def submit(self, prompt_tokens: int, output_tokens: int) -> _Pending | None:
+    def submit(
+        self, prompt_tokens: int, output_tokens: int, remote_kv: bool = False
+    ) -> _Pending | None:
         """The request's futures, or None when the waiting queue is full."""
         pending = _Pending(self._loop.create_future(), self._loop.create_future())
         self._sequence += 1
-        request = ServerRequest(self._sequence, prompt_tokens, output_tokens, owner=pending)
+        request = ServerRequest(
+            self._sequence, prompt_tokens, output_tokens, owner=pending, remote_kv=remote_kv
+        )
         if not self.model.admit(request, self.now()):
             return None
         self._schedule()
@@ -153,6 +166,11 @@ class _VllmCollector(Collector):
         success = CounterMetricFamily("vllm:request_success", "Finished requests.", labels=labels)
         success.add_metric(values, self._model.finished_total)
         yield success
+        prefills = CounterMetricFamily(
+            "epp_sim_remote_prefills", "Prefills run for a remote decode.", labels=labels
+        )
+        prefills.add_metric(values, self._model.remote_prefills)
+        yield prefills
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -236,9 +254,15 @@ class _Reply:
 class SimulatedServer:
     """One simulated vLLM endpoint: `await start()`, then `await stop()`."""
 
-    def __init__(self, params: ServerParams, model_name: str = "model") -> None:
+    def __init__(
+        self,
+        params: ServerParams,
+        model_name: str = "model",
+        kv_transfer: KvTransfer | None = None,
+    ) -> None:
         self.params = params
         self.model_name = model_name
+        self.kv_transfer = kv_transfer or KvTransfer()
         self.model: RealTimeModel | None = None
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -318,7 +342,11 @@ class SimulatedServer:
                 f"asks for {prompt_tokens + output_tokens}",
                 "BadRequestError",
             )
-        pending = self.model.submit(prompt_tokens, output_tokens)
+        kv = body.get("kv_transfer_params")
+        remote_prefill = isinstance(kv, dict) and kv.get("do_remote_prefill") is True
+        if remote_prefill:
+            await asyncio.sleep(self.kv_transfer.seconds(prompt_tokens))
+        pending = self.model.submit(prompt_tokens, output_tokens, remote_prefill)
         if pending is None:
             return _error(429, "the waiting queue is full", "TooManyRequests")
         self._counter += 1
@@ -330,10 +358,27 @@ class SimulatedServer:
         }
         if not body.get("stream"):
             await pending.finished
-            return web.json_response(reply.whole(output_tokens, usage))
+            whole = reply.whole(output_tokens, usage)
+            if isinstance(kv, dict) and kv.get("do_remote_decode") is True:
+                self.model.remote_prefills += 1
+                whole["kv_transfer_params"] = self._kv_for_remote_decode(reply.request_id)
+            return web.json_response(whole)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return await self._stream(request, reply, pending, output_tokens, usage, include_usage)
+
+    def _kv_for_remote_decode(self, request_id: str) -> dict[str, Any]:
+        """What vLLM's NixlConnector returns for a decode server to pull the KV."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": f"sim-{self.port}",
+            "remote_block_ids": [],
+            "remote_host": "127.0.0.1",
+            "remote_port": self.port,
+            "remote_request_id": request_id,
+            "tp_size": 1,
+        }
 
     async def _stream(
         self,
@@ -367,8 +412,10 @@ class SimulatedServer:
         return response
 
 
-async def _serve(count: int, params: ServerParams, model_name: str, ready_file: str) -> None:
-    servers = [SimulatedServer(params, model_name) for _ in range(count)]
+async def _serve(
+    count: int, params: ServerParams, model_name: str, ready_file: str, kv_transfer: KvTransfer
+) -> None:
+    servers = [SimulatedServer(params, model_name, kv_transfer) for _ in range(count)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -394,13 +441,23 @@ def main(argv: list[str] | None = None) -> int:
         help=f"JSON object of ServerParams fields; defaults: {json.dumps(asdict(ServerParams()))}",
     )
     parser.add_argument("--model", default="model", help="the model name /v1/models lists")
+    parser.add_argument(
+        "--kv-transfer",
+        default="{}",
+        help="JSON object of KvTransfer fields (a remote prefill's KV pull); "
+        f"defaults: {json.dumps(asdict(KvTransfer()))}",
+    )
     parser.add_argument("--ready-file", required=True, help="where to write the bound ports")
     args = parser.parse_args(argv)
     try:
         params = ServerParams(**json.loads(args.params))
     except (TypeError, ValueError) as error:
         parser.error(f"--params: {error}")
-    asyncio.run(_serve(args.count, params, args.model, args.ready_file))
+    try:
+        kv_transfer = KvTransfer(**json.loads(args.kv_transfer))
+    except (TypeError, ValueError) as error:
+        parser.error(f"--kv-transfer: {error}")
+    asyncio.run(_serve(args.count, params, args.model, args.ready_file, kv_transfer))
     return 0
 
 
