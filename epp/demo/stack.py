@@ -89,11 +89,11 @@ def read_epp_metrics(text: str) -> EppMetricsView:
     saturation = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "inference_extension_flow_control_queue_size":
+            if sample.name == "llm_d_epp_flow_control_queue_size":
                 queued += sample.value
-            elif sample.name == "inference_objective_running_requests":
+            elif sample.name == "llm_d_epp_request_running":
                 running += sample.value
-            elif sample.name == "inference_extension_flow_control_pool_saturation":
+            elif sample.name == "llm_d_epp_flow_control_pool_saturation":
                 saturation = sample.value
     return EppMetricsView(queued, running, saturation)
 

@@ -35,7 +35,8 @@ from epp.flowcontrol.request import FlowRequest, State
 OutcomeListener = Callable[[FlowRequest, float], None]
 """Told of every admitted request's outcome, with the time it was decided.
 (`on_complete` is told when a dispatched request gives its endpoint back,
-whichever path completed it, so that the two together count what runs.)"""
+whichever path completed it, so that the two together count what runs;
+`on_queued` when `offer` leaves a request waiting in a queue.)"""
 
 
 class AdmissionController:
@@ -46,12 +47,14 @@ class AdmissionController:
         on_outcome: OutcomeListener | None = None,
         on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
         on_complete: Callable[[FlowRequest], None] | None = None,
+        on_queued: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.core = core
         self._clock = clock
         self._on_outcome = on_outcome
         self._on_complete = on_complete
         self._on_flows_collected = on_flows_collected
+        self._on_queued = on_queued
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
         self._ttl_timer: asyncio.TimerHandle | None = None
         self._ttl_timer_at = inf
@@ -85,6 +88,8 @@ class AdmissionController:
             self._report(request, now)
             return outcome
         self._resolve_all(done, now)
+        if request.outcome is None and self._on_queued is not None:
+            self._on_queued(request)
         return request.outcome
 
     async def wait(self, request: FlowRequest) -> Outcome:

@@ -1,64 +1,295 @@
 """Prometheus metrics with the reference EPP's names and labels, served on :9090.
 
-Per request (cheap: label children are cached per label tuple):
-- `inference_objective_request_total{model_name,target_model_name,priority}`:
-  every request that reached flow control;
-- `inference_objective_request_error_total{model_name,target_model_name,error_code}`:
-  every request answered with an error (the code is the dropped reason, or
-  `bad-request`, `request-too-large`...; model names are empty when the body
-  was never parsed);
-- `inference_objective_request_duration_seconds`, `_input_tokens`,
-  `_output_tokens` at the end of a dispatched request;
-  `inference_objective_running_requests{model_name}` while it runs;
-- `inference_extension_flow_control_request_queue_duration_seconds{fairness_id,
-  priority,outcome,inference_pool,model_name,target_model_name}` when its
-  stay in flow control ends.
+Every series is written under its canonical `llm_d_epp_*` name and, where the
+reference keeps one, under its deprecated twin (`inference_objective_*`,
+`inference_pool_*`, `inference_extension_*`) with the labels the twin had,
+so dashboards of either age find their series (llm-d-router
+`docs/metrics.md`, `pkg/epp/metrics/`).
 
-At scrape time, read from the flow-control core (nothing per request):
-`inference_extension_flow_control_queue_size` and `_queue_bytes` per flow
-(`fairness_id, priority, inference_pool, model_name, target_model_name`; the
-core keeps flows per fairness id and priority, not per model, so the model
-labels are empty), and `inference_extension_flow_control_pool_saturation`.
+Per request (label children cached per label tuple):
+- request and latency, labels `model_name, target_model_name, fairness_id,
+  priority` (twins: the two model labels; `request_total` adds `priority`):
+  `request_total` and `request_size_bytes` when a request reaches flow
+  control, `request_error_total{error_code}` when it is answered with an error
+  (the code is the dropped reason, or `bad-request`, `request-too-large`...;
+  labels are empty when the body was never parsed), `request_duration_seconds`,
+  `request_input_tokens`, `request_output_tokens`, `request_ntpot_seconds` at
+  its end, `request_running` while it runs (twin: `model_name` only);
+- `request_processing_duration_seconds` (no twin): from the end of the body to
+  the flow-control outcome, queue wait included, as the reference measures;
+- flow control: `flow_control_request_queue_duration_seconds{fairness_id,
+  priority, outcome, inference_pool, model_name, target_model_name}` and
+  `flow_control_requests_total{outcome, priority, inference_pool}` (no twin)
+  when its stay ends; `flow_control_queue_size` and `_queue_bytes` (the same
+  labels less `outcome`) up while it waits in a queue, down when it leaves.
+  `outcome` reads the reference's values (`Dispatched`, `RejectedCapacity`,
+  `RejectedNoEndpoints`, `RejectedOther`, `EvictedTTL`, `EvictedNoEndpoints`,
+  `EvictedContextCancelled`, `EvictedOther`);
+- scheduler: `scheduler_attempts_total{status, target_model_name,
+  endpoint_name, namespace, port}` (twin: `pod_name` for `endpoint_name`) per
+  dispatch (success) or per request no endpoint could take (failure);
+  `scheduler_e2e_duration_seconds`, each call of the scheduler, tallied by
+  `TimedPlacer` and read at scrape time.
 
-`fairness_id` takes at most `fairness_id_limit` distinct values (default
-1000); later ones are reported as `other`. When the core collects an idle
-flow its queue-duration series are removed and its fairness id slot freed.
+At scrape time: the pool's gauges (`average_kv_cache_utilization`,
+`average_queue_size`, `average_running_requests`, `std_dev_*`,
+`ready_endpoints` over the endpoints whose metrics are fresh, and
+`per_endpoint_queue_size` for every endpoint; labels `name` and
+`model_server_endpoint`), and `flow_control_pool_saturation{inference_pool,
+stage="effective"}`.
+
+Series are kept as plain numbers per canonical label tuple (`Family`; a
+histogram as a `Tally`) and written out under both names at scrape time, the
+twin summing the canonical series that share its labels: an update is a dict
+lookup and an addition, and a twin costs nothing per request.
+
+Client-chosen label values are capped for the life of the process, as the
+reference caps them: at most 1000 `fairness_id` values and 1000 model names
+(`model_name` and `target_model_name` together); later ones read `other`.
+When the core collects an idle flow, its flow-control series are removed.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from enum import Enum
 from http import HTTPStatus
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from epp.extproc.events import Rejected, Release
-from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.flow import FlowKey
+from epp.flowcontrol.gate import Placement, Placer
+from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 
 OTHER = "other"
-DEFAULT_FAIRNESS_ID_LIMIT = 1000
+LABEL_VALUE_LIMIT = 1000
+CURRENT = "llm_d_epp_"
 
 DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
     15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
 )  # fmt: skip
-TOKEN_BUCKETS = (
-    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+SIZE_BUCKETS = (
+    64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
+    524288, 1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864,
+    134217728, 268435456, 536870912, 1073741824,
+)  # fmt: skip
+INPUT_TOKEN_BUCKETS = (
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536,
     131072, 262144, 524288, 1048576,
 )  # fmt: skip
-QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
+OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+PROCESSING_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+)  # fmt: skip
+SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+QUEUE_BUCKETS = (
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+)  # fmt: skip
 
-M = ("model_name", "target_model_name")
-FLOW_LABELS = ("fairness_id", "priority", "inference_pool", *M)
+MODEL = ("model_name", "target_model_name")
+REQUEST = (*MODEL, "fairness_id", "priority")
+"""The canonical labels of the request and latency metrics."""
+QUEUE = ("fairness_id", "priority", "inference_pool", *MODEL)
+QUEUE_DURATION = ("fairness_id", "priority", "outcome", "inference_pool", *MODEL)
+ATTEMPT = ("status", "target_model_name", "endpoint_name", "namespace", "port")
+LEGACY_ATTEMPT = ("status", "target_model_name", "pod_name", "namespace", "port")
+
+
+def epp_version() -> str:
+    try:
+        return version("epp")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class BoundedLabel:
+    """At most `limit` distinct values of a client-chosen label over the life
+    of the process; later ones read `other` (empty stays empty). An admitted
+    value always reads itself, so paired up/down updates stay balanced."""
+
+    __slots__ = ("_seen", "limit")
+
+    def __init__(self, limit: int = LABEL_VALUE_LIMIT) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if not value or value in self._seen:
+            return value
+        if len(self._seen) >= self.limit:
+            return OTHER
+        self._seen.add(value)
+        return value
+
+
+class Tally:
+    """A histogram kept as plain counts: `add` costs a bisect and three
+    additions; scrapes read it."""
+
+    __slots__ = ("buckets", "count", "counts", "total")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def merge(self, other: Tally) -> None:
+        for index, count in enumerate(other.counts):
+            self.counts[index] += count
+        self.count += other.count
+        self.total += other.total
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        result, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += count
+            result.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        return result
+
+
+class Kind(Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Family:
+    """One metric's series, kept as plain numbers (a histogram's as a Tally)
+    per tuple of its canonical label values, and exposed at scrape time as
+    `llm_d_epp_<name>` and, when the reference keeps one, as its deprecated
+    twin `legacy`, whose labels are those at `pick` (named `legacy_labels`)
+    and whose series sum the canonical series that share them. An update is a
+    dict lookup and an addition, whatever the number of names."""
+
+    __slots__ = (
+        "buckets", "documentation", "kind", "labels", "legacy", "legacy_labels", "name",
+        "pick", "values",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        kind: Kind,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...] = (),
+        legacy: str | None = None,
+        pick: tuple[int, ...] | None = None,
+        legacy_labels: tuple[str, ...] | None = None,
+        buckets: tuple[float, ...] = (),
+    ) -> None:
+        self.kind = kind
+        self.name = CURRENT + name
+        self.documentation = documentation
+        self.labels = labels
+        self.legacy = legacy
+        self.pick = tuple(range(len(labels))) if pick is None else pick
+        self.legacy_labels = legacy_labels or tuple(labels[index] for index in self.pick)
+        self.buckets = buckets
+        self.values: dict[tuple[str, ...], Any] = {}
+
+    def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        self.tally(key).add(value)
+
+    def tally(self, key: tuple[str, ...]) -> Tally:
+        found = self.values.get(key)
+        if found is None:
+            found = self.values[key] = Tally(self.buckets)
+        return found
+
+    def remove(self, key: tuple[str, ...]) -> None:
+        self.values.pop(key, None)
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(self.name, self.documentation, self.labels, self.values)
+        if self.legacy is not None:
+            documentation = f"[Deprecated: use {self.name}] {self.documentation}"
+            yield self._family(self.legacy, documentation, self.legacy_labels, self._projected())
+
+    def _projected(self) -> dict[tuple[str, ...], Any]:
+        merged: dict[tuple[str, ...], Any] = {}
+        for key, value in self.values.items():
+            legacy_key = tuple(key[index] for index in self.pick)
+            if self.kind is Kind.HISTOGRAM:
+                if legacy_key not in merged:
+                    merged[legacy_key] = Tally(self.buckets)
+                merged[legacy_key].merge(value)
+            else:
+                merged[legacy_key] = merged.get(legacy_key, 0.0) + value
+        return merged
+
+    def _family(
+        self, name: str, documentation: str, labels: tuple[str, ...], values: dict
+    ) -> Metric:
+        if self.kind is Kind.HISTOGRAM:
+            family: Any = HistogramMetricFamily(name, documentation, labels=labels)
+            for key, tally in values.items():
+                family.add_metric(list(key), tally.cumulative(), sum_value=tally.total)
+            return family
+        maker = CounterMetricFamily if self.kind is Kind.COUNTER else GaugeMetricFamily
+        family = maker(name, documentation, labels=labels)
+        for key, value in values.items():
+            family.add_metric(list(key), value)
+        return family
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Family]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._families:
+            yield from family.collect()
+
+
+class TimedPlacer:
+    """The scheduler, with each `place` call's duration tallied for
+    `scheduler_e2e_duration_seconds`."""
+
+    __slots__ = ("placer", "tally")
+
+    def __init__(self, placer: Placer, tally: Tally) -> None:
+        self.placer = placer
+        self.tally = tally
+
+    def place(self, request: FlowRequest) -> Placement:
+        start = time.perf_counter()
+        placement = self.placer.place(request)
+        self.tally.add(time.perf_counter() - start)
+        return placement
+
+    def has_endpoints(self) -> bool:
+        return self.placer.has_endpoints()
 
 
 def _models(request: FlowRequest | None) -> tuple[str, str]:
@@ -68,211 +299,390 @@ def _models(request: FlowRequest | None) -> tuple[str, str]:
     return "", ""
 
 
-class FairnessIds:
-    """Caps the distinct `fairness_id` label values; the rest are `other`.
-
-    A value holds its slot while a flow (fairness id, priority) that used it
-    is alive; `release` is called when the core collects such a flow.
-    """
-
-    __slots__ = ("_flows", "limit")
-
-    def __init__(self, limit: int = DEFAULT_FAIRNESS_ID_LIMIT) -> None:
-        self.limit = limit
-        self._flows: dict[str, set[int]] = {}
-
-    def label(self, fairness_id: str, priority: int) -> str:
-        flows = self._flows.get(fairness_id)
-        if flows is None:
-            if len(self._flows) >= self.limit:
-                return OTHER
-            flows = self._flows[fairness_id] = set()
-        flows.add(priority)
-        return fairness_id
-
-    def peek(self, fairness_id: str) -> str:
-        """The label for `fairness_id` without taking a slot."""
-        return fairness_id if fairness_id in self._flows else OTHER
-
-    def release(self, key: FlowKey) -> None:
-        flows = self._flows.get(key.fairness_id)
-        if flows is None:
-            return
-        flows.discard(key.priority)
-        if not flows:
-            del self._flows[key.fairness_id]
+def flow_control_outcome(outcome: Outcome, queued: bool) -> str:
+    """The reference's name for how a request left flow control: Rejected*
+    at the door, Evicted* after waiting in a queue."""
+    if outcome is Outcome.DISPATCHED:
+        return "Dispatched"
+    if outcome is Outcome.REJECTED_TTL_EXPIRED:
+        return "EvictedTTL"
+    if outcome is Outcome.REJECTED_NO_ENDPOINTS:
+        return "EvictedNoEndpoints" if queued else "RejectedNoEndpoints"
+    if outcome is Outcome.CANCELLED:
+        return "EvictedContextCancelled" if queued else "RejectedOther"
+    if outcome is Outcome.REJECTED_SATURATED and not queued:
+        return "RejectedCapacity"
+    return "EvictedOther" if queued else "RejectedOther"
 
 
 class EppMetrics:
-    """The EPP's metrics; see the module docstring. `on_outcome` and
-    `on_flows_collected` plug into the AdmissionController, `on_stream_event`
-    into the ext_proc servicer, `watch_core` adds the scrape-time gauges."""
+    """The EPP's metrics; see the module docstring. `on_outcome`,
+    `on_queued`, `on_complete` and `on_flows_collected` plug into the
+    AdmissionController, `on_stream_event` into the ext_proc servicer;
+    `watch_core` and `watch_pool` add the scrape-time gauges."""
 
     def __init__(
         self,
         pool_name: str,
-        fairness_id_limit: int = DEFAULT_FAIRNESS_ID_LIMIT,
+        label_limit: int = LABEL_VALUE_LIMIT,
         clock: Callable[[], float] = time.monotonic,
+        endpoint_names: Callable[[str], tuple[str, str]] | None = None,
+        scheduler_latency: Tally | None = None,
     ) -> None:
         self.pool_name = pool_name
         self.registry = CollectorRegistry()
-        self.fairness_ids = FairnessIds(fairness_id_limit)
+        self.fairness_id = BoundedLabel(label_limit)
+        self.model = BoundedLabel(label_limit)
         self._clock = clock
-        r = self.registry
-        self.request_total = Counter(
+        self._endpoint_names = endpoint_names or (lambda address: ("", ""))
+        self._queued: dict[FlowRequest, tuple[str, ...]] = {}
+        self._flow_series: defaultdict[FlowKey, set[tuple[Family, tuple[str, ...]]]] = defaultdict(
+            set
+        )
+        """Per flow, the flow-control series it wrote (removed when it is collected)."""
+        counter, gauge, histogram = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+        models = (0, 1)
+        self.request_total = Family(
+            counter,
+            "request_total",
+            "Requests that reached flow control.",
+            REQUEST,
             "inference_objective_request_total",
-            "Requests that reached flow control, by objective priority.",
-            [*M, "priority"],
-            registry=r,
+            (0, 1, 3),
         )
-        self.request_errors = Counter(
-            "inference_objective_request_error_total",
+        self.request_errors = Family(
+            counter,
+            "request_error_total",
             "Requests answered with an error.",
-            [*M, "error_code"],
-            registry=r,
+            (*REQUEST, "error_code"),
+            "inference_objective_request_error_total",
+            (0, 1, 4),
         )
-        self.request_duration = Histogram(
-            "inference_objective_request_duration_seconds",
+        self.request_duration = Family(
+            histogram,
+            "request_duration_seconds",
             "From the end of the request body to the end of the response.",
-            M,
+            REQUEST,
+            "inference_objective_request_duration_seconds",
+            models,
             buckets=DURATION_BUCKETS,
-            registry=r,
         )
-        self.input_tokens = Histogram(
-            "inference_objective_input_tokens",
+        self.request_size = Family(
+            histogram,
+            "request_size_bytes",
+            "Request body size in bytes.",
+            REQUEST,
+            "inference_objective_request_sizes",
+            models,
+            buckets=SIZE_BUCKETS,
+        )
+        self.input_tokens = Family(
+            histogram,
+            "request_input_tokens",
             "Prompt tokens the model server reported.",
-            M,
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+            REQUEST,
+            "inference_objective_input_tokens",
+            models,
+            buckets=INPUT_TOKEN_BUCKETS,
         )
-        self.output_tokens = Histogram(
-            "inference_objective_output_tokens",
+        self.output_tokens = Family(
+            histogram,
+            "request_output_tokens",
             "Completion tokens the model server reported.",
-            M,
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+            REQUEST,
+            "inference_objective_output_tokens",
+            models,
+            buckets=OUTPUT_TOKEN_BUCKETS,
         )
-        self.running = Gauge(
-            "inference_objective_running_requests",
+        self.ntpot = Family(
+            histogram,
+            "request_ntpot_seconds",
+            "Request duration divided by output tokens.",
+            REQUEST,
+            "inference_objective_normalized_time_per_output_token_seconds",
+            models,
+            buckets=NTPOT_BUCKETS,
+        )
+        self.running = Family(
+            gauge,
+            "request_running",
             "Requests dispatched and not finished.",
-            ["model_name"],
-            registry=r,
+            REQUEST,
+            "inference_objective_running_requests",
+            (0,),
         )
-        self.queue_duration = Histogram(
-            "inference_extension_flow_control_request_queue_duration_seconds",
+        self.processing = Family(
+            histogram,
+            "request_processing_duration_seconds",
+            "From the end of the request body to its flow-control outcome, queue wait included.",
+            buckets=PROCESSING_BUCKETS,
+        )
+        self.queue_duration = Family(
+            histogram,
+            "flow_control_request_queue_duration_seconds",
             "Time a request spent in flow control, by how it left.",
-            [*FLOW_LABELS[:2], "outcome", *FLOW_LABELS[2:]],
+            QUEUE_DURATION,
+            "inference_extension_flow_control_request_queue_duration_seconds",
             buckets=QUEUE_BUCKETS,
-            registry=r,
         )
-        self._children: dict[tuple, object] = {}
-        self._flow_series: defaultdict[FlowKey, set[tuple[str, ...]]] = defaultdict(set)
-
-    def _child(self, metric, labels: tuple[str, ...]):
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self.flow_control_total = Family(
+            counter,
+            "flow_control_requests_total",
+            "Requests that left flow control, by outcome.",
+            ("outcome", "priority", "inference_pool"),
+        )
+        self.queue_size = Family(
+            gauge,
+            "flow_control_queue_size",
+            "Requests waiting in flow control's queues.",
+            QUEUE,
+            "inference_extension_flow_control_queue_size",
+        )
+        self.queue_bytes = Family(
+            gauge,
+            "flow_control_queue_bytes",
+            "Bytes of the requests waiting in flow control's queues.",
+            QUEUE,
+            "inference_extension_flow_control_queue_bytes",
+        )
+        self.attempts = Family(
+            counter,
+            "scheduler_attempts_total",
+            "Scheduling outcomes: success with the endpoint, or failure.",
+            ATTEMPT,
+            "inference_extension_scheduler_attempts_total",
+            legacy_labels=LEGACY_ATTEMPT,
+        )
+        self.scheduler_e2e = Family(
+            histogram,
+            "scheduler_e2e_duration_seconds",
+            "Time the scheduler took to choose an endpoint, per call.",
+            (),
+            "inference_extension_scheduler_e2e_duration_seconds",
+            buckets=SCHEDULER_BUCKETS,
+        )
+        self.scheduler_latency = self.scheduler_e2e.values[()] = scheduler_latency or Tally(
+            SCHEDULER_BUCKETS
+        )
+        info = Family(
+            gauge,
+            "info",
+            "The build of this EPP.",
+            ("commit", "build_ref"),
+            "inference_extension_info",
+        )
+        info.add((epp_version(), "epp"))
+        self.registry.register(
+            _Families([
+                self.request_total, self.request_errors, self.request_duration,
+                self.request_size, self.input_tokens, self.output_tokens, self.ntpot,
+                self.running, self.processing, self.queue_duration, self.flow_control_total,
+                self.queue_size, self.queue_bytes, self.attempts, self.scheduler_e2e, info,
+            ])
+        )  # fmt: skip
 
     # -- hooks -------------------------------------------------------------------
+
+    def _request_labels(self, request: FlowRequest | None) -> tuple[str, str, str, str]:
+        model, target = _models(request)
+        if request is None:
+            return self.model(model), self.model(target), "", ""
+        return (
+            self.model(model),
+            self.model(target),
+            self.fairness_id(request.fairness_id),
+            str(request.priority),
+        )
+
+    def on_queued(self, request: FlowRequest) -> None:
+        """The request waits in a queue (it was not decided at once)."""
+        model, target, fairness_id, priority = self._request_labels(request)
+        labels = (fairness_id, priority, self.pool_name, model, target)
+        self._queued[request] = labels
+        self.queue_size.add(labels)
+        self.queue_bytes.add(labels, request.byte_size)
+        series = self._flow_series[FlowKey(request.fairness_id, request.priority)]
+        series.add((self.queue_size, labels))
+        series.add((self.queue_bytes, labels))
 
     def on_outcome(self, request: FlowRequest, now: float) -> None:
         outcome = request.outcome
         if outcome is None:
             return
-        model, target = _models(request)
-        priority = str(request.priority)
-        self._child(self.request_total, (model, target, priority)).inc()
-        labels = (
-            self.fairness_ids.label(request.fairness_id, request.priority),
-            priority,
-            outcome.reason,
-            self.pool_name,
-            model,
-            target,
+        queued_labels = self._queued.pop(request, None)
+        if queued_labels is not None:
+            self.queue_size.add(queued_labels, -1)
+            self.queue_bytes.add(queued_labels, -request.byte_size)
+        labels = self._request_labels(request)
+        model, target, fairness_id, priority = labels
+        self.request_total.add(labels)
+        self.request_size.observe(labels, request.byte_size)
+        waited = max(0.0, now - request.arrival)
+        self.processing.observe((), waited)
+        reference_outcome = flow_control_outcome(outcome, queued_labels is not None)
+        flow = (fairness_id, priority, reference_outcome, self.pool_name, model, target)
+        self.queue_duration.observe(flow, waited)
+        self._flow_series[FlowKey(request.fairness_id, request.priority)].add(
+            (self.queue_duration, flow)
         )
-        self._child(self.queue_duration, labels).observe(max(0.0, now - request.arrival))
-        self._flow_series[FlowKey(request.fairness_id, request.priority)].add(labels)
+        self.flow_control_total.add((reference_outcome, priority, self.pool_name))
         if outcome.is_dispatched:
-            self._child(self.running, (model,)).inc()
+            if model:
+                self.running.add(labels)
+            self._attempt("success", target, request.endpoint)
+        elif outcome is Outcome.REJECTED_NO_ENDPOINTS:
+            self._attempt("failure", target, None)
+
+    def _attempt(self, status: str, target: str, address: str | None) -> None:
+        name, namespace, port = "", "", ""
+        if address:
+            name, namespace = self._endpoint_names(address)
+            port = address.rpartition(":")[2]
+        self.attempts.add((status, target, name, namespace, port))
 
     def on_stream_event(self, event: Rejected | Release) -> None:
-        model, target = _models(event.request)
+        labels = self._request_labels(event.request)
         if isinstance(event, Rejected):
-            self._child(self.request_errors, (model, target, event.reason)).inc()
+            self.request_errors.add((*labels, event.reason))
             return
-        request = event.request
-        self._child(self.request_duration, (model, target)).observe(
-            max(0.0, self._clock() - request.arrival)
-        )
-        if event.input_tokens is not None:
-            self._child(self.input_tokens, (model, target)).observe(event.input_tokens)
-            self._child(self.output_tokens, (model, target)).observe(event.output_tokens)
+        duration = max(0.0, self._clock() - event.request.arrival)
+        self.request_duration.observe(labels, duration)
+        if event.input_tokens:
+            self.input_tokens.observe(labels, event.input_tokens)
+        if event.output_tokens:
+            self.output_tokens.observe(labels, event.output_tokens)
+            self.ntpot.observe(labels, duration / event.output_tokens)
 
     def on_complete(self, request: FlowRequest) -> None:
         """A dispatched request gave its endpoint back (however it ended)."""
-        model, _ = _models(request)
-        self._child(self.running, (model,)).dec()
+        labels = self._request_labels(request)
+        if labels[0]:
+            self.running.add(labels, -1)
 
     def on_flows_collected(self, keys: Iterable[FlowKey]) -> None:
+        """Remove the flow-control series of flows the core collected (the
+        `other` series is shared, so it stays)."""
         for key in keys:
-            for labels in self._flow_series.pop(key, ()):
-                if labels[0] == OTHER:
-                    continue
-                self._children.pop((id(self.queue_duration), labels), None)
-                self.queue_duration.remove(*labels)
-            self.fairness_ids.release(key)
+            for family, labels in self._flow_series.pop(key, ()):
+                if labels[0] != OTHER:
+                    family.remove(labels)
 
-    def watch_core(self, core: FlowController, saturation: Callable[[], float]) -> None:
-        """Report the core's queues and the pool's saturation at scrape time."""
-        self.registry.register(_FlowControlCollector(self, core, saturation))
+    def watch_core(self, saturation: Callable[[], float]) -> None:
+        """Report the pool's saturation as the gate sees it, at scrape time."""
+        self.registry.register(_SaturationCollector(self.pool_name, saturation))
+
+    def watch_pool(
+        self,
+        snapshot: Callable[[], PoolSnapshot],
+        staleness: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Report the pool's gauges from the endpoints' metrics, at scrape time."""
+        self.registry.register(_PoolCollector(self.pool_name, snapshot, staleness, clock))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _FlowControlCollector(Collector):
-    def __init__(
-        self, metrics: EppMetrics, core: FlowController, saturation: Callable[[], float]
-    ) -> None:
-        self._metrics = metrics
-        self._core = core
+def _twins(name: str, legacy: str | None, documentation: str, labels: list[str]):
+    """A gauge family under `llm_d_epp_<name>` and, if any, its deprecated twin."""
+    families = [GaugeMetricFamily(CURRENT + name, documentation, labels=labels)]
+    if legacy is not None:
+        families.append(
+            GaugeMetricFamily(
+                legacy, f"[Deprecated: use {CURRENT}{name}] {documentation}", labels=labels
+            )
+        )
+    return families
+
+
+class _SaturationCollector(Collector):
+    def __init__(self, pool_name: str, saturation: Callable[[], float]) -> None:
+        self._pool_name = pool_name
         self._saturation = saturation
 
     def collect(self) -> Iterator[Metric]:
-        size = GaugeMetricFamily(
-            "inference_extension_flow_control_queue_size",
-            "Requests queued in flow control, per flow.",
-            labels=FLOW_LABELS,
-        )
-        size_bytes = GaugeMetricFamily(
-            "inference_extension_flow_control_queue_bytes",
-            "Bytes of the requests queued in flow control, per flow.",
-            labels=FLOW_LABELS,
-        )
-        pool = self._metrics.pool_name
-        label_of = self._metrics.fairness_ids.peek
-        totals: dict[tuple[str, str], list[int]] = {}
-        for band in self._core.bands():
-            priority = str(band.priority)
-            for fairness_id, flow in band.flows.items():
-                entry = totals.setdefault((label_of(fairness_id), priority), [0, 0])
-                entry[0] += flow.count
-                entry[1] += flow.bytes
-        for (fairness_id, priority), (count, nbytes) in totals.items():
-            labels = [fairness_id, priority, pool, "", ""]
-            size.add_metric(labels, count)
-            size_bytes.add_metric(labels, nbytes)
-        saturation = GaugeMetricFamily(
+        value = self._saturation()
+        for family in _twins(
+            "flow_control_pool_saturation",
             "inference_extension_flow_control_pool_saturation",
             "The pool's saturation as the gate sees it (1.0 and above: saturated).",
-            labels=["inference_pool"],
-        )
-        saturation.add_metric([pool], self._saturation())
-        yield size
-        yield size_bytes
-        yield saturation
+            ["inference_pool", "stage"],
+        ):
+            family.add_metric([self._pool_name, "effective"], value)
+            yield family
+
+
+class _PoolCollector(Collector):
+    """The reference's pool gauges: averages and spreads over the endpoints
+    with fresh metrics (`--metrics-staleness-threshold`), their number, and
+    each endpoint's queue."""
+
+    def __init__(
+        self,
+        pool_name: str,
+        snapshot: Callable[[], PoolSnapshot],
+        staleness: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._pool_name = pool_name
+        self._snapshot = snapshot
+        self._staleness = staleness
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self._snapshot()
+        now = self._clock()
+        fresh = [e.metrics for e in pool.endpoints if not e.metrics.is_stale(now, self._staleness)]
+        name = [self._pool_name]
+        for family in _twins(
+            "ready_endpoints",
+            "inference_pool_ready_pods",
+            "Endpoints with fresh metrics.",
+            ["name"],
+        ):
+            family.add_metric(name, len(fresh))
+            yield family
+        if fresh:
+            for field, noun in (
+                ("kv_usage", "kv_cache_utilization"),
+                ("waiting", "queue_size"),
+                ("running", "running_requests"),
+            ):
+                values = [getattr(metrics, field) for metrics in fresh]
+                for family in _twins(
+                    f"average_{noun}",
+                    f"inference_pool_average_{noun}",
+                    f"Mean {noun.replace('_', ' ')} of the pool's endpoints.",
+                    ["name"],
+                ):
+                    family.add_metric(name, statistics.fmean(values))
+                    yield family
+                for family in _twins(
+                    f"std_dev_{noun}",
+                    None,
+                    f"Spread of {noun.replace('_', ' ')} over the endpoints.",
+                    ["name"],
+                ):
+                    family.add_metric(name, statistics.pstdev(values))
+                    yield family
+        if pool.endpoints:
+            current = GaugeMetricFamily(
+                CURRENT + "per_endpoint_queue_size",
+                "Requests waiting in each endpoint's queue.",
+                labels=["name", "model_server_endpoint"],
+            )
+            legacy = GaugeMetricFamily(
+                "inference_pool_per_pod_queue_size",
+                f"[Deprecated: use {CURRENT}per_endpoint_queue_size] Requests waiting in each "
+                "pod's queue.",
+                labels=["name", "model_server_pod"],
+            )
+            for endpoint in pool.endpoints:
+                for family in (current, legacy):
+                    family.add_metric([self._pool_name, endpoint.name], endpoint.metrics.waiting)
+            yield current
+            yield legacy
 
 
 Authorize = Callable[[str | None, str], Awaitable[int]]

@@ -72,7 +72,14 @@ from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import CHECK_METHOD, Health
-from epp.serve.metrics import Authorize, EppMetrics, serve_metrics
+from epp.serve.metrics import (
+    SCHEDULER_BUCKETS,
+    Authorize,
+    EppMetrics,
+    Tally,
+    TimedPlacer,
+    serve_metrics,
+)
 from epp.serve.options import ServeOptions
 from epp.transport.grpc_h2 import GrpcServer
 
@@ -180,21 +187,27 @@ class EppServer:
         self._mode: ClusterMode | None = None
         self.config = self._load_config()
         self.store = EndpointStore()
+        self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self._build_core(self.config)
         self._pool: InferencePool | None = None
         if not options.cluster:
             self._load_files()
         pool_name = self._pool.name if self._pool is not None else options.served_pool_name
-        self.metrics = EppMetrics(pool_name or "default")
+        self.metrics = EppMetrics(
+            pool_name or "default",
+            endpoint_names=self._endpoint_names,
+            scheduler_latency=self.scheduler_latency,
+        )
         self.metrics.watch_core(
-            self.core,
             lambda: saturation_of(self.config.flow_control.gate, self.store, self.credits),
         )
+        self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         self.admission = AdmissionController(
             self.core,
             on_outcome=at_end_of_turn(self.metrics.on_outcome),
             on_flows_collected=self.metrics.on_flows_collected,
             on_complete=self.metrics.on_complete,
+            on_queued=self.metrics.on_queued,
         )
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(
@@ -236,7 +249,9 @@ class EppServer:
             random.Random(seed),
             self.credits,
         )
-        self.core = FlowController(config.flow_control, self.gate, self.scheduler)
+        self.core = FlowController(
+            config.flow_control, self.gate, TimedPlacer(self.scheduler, self.scheduler_latency)
+        )
         self._rng = random.Random(seed + 1)
 
     def _load_files(self) -> None:
@@ -258,6 +273,15 @@ class EppServer:
             len(self.registry.objectives()),
             sorted(self.registry.priorities),
             len(self.store),
+        )
+
+    def _endpoint_names(self, address: str) -> tuple[str, str]:
+        """(pod name, namespace) of an endpoint, for the scheduler's metrics."""
+        endpoint = self.store.get(address)
+        pool = self._pool if self._mode is None else self._mode.pool
+        return (
+            endpoint.name if endpoint is not None else "",
+            pool.namespace if pool is not None else self.options.namespace,
         )
 
     def priority_of(self, headers: Mapping[str, str]) -> int:
@@ -285,7 +309,7 @@ class EppServer:
                 random.Random(self._rng.randrange(1 << 63)),
                 self.credits,
             )
-            self.core.placer = self.scheduler
+            self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
         self.config = new
         self.admission.poke()
 

@@ -128,7 +128,7 @@ async def queued(session, stack) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("inference_extension_flow_control_queue_size{")
+        if line.startswith("llm_d_epp_flow_control_queue_size{")
     )
 
 
@@ -223,10 +223,10 @@ async def test_invalid_objectives_change_is_refused_and_the_last_good_state_stay
     log = stack.epp.log()
     assert f"{stack.objectives_file}[3]" in log
     assert "spec.priority" in log
-    before = await metric_value(session, stack, "inference_objective_request_total", priority="7")
+    before = await metric_value(session, stack, "llm_d_epp_request_total", priority="7")
     status, _, _ = await post(session, stack.url, "x", "x")
     assert status == 200
-    after = await metric_value(session, stack, "inference_objective_request_total", priority="7")
+    after = await metric_value(session, stack, "llm_d_epp_request_total", priority="7")
     assert after == before + 1
 
 
@@ -250,23 +250,34 @@ async def test_metrics_port_serves_the_reference_names(stack, session):
             for sample in family.samples
         ]
     model = {"model_name": "m", "target_model_name": "m"}
+    request = {**model, "fairness_id": "default-flow", "priority": "10"}
     flow = {"fairness_id": "default-flow", "priority": "10", "inference_pool": "e2e-pool"}
+    unparsed = {"model_name": "", "target_model_name": "", "error_code": "bad-request"}
+    dispatched = {**flow, **model, "outcome": "Dispatched"}
     expected = [
+        ("llm_d_epp_request_total", request),
         ("inference_objective_request_total", {**model, "priority": "10"}),
-        (
-            "inference_objective_request_error_total",
-            {"model_name": "", "target_model_name": "", "error_code": "bad-request"},
-        ),
+        ("llm_d_epp_request_error_total", unparsed),
+        ("inference_objective_request_error_total", unparsed),
+        ("llm_d_epp_request_duration_seconds_count", request),
         ("inference_objective_request_duration_seconds_count", model),
+        ("llm_d_epp_request_input_tokens_count", request),
         ("inference_objective_input_tokens_count", model),
+        ("llm_d_epp_request_output_tokens_count", request),
         ("inference_objective_output_tokens_count", model),
+        ("llm_d_epp_request_running", request),
         ("inference_objective_running_requests", {"model_name": "m"}),
+        ("llm_d_epp_flow_control_request_queue_duration_seconds_count", dispatched),
+        ("inference_extension_flow_control_request_queue_duration_seconds_count", dispatched),
         (
-            "inference_extension_flow_control_request_queue_duration_seconds_count",
-            {**flow, **model, "outcome": "dispatched"},
+            "llm_d_epp_flow_control_requests_total",
+            {"outcome": "Dispatched", "priority": "10", "inference_pool": "e2e-pool"},
         ),
-        ("inference_extension_flow_control_queue_size", flow),
-        ("inference_extension_flow_control_queue_bytes", flow),
+        ("llm_d_epp_scheduler_e2e_duration_seconds_count", {}),
+        ("inference_extension_scheduler_e2e_duration_seconds_count", {}),
+        ("llm_d_epp_ready_endpoints", {"name": "e2e-pool"}),
+        ("inference_pool_ready_pods", {"name": "e2e-pool"}),
+        ("llm_d_epp_flow_control_pool_saturation", {"inference_pool": "e2e-pool"}),
         ("inference_extension_flow_control_pool_saturation", {"inference_pool": "e2e-pool"}),
     ]
     for name, labels in expected:

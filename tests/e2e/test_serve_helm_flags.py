@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import aiohttp
 import pytest
 from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import RunningEpp, running_epp
@@ -71,6 +73,23 @@ schedulingProfiles:
 plugins, metrics-data-source and core-metrics-extractor, are the config
 half's work in issue #14)."""
 PROMETHEUS_TOKEN = "prometheus-token"
+DASHBOARD_QUERIES = {
+    "Overall Error Rate": "sum(rate(llm_d_epp_request_error_total[5m])) "
+    "/ sum(rate(llm_d_epp_request_total[5m]))",
+    "Request Rate": "sum by(model_name) (rate(llm_d_epp_request_total[5m]))",
+    "Overall Latency P99": "histogram_quantile(0.99, sum by(le) "
+    "(rate(llm_d_epp_request_duration_seconds_bucket[5m])))",
+    "EPP E2E Latency P99": "histogram_quantile(0.99, sum by(le) "
+    "(rate(llm_d_epp_scheduler_e2e_duration_seconds_bucket[5m])))",
+    "QPS per endpoint": "sum by(endpoint_name) "
+    '(rate(llm_d_epp_scheduler_attempts_total{status="success"}[5m]))',
+    "Queue wait time P99": "histogram_quantile(0.99, sum by(le) "
+    "(rate(llm_d_epp_flow_control_request_queue_duration_seconds_bucket[5m])))",
+    "Pool saturation": "llm_d_epp_flow_control_pool_saturation",
+}
+"""Queries of llm-d's PromQL query reference (its monitoring docs), which its
+Grafana dashboards are built on."""
+SELECTOR = re.compile(r"(llm_d_epp_[a-z0-9_]+)(?:\{([^}]*)\})?")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -95,6 +114,12 @@ async def request_through_envoy(envoy_port: int) -> tuple[int, bytes]:
         return response.status, await response.read()
 
 
+async def bad_request_through_envoy(envoy_port: int) -> int:
+    url = f"http://127.0.0.1:{envoy_port}/v1/completions"
+    async with aiohttp.ClientSession() as session, session.post(url, data=b"{") as response:
+        return response.status
+
+
 async def scrape(url: str, token: str | None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
@@ -111,6 +136,21 @@ def cluster(kube: KubeEmulator, tmp_path, upstream_port: int) -> dict[str, str]:
         "NAMESPACE": "default",
         "POD_NAME": "router-epp-6c9f8d7b5-k2x4z",
     }
+
+
+def selected(exposition: str, query: str) -> list[str]:
+    """The vector selectors of `query` that match no series of `exposition`."""
+    series = [
+        (sample.name, sample.labels)
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    ]
+    missing = []
+    for name, matchers in SELECTOR.findall(query):
+        wanted = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
+        if not any(n == name and wanted.items() <= labels.items() for n, labels in series):
+            missing.append(f"{name}{{{matchers}}}")
+    return missing
 
 
 def json_log_lines(log: str) -> list[dict]:
@@ -132,9 +172,12 @@ async def test_the_charts_pool_flags_start_a_serving_epp(tmp_path):
             status, body = await request_through_envoy(envoy.listen_port)
             assert status == 200, body
             assert upstream.received
+            assert (await bad_request_through_envoy(envoy.listen_port)) == 400
             assert await scrape(epp.metrics_url, None) == (401, "Unauthorized\n")
-            status, _ = await scrape(epp.metrics_url, PROMETHEUS_TOKEN)
+            status, exposition = await scrape(epp.metrics_url, PROMETHEUS_TOKEN)
             assert status == 200
+            for panel, query in DASHBOARD_QUERIES.items():
+                assert selected(exposition, query) == [], panel
             log = epp.log()
     lines = json_log_lines(log)
     assert lines and all({"level", "ts", "logger", "msg"} <= line.keys() for line in lines)

@@ -4,11 +4,9 @@ endpoints and objectives give priorities."""
 
 from __future__ import annotations
 
-import asyncio
-
 from grpc_health.v1 import health_pb2
+from tests.support.serving import serving
 
-from epp.serve.server import EppServer, ServeOptions
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
 from tests.support.waiting import eventually
@@ -16,19 +14,8 @@ from tests.support.waiting import eventually
 
 async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_path):
     async with KubeEmulator() as kube:
-        server = EppServer(
-            ServeOptions(
-                grpc_port=0,
-                grpc_health_port=0,
-                metrics_port=0,
-                bind_address="127.0.0.1",
-                pool_name="pool-a",
-                kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
-                drain_timeout=0.1,
-            )
-        )
-        await server.start()
-        try:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        async with serving(pool_name="pool-a", kubeconfig=kubeconfig) as server:
             port = server.ports["grpc_health"]
             assert await health_status_at(port) == health_pb2.HealthCheckResponse.NOT_SERVING
             kube.apply(pool())
@@ -40,8 +27,6 @@ async def test_cluster_mode_is_ready_after_sync_with_pods_and_objectives(tmp_pat
             await eventually(
                 lambda: server.priority_of({"x-llm-d-inference-objective": "premium"}) == 10
             )
-        finally:
-            await asyncio.wait_for(server.stop(), 10)
 
 
 async def test_pool_less_mode_serves_the_selected_pods(tmp_path, monkeypatch):
@@ -49,22 +34,11 @@ async def test_pool_less_mode_serves_the_selected_pods(tmp_path, monkeypatch):
     async with KubeEmulator() as kube:
         kube.apply(pod("a-1", "10.0.0.1", {"app": "vllm"}))
         kube.apply(pod("b-1", "10.0.0.2", {"app": "other"}))
-        server = EppServer(
-            ServeOptions(
-                grpc_port=0,
-                grpc_health_port=0,
-                metrics_port=0,
-                bind_address="127.0.0.1",
-                endpoint_selector="app=vllm",
-                endpoint_target_ports=(8000, 8001),
-                kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
-                drain_timeout=0.1,
-            )
-        )
-        await server.start()
-        try:
+        async with serving(
+            endpoint_selector="app=vllm",
+            endpoint_target_ports=(8000, 8001),
+            kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
+        ) as server:
             await eventually(lambda: server.health.ready, timeout=5)
             assert sorted(server.store.addresses()) == ["10.0.0.1:8000", "10.0.0.1:8001"]
             assert server.metrics.pool_name == "router-epp"
-        finally:
-            await asyncio.wait_for(server.stop(), 10)

@@ -4,15 +4,14 @@ emulated API server."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from tests.support.serving import serving
 
 from epp.k8s.metrics_auth import MetricsAuthorizer, bearer_token
-from epp.serve.server import EppServer, ServeOptions
 from tests.support.kube import KubeEmulator, pod, pool
 
 
@@ -39,23 +38,8 @@ async def epp(tmp_path, kube: KubeEmulator | None, **options: object) -> AsyncIt
         }
     else:
         inputs = {"endpoints": "127.0.0.1:1"}
-    server = EppServer(
-        ServeOptions(
-            grpc_port=0,
-            grpc_health_port=0,
-            metrics_port=0,
-            bind_address="127.0.0.1",
-            secure_serving=False,
-            drain_timeout=0.1,
-            **inputs,  # type: ignore[arg-type]
-            **options,  # type: ignore[arg-type]
-        )
-    )
-    await server.start()
-    try:
+    async with serving(secure_serving=False, **inputs, **options) as server:
         yield f"http://127.0.0.1:{server.ports['metrics']}/metrics"
-    finally:
-        await asyncio.wait_for(server.stop(), 10)
 
 
 async def scrape(url: str, token: str | None = None) -> int:

@@ -11,10 +11,13 @@ import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2
+from tests.support.serving import serving
 
-from epp.serve.server import EppServer, ServeOptions
 from epp.serve.tls import openssl_ciphers, self_signed_certificate
+from tests.support.health import health_status, health_status_at
 
 
 def write_certificate(folder: Path, name: str) -> str:
@@ -25,23 +28,9 @@ def write_certificate(folder: Path, name: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def serving(**options: object) -> AsyncIterator[int]:
-    server = EppServer(
-        ServeOptions(
-            grpc_port=0,
-            grpc_health_port=0,
-            metrics_port=0,
-            bind_address="127.0.0.1",
-            endpoints="127.0.0.1:1",
-            drain_timeout=0.1,
-            **options,  # type: ignore[arg-type]
-        )
-    )
-    await server.start()
-    try:
+async def ext_proc_port(**options: object) -> AsyncIterator[int]:
+    async with serving(endpoints="127.0.0.1:1", **options) as server:
         yield server.ports["grpc"]
-    finally:
-        await server.stop()
 
 
 def handshake(port: int, maximum: ssl.TLSVersion | None = None) -> tuple[str, str, bytes]:
@@ -60,20 +49,20 @@ def handshake(port: int, maximum: ssl.TLSVersion | None = None) -> tuple[str, st
 
 
 async def test_the_ext_proc_port_speaks_tls_by_default():
-    async with serving() as port:
+    async with ext_proc_port() as port:
         version, _, certificate = await asyncio.to_thread(handshake, port)
     assert version in ("TLSv1.2", "TLSv1.3") and certificate
 
 
 async def test_secure_serving_false_serves_plaintext():
-    async with serving(secure_serving=False) as port:
+    async with ext_proc_port(secure_serving=False) as port:
         with pytest.raises(ssl.SSLError):
             await asyncio.to_thread(handshake, port)
 
 
 async def test_the_certificate_of_cert_path_is_served_and_reloaded(tmp_path):
     first = write_certificate(tmp_path, "first.example")
-    async with serving(
+    async with ext_proc_port(
         cert_path=str(tmp_path), enable_cert_reload=True, file_watch_interval=0.05
     ) as port:
         _, _, served = await asyncio.to_thread(handshake, port)
@@ -87,7 +76,7 @@ async def test_the_certificate_of_cert_path_is_served_and_reloaded(tmp_path):
 
 async def test_without_cert_reload_the_first_certificate_stays(tmp_path):
     first = write_certificate(tmp_path, "first.example")
-    async with serving(cert_path=str(tmp_path), file_watch_interval=0.05) as port:
+    async with ext_proc_port(cert_path=str(tmp_path), file_watch_interval=0.05) as port:
         write_certificate(tmp_path, "second.example")
         await asyncio.sleep(0.3)
         _, _, served = await asyncio.to_thread(handshake, port)
@@ -95,7 +84,7 @@ async def test_without_cert_reload_the_first_certificate_stays(tmp_path):
 
 
 async def test_tls_min_version_refuses_older_clients():
-    async with serving(tls_min_version="VersionTLS13") as port:
+    async with ext_proc_port(tls_min_version="VersionTLS13") as port:
         with pytest.raises(ssl.SSLError):
             await asyncio.to_thread(handshake, port, ssl.TLSVersion.TLSv1_2)
         version, _, _ = await asyncio.to_thread(handshake, port)
@@ -104,7 +93,7 @@ async def test_tls_min_version_refuses_older_clients():
 
 async def test_tls_cipher_suites_choose_the_tls12_suite():
     suite = "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"
-    async with serving(tls_cipher_suites=(suite,)) as port:
+    async with ext_proc_port(tls_cipher_suites=(suite,)) as port:
         _, cipher, _ = await asyncio.to_thread(handshake, port, ssl.TLSVersion.TLSv1_2)
     assert cipher == "ECDHE-ECDSA-AES256-GCM-SHA384"
 
@@ -116,3 +105,19 @@ def test_an_unknown_cipher_suite_is_named():
 
 def test_tls13_suites_are_accepted_and_left_alone():
     assert openssl_ciphers(("TLS_AES_128_GCM_SHA256",)) is None
+
+
+async def test_grpc_clients_that_trust_the_certificate_get_health(tmp_path):
+    write_certificate(tmp_path, "localhost")
+    certificate = (tmp_path / "tls.crt").read_bytes()
+    async with ext_proc_port(cert_path=str(tmp_path)) as port:
+        credentials = grpc.ssl_channel_credentials(root_certificates=certificate)
+        async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
+            assert await health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError):
+            await health_status_at(port)
+
+
+async def test_the_self_signed_certificate_serves_grpc_health():
+    async with ext_proc_port() as port:
+        assert await health_status_at(port, tls=True) == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,295 @@
+"""The EPP's Prometheus metrics: the reference's `llm_d_epp_*` names and
+labels with their deprecated twins, label caps, queue gauges with model
+labels, the reference's outcome names, scheduler and pool gauges."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.store import EndpointStore
+from epp.extproc.events import Rejected, Release
+from epp.flowcontrol.flow import FlowKey
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.endpoint import EndpointMetrics
+from epp.scheduling.request import InferenceRequest
+from epp.serve.metrics import (
+    SCHEDULER_BUCKETS,
+    EppMetrics,
+    Tally,
+    TimedPlacer,
+    flow_control_outcome,
+)
+
+POOL = "pool"
+
+
+def request(
+    fairness_id: str = "tenant",
+    model: str = "m",
+    target: str = "t",
+    priority: int = 3,
+    byte_size: int = 100,
+) -> FlowRequest:
+    return FlowRequest(
+        "r", fairness_id, priority, arrival=1.0, byte_size=byte_size,
+        payload=InferenceRequest(model, target),
+    )  # fmt: skip
+
+
+def ended(flow_request: FlowRequest, outcome: Outcome, endpoint: str | None = None):
+    flow_request.outcome = outcome
+    flow_request.endpoint = endpoint
+    return flow_request
+
+
+def value(metrics: EppMetrics, sample_name: str, /, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(sample_name, labels)
+
+
+def label_values(metrics: EppMetrics, sample_name: str, label: str) -> set[str]:
+    return {
+        sample.labels[label]
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == sample_name
+    }
+
+
+M = {"model_name": "m", "target_model_name": "t"}
+R = {**M, "fairness_id": "tenant", "priority": "3"}
+
+
+@pytest.fixture
+def metrics() -> EppMetrics:
+    return EppMetrics(POOL, clock=lambda: 3.0, endpoint_names=lambda address: ("pod-a", "ns"))
+
+
+def test_a_dispatched_request_is_counted_under_both_names(metrics):
+    metrics.on_outcome(ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000"), 2.0)
+    assert value(metrics, "llm_d_epp_request_total", **R) == 1
+    assert value(metrics, "inference_objective_request_total", **M, priority="3") == 1
+    assert value(metrics, "llm_d_epp_request_size_bytes_sum", **R) == 100
+    assert value(metrics, "inference_objective_request_sizes_sum", **M) == 100
+    assert value(metrics, "llm_d_epp_request_running", **R) == 1
+    assert value(metrics, "inference_objective_running_requests", model_name="m") == 1
+    assert value(metrics, "llm_d_epp_request_processing_duration_seconds_sum") == 1.0
+
+
+def test_a_release_records_duration_tokens_and_ntpot_under_both_names(metrics):
+    metrics.on_stream_event(Release(request(), 10, 4))
+    for current, legacy in (
+        ("llm_d_epp_request_duration_seconds_sum",
+         "inference_objective_request_duration_seconds_sum"),
+        ("llm_d_epp_request_input_tokens_sum", "inference_objective_input_tokens_sum"),
+        ("llm_d_epp_request_output_tokens_sum", "inference_objective_output_tokens_sum"),
+        ("llm_d_epp_request_ntpot_seconds_sum",
+         "inference_objective_normalized_time_per_output_token_seconds_sum"),
+    ):  # fmt: skip
+        assert value(metrics, current, **R) == value(metrics, legacy, **M) > 0
+    assert value(metrics, "llm_d_epp_request_ntpot_seconds_sum", **R) == 2.0 / 4
+
+
+def test_running_requests_go_down_at_completion(metrics):
+    flow_request = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
+    metrics.on_outcome(flow_request, 2.0)
+    metrics.on_complete(flow_request)
+    assert value(metrics, "llm_d_epp_request_running", **R) == 0
+    assert value(metrics, "inference_objective_running_requests", model_name="m") == 0
+
+
+def test_errors_are_counted_by_reason_under_both_names(metrics):
+    metrics.on_stream_event(
+        Rejected(429, "rejected-saturated", ended(request(), Outcome.REJECTED_SATURATED))
+    )
+    assert value(metrics, "llm_d_epp_request_error_total", **R, error_code="rejected-saturated")
+    assert value(
+        metrics, "inference_objective_request_error_total", **M, error_code="rejected-saturated"
+    )
+
+
+def test_an_error_before_parsing_has_empty_labels(metrics):
+    metrics.on_stream_event(Rejected(400, "bad-request", None))
+    labels = {"model_name": "", "target_model_name": "", "fairness_id": "", "priority": ""}
+    assert value(metrics, "llm_d_epp_request_error_total", **labels, error_code="bad-request")
+
+
+def test_queued_requests_carry_model_labels_and_leave_the_gauges(metrics):
+    flow = {"fairness_id": "tenant", "priority": "3", "inference_pool": POOL, **M}
+    first, second = request(byte_size=100), request(byte_size=50)
+    metrics.on_queued(first)
+    metrics.on_queued(second)
+    for name in (
+        "llm_d_epp_flow_control_queue_size",
+        "inference_extension_flow_control_queue_size",
+    ):
+        assert value(metrics, name, **flow) == 2
+    assert value(metrics, "llm_d_epp_flow_control_queue_bytes", **flow) == 150
+    metrics.on_outcome(ended(first, Outcome.DISPATCHED, "10.0.0.1:8000"), 2.0)
+    assert value(metrics, "llm_d_epp_flow_control_queue_size", **flow) == 1
+    assert value(metrics, "inference_extension_flow_control_queue_bytes", **flow) == 50
+
+
+def test_flow_control_outcomes_read_the_references_names(metrics):
+    metrics.on_queued(waiting := request())
+    metrics.on_outcome(ended(waiting, Outcome.REJECTED_TTL_EXPIRED), 2.0)
+    metrics.on_outcome(ended(request(), Outcome.REJECTED_SATURATED), 2.0)
+    total = "llm_d_epp_flow_control_requests_total"
+    assert value(metrics, total, outcome="EvictedTTL", priority="3", inference_pool=POOL) == 1
+    assert value(metrics, total, outcome="RejectedCapacity", priority="3", inference_pool=POOL)
+    duration = "inference_extension_flow_control_request_queue_duration_seconds_count"
+    assert value(
+        metrics, duration, fairness_id="tenant", priority="3", outcome="EvictedTTL",
+        inference_pool=POOL, **M,
+    ) == 1  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("outcome", "queued", "name"),
+    [
+        (Outcome.DISPATCHED, True, "Dispatched"),
+        (Outcome.REJECTED_SATURATED, False, "RejectedCapacity"),
+        (Outcome.REJECTED_SATURATED, True, "EvictedOther"),
+        (Outcome.REJECTED_NO_ENDPOINTS, False, "RejectedNoEndpoints"),
+        (Outcome.REJECTED_NO_ENDPOINTS, True, "EvictedNoEndpoints"),
+        (Outcome.REJECTED_TTL_EXPIRED, True, "EvictedTTL"),
+        (Outcome.CANCELLED, True, "EvictedContextCancelled"),
+        (Outcome.CANCELLED, False, "RejectedOther"),
+        (Outcome.REJECTED_SHUTTING_DOWN, False, "RejectedOther"),
+        (Outcome.REJECTED_SHUTTING_DOWN, True, "EvictedOther"),
+    ],
+)
+def test_every_outcome_has_a_reference_name(outcome, queued, name):
+    assert flow_control_outcome(outcome, queued) == name
+
+
+def test_fairness_ids_beyond_the_cap_read_other():
+    metrics = EppMetrics(POOL, label_limit=2)
+    for tenant in ("a", "b", "c", "d"):
+        metrics.on_outcome(ended(request(tenant), Outcome.DISPATCHED), 2.0)
+    assert label_values(metrics, "llm_d_epp_request_total", "fairness_id") == {"a", "b", "other"}
+
+
+def test_model_names_share_one_cap():
+    metrics = EppMetrics(POOL, label_limit=3)
+    for model, target in (("a", "x"), ("b", "y")):
+        metrics.on_outcome(ended(request(model=model, target=target), Outcome.DISPATCHED), 2.0)
+    assert label_values(metrics, "llm_d_epp_request_total", "model_name") == {"a", "b"}
+    assert label_values(metrics, "llm_d_epp_request_total", "target_model_name") == {"x", "other"}
+
+
+def test_the_cap_holds_for_the_life_of_the_process():
+    metrics = EppMetrics(POOL, label_limit=1)
+    metrics.on_outcome(ended(request("a"), Outcome.DISPATCHED), 2.0)
+    metrics.on_flows_collected([FlowKey("a", 3)])
+    metrics.on_outcome(ended(request("b"), Outcome.DISPATCHED), 2.0)
+    assert label_values(metrics, "llm_d_epp_request_total", "fairness_id") == {"a", "other"}
+
+
+def test_a_collected_flow_loses_its_flow_control_series(metrics):
+    metrics.on_queued(waiting := request())
+    metrics.on_outcome(ended(waiting, Outcome.DISPATCHED), 2.0)
+    metrics.on_flows_collected([FlowKey("tenant", 3)])
+    for name in (
+        "llm_d_epp_flow_control_request_queue_duration_seconds_count",
+        "inference_extension_flow_control_request_queue_duration_seconds_count",
+        "llm_d_epp_flow_control_queue_size",
+        "inference_extension_flow_control_queue_bytes",
+    ):
+        assert label_values(metrics, name, "fairness_id") == set(), name
+    assert value(metrics, "llm_d_epp_request_total", **R) == 1
+
+
+def test_scheduler_attempts_name_the_endpoint(metrics):
+    metrics.on_outcome(ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000"), 2.0)
+    metrics.on_outcome(ended(request(), Outcome.REJECTED_NO_ENDPOINTS), 2.0)
+    assert value(
+        metrics, "llm_d_epp_scheduler_attempts_total", status="success", target_model_name="t",
+        endpoint_name="pod-a", namespace="ns", port="8000",
+    ) == 1  # fmt: skip
+    assert value(
+        metrics, "inference_extension_scheduler_attempts_total", status="success",
+        target_model_name="t", pod_name="pod-a", namespace="ns", port="8000",
+    ) == 1  # fmt: skip
+    assert value(
+        metrics, "llm_d_epp_scheduler_attempts_total", status="failure", target_model_name="t",
+        endpoint_name="", namespace="", port="",
+    ) == 1  # fmt: skip
+
+
+class FixedPlacer:
+    def place(self, flow_request):
+        return "10.0.0.1:8000"
+
+    def has_endpoints(self) -> bool:
+        return True
+
+
+def test_every_scheduler_call_is_timed_under_both_names():
+    tally = Tally(SCHEDULER_BUCKETS)
+    metrics = EppMetrics(POOL, scheduler_latency=tally)
+    placer = TimedPlacer(FixedPlacer(), tally)
+    assert placer.place(request()) == "10.0.0.1:8000"
+    assert placer.place(request()) == "10.0.0.1:8000"
+    assert placer.has_endpoints()
+    assert value(metrics, "llm_d_epp_scheduler_e2e_duration_seconds_count") == 2
+    assert value(metrics, "inference_extension_scheduler_e2e_duration_seconds_count") == 2
+
+
+def test_a_tally_counts_cumulatively():
+    tally = Tally((0.1, 1.0))
+    for seconds in (0.05, 0.5, 0.7, 5.0):
+        tally.add(seconds)
+    assert tally.cumulative() == [("0.1", 1), ("1.0", 3), ("+Inf", 4)]
+    assert (tally.count, tally.total) == (4, 6.25)
+
+
+def test_a_twin_sums_the_series_that_share_its_labels(metrics):
+    for tenant in ("a", "b"):
+        metrics.on_stream_event(Release(request(tenant), 10, 4))
+    assert value(metrics, "inference_objective_input_tokens_count", **M) == 2
+    assert value(metrics, "inference_objective_input_tokens_sum", **M) == 20
+    assert value(metrics, "inference_objective_input_tokens_bucket", **M, le="8.0") == 0
+    assert value(metrics, "inference_objective_input_tokens_bucket", **M, le="16.0") == 2
+
+
+def test_pool_gauges_average_the_fresh_endpoints_under_both_names():
+    store = EndpointStore([EndpointSpec(f"pod-{i}", f"10.0.0.{i}:8000") for i in (1, 2, 3)])
+    store.set_metrics("10.0.0.1:8000", EndpointMetrics(2, 4, 0.2, updated_at=99.5))
+    store.set_metrics("10.0.0.2:8000", EndpointMetrics(4, 8, 0.4, updated_at=99.0))
+    store.set_metrics("10.0.0.3:8000", EndpointMetrics(50, 50, 0.9, updated_at=90.0))
+    metrics = EppMetrics(POOL)
+    metrics.watch_pool(store.snapshot, staleness=2.0, clock=lambda: 100.0)
+    for current, legacy, expected in (
+        ("llm_d_epp_ready_endpoints", "inference_pool_ready_pods", 2),
+        ("llm_d_epp_average_queue_size", "inference_pool_average_queue_size", 3),
+        ("llm_d_epp_average_running_requests", "inference_pool_average_running_requests", 6),
+        ("llm_d_epp_average_kv_cache_utilization",
+         "inference_pool_average_kv_cache_utilization", 0.3),
+    ):  # fmt: skip
+        assert value(metrics, current, name=POOL) == pytest.approx(expected)
+        assert value(metrics, legacy, name=POOL) == pytest.approx(expected)
+    assert value(metrics, "llm_d_epp_std_dev_queue_size", name=POOL) == pytest.approx(1.0)
+    assert value(
+        metrics, "llm_d_epp_per_endpoint_queue_size", name=POOL, model_server_endpoint="pod-3"
+    ) == 50  # fmt: skip
+    assert value(
+        metrics, "inference_pool_per_pod_queue_size", name=POOL, model_server_pod="pod-3"
+    ) == 50  # fmt: skip
+
+
+def test_pool_saturation_is_the_effective_stage_under_both_names():
+    metrics = EppMetrics(POOL)
+    metrics.watch_core(lambda: 0.75)
+    for name in (
+        "llm_d_epp_flow_control_pool_saturation",
+        "inference_extension_flow_control_pool_saturation",
+    ):
+        assert value(metrics, name, inference_pool=POOL, stage="effective") == 0.75
+
+
+def test_the_build_is_reported():
+    metrics = EppMetrics(POOL)
+    assert label_values(metrics, "llm_d_epp_info", "build_ref") == {"epp"}
+    assert label_values(metrics, "inference_extension_info", "build_ref") == {"epp"}
