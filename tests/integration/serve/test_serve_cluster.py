@@ -5,10 +5,10 @@ endpoints and objectives give priorities."""
 from __future__ import annotations
 
 from grpc_health.v1 import health_pb2
-from tests.support.serving import serving
 
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
+from tests.support.serving import serving
 from tests.support.waiting import eventually
 
 

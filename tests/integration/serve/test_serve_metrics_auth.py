@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from tests.support.serving import serving
 
 from epp.k8s.metrics_auth import MetricsAuthorizer, bearer_token
 from tests.support.kube import KubeEmulator, pod, pool
+from tests.support.serving import serving
 
 
 @pytest.fixture

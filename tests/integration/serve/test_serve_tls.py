@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from tests.support.serving import serving
 
 from epp.serve.tls import openssl_ciphers, self_signed_certificate
 from tests.support.health import health_status, health_status_at
+from tests.support.serving import serving
 
 
 def write_certificate(folder: Path, name: str) -> str:
