@@ -65,6 +65,9 @@ class ConfigError(ValueError):
 class EppConfig:
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    plugins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """(name, type) of each declared plugin, for checks made where the config
+    is used; not part of what the config means."""
 
 
 class _Reader(FieldReader):
@@ -478,6 +481,7 @@ def parse_config(document: Any) -> EppConfig:
     config = EppConfig(
         flow_control=_flow_control(reader, fields.get("flowControl"), plugins),
         scheduling=_scheduling(reader, fields.get("schedulingProfiles"), plugins),
+        plugins=tuple((name, plugin.type) for name, plugin in plugins.items()),
     )
     if reader.errors:
         raise ConfigError(

@@ -535,10 +535,9 @@ class ServeOptions:
         False,
         Flag(
             _C,
-            "Allows loading of experimental plugins.",
+            "Allows loading of experimental plugins (the reference's Alpha stability "
+            "level; `epp plugins` shows each type's).",
             Kind.BOOL,
-            no_effect="epp marks no plugin experimental",
-            inert_value=False,
         ),
     )
 

@@ -58,6 +58,8 @@ from epp.api.manifests import ManifestError, load_objectives, load_pool
 from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
+from epp.config.plugin import Stability
+from epp.config.registry import REGISTRY
 from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.scraper import MetricsScraper
@@ -150,6 +152,17 @@ def saturation_of(gate: GateConfig, store: EndpointStore, credits: ConcurrencyGa
     return max(values)
 
 
+def experimental_plugins(config: EppConfig) -> list[tuple[str, str]]:
+    """(name, type) of the declared plugins of Alpha stability, which the
+    reference loads only with --allow-experimental-plugins."""
+    found = []
+    for name, plugin_type in config.plugins:
+        entry = REGISTRY.get(plugin_type)
+        if entry is not None and entry.stability is Stability.ALPHA:
+            found.append((name, plugin_type))
+    return found
+
+
 def at_end_of_turn(callback: Callable[..., None]) -> Callable[..., None]:
     """`callback`, run at the end of the event loop's current turn instead of
     at once: after the replies of the turn are written, off the latency of
@@ -225,6 +238,21 @@ class EppServer:
     # -- building ------------------------------------------------------------
 
     def _load_config(self) -> EppConfig:
+        config = self._read_config()
+        if not self.options.allow_experimental_plugins:
+            experimental = experimental_plugins(config)
+            if experimental:
+                raise ConfigError(
+                    [
+                        f"plugin {name!r} (type: {kind!r}) has Alpha stability level, but "
+                        "command line flag --allow-experimental-plugins is not set"
+                        for name, kind in experimental
+                    ],
+                    self.options.config_file or "--config-text",
+                )
+        return config
+
+    def _read_config(self) -> EppConfig:
         options = self.options
         if options.config_text is not None:
             try:
@@ -296,10 +324,7 @@ class EppServer:
         old = self.config
         if new.flow_control.gate != old.flow_control.gate:
             log.warning("%s: gate changes apply at the next restart", self.options.config_file)
-            new = EppConfig(
-                flow_control=replace(new.flow_control, gate=old.flow_control.gate),
-                scheduling=new.scheduling,
-            )
+            new = replace(new, flow_control=replace(new.flow_control, gate=old.flow_control.gate))
         self.core.reconfigure(new.flow_control)
         if new.scheduling != old.scheduling:
             self.scheduler = Scheduler(
