@@ -5,7 +5,8 @@
 Serves `ExternalProcessor/Process` on a free loopback port (written to
 PORT_FILE) with epp.transport.grpc_h2 on uvloop, as `epp serve` does, but with no
 parsing, flow control, scheduling or metrics: every request goes to ENDPOINT,
-bodies are echoed back as they come. bench/extproc_e2e.py runs it beside
+bodies are echoed back as they come. TLS with a self-signed certificate, as
+`epp serve` by default (the gateway's Envoy speaks TLS to both). bench/extproc_e2e.py runs it beside
 `epp serve` so the EPP's own share of the added latency is the difference.
 """
 
@@ -19,6 +20,7 @@ import uvloop
 
 from epp.extproc import messages
 from epp.extproc.server import PROCESS_METHOD
+from epp.serve.tls import server_ssl_context
 from epp.transport.grpc_h2 import Call, GrpcServer
 
 
@@ -63,7 +65,7 @@ class FixedEndpoint:
 
 async def serve(endpoint: str, port_file: Path) -> None:
     server = GrpcServer({PROCESS_METHOD: lambda call: FixedEndpoint(call, endpoint)})
-    port = await server.start("127.0.0.1", 0)
+    port = await server.start("127.0.0.1", 0, server_ssl_context())
     temporary = port_file.with_name(port_file.name + ".tmp")
     temporary.write_text(str(port))
     temporary.replace(port_file)
