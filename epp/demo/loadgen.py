@@ -44,6 +44,8 @@ class LiveRequest:
     arrival: float
     prompt_tokens: int
     output_tokens: int
+    sent_at: float | None = None
+    """When the generator began sending it; `sent_at - arrival` is its lateness."""
     status: int = 0
     outcome: str | None = None
     first_token_at: float | None = None
@@ -128,6 +130,7 @@ class LoadGenerator:
 
     async def _send(self, session: aiohttp.ClientSession, request: LiveRequest, start: float):
         loop = asyncio.get_running_loop()
+        request.sent_at = loop.time() - start
         tenant = self.scenario.tenants[request.tenant]
         body = request_body(
             self.scenario.model, request.prompt_tokens, request.output_tokens, tenant.stream

@@ -1,0 +1,315 @@
+"""The simulator against the live system: `python -m bench.sim_vs_live [SCENARIO] [--json]`.
+
+Plays one scenario (default `config/scenarios/demo.yaml`) twice over the
+same arrivals (the scenario's seed): live, as `epp demo` does (simulated
+vLLM servers over HTTP, a real Envoy, `epp serve`), and in `epp simulate`'s
+engine under ours. Prints per objective the two sides' TTFT quantiles and
+outcome counts and the ratios live / sim:
+
+    {"objectives": {NAME: {"sim": {...}, "live": {...}, "ttft_p50_ratio": ...,
+     "ttft_p90_ratio": ..., "completed_ratio": ..., "rejected_ratio": ...}}, ...}
+
+Target: both TTFT ratios of every objective within [0.85, 1.18], every
+`completed_ratio` within [0.95, 1.05].
+
+The sim side is an ensemble, not one run. The simulator is deterministic;
+the live system is not: each request leaves the load generator a little
+late (measured here, `live.loadgen_late_ms`) and crosses Envoy and the EPP
+in a few milliseconds more or less, and in an overloaded pool a millisecond
+decides which request takes the next free slot, so every tier's tail is one
+history out of many. One simulated history is as much a sample as the live
+one (see bench/README.md for how far a tier's p90 moves between them). So
+the simulator runs `--sim-runs` times, each with every arrival delayed by a
+lateness drawn (seeded) from the live run's own measured lateness, and its
+quantiles are over the requests of all runs; `*_range` gives the lowest and
+highest value of single runs. `sim_single` is the plain run, arrivals exactly
+on time, as `epp simulate` reports it.
+
+The live side is one run on a shared machine: `live.loadgen_late_ms` and
+`machine.load_average` show how busy it was; `warnings` says when the load
+generator was late enough (p99 above 20 ms) that the run measured the
+machine rather than the system.
+
+What is not played live is left out of both sides: server events
+(`events:`), with a warning. Prefix groups and LoRA adapters reach the live
+servers as plain prompts, so those scenarios differ by design (warned).
+
+`--duration` plays the scenario's load for that long (default 180 s, a few
+minutes: a tier's p90 over 30 s rests on a handful of requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epp.demo.demo import DRAIN_TIMEOUT_S, stack_settings
+from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
+from epp.demo.stack import live_stack
+from epp.sim.engine import SERVER_REJECTED
+from epp.sim.runner import simulate
+from epp.sim.scenario import Scenario, ScenarioError, load_scenario
+from epp.sim.workload import Arrived, workload
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "config" / "scenarios" / "demo.yaml"
+DEFAULT_DURATION_S = 180.0
+DEFAULT_SIM_RUNS = 8
+TTFT_TARGET = (0.85, 1.18)
+COMPLETED_TARGET = (0.95, 1.05)
+STARVED_LATE_MS = 20.0
+"""A load generator this late at p99 was short of CPU: the run is not a measurement."""
+LIVE_SERVER_REJECTED = "http-429"
+
+
+def is_rejected(outcome: str | None) -> bool:
+    """A drop by the EPP (its reason) or by a server's full waiting queue."""
+    return outcome is not None and (
+        outcome.startswith("rejected-") or outcome in (SERVER_REJECTED, LIVE_SERVER_REJECTED)
+    )
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"ttft_p50_s": None, "ttft_p90_s": None, "ttft_p99_s": None}
+    p50, p90, p99 = np.percentile(np.asarray(values), (50, 90, 99))
+    return {"ttft_p50_s": float(p50), "ttft_p90_s": float(p90), "ttft_p99_s": float(p99)}
+
+
+def side_stats(requests: Sequence[Any], runs: int = 1) -> dict[str, Any]:
+    """Counts (per run, averaged over `runs`) and TTFT quantiles (over all
+    requests) of requests with `outcome`, `arrival` and `first_token_at`."""
+    done = [r for r in requests if r.outcome == COMPLETED]
+    outcomes: dict[str, float] = {}
+    for request in requests:
+        outcomes[request.outcome] = outcomes.get(request.outcome, 0) + 1
+    return {
+        "requests": len(requests) / runs,
+        "completed": len(done) / runs,
+        "rejected": sum(1 for r in requests if is_rejected(r.outcome)) / runs,
+        **quantiles([r.first_token_at - r.arrival for r in done]),
+        "outcomes": {k: v / runs for k, v in sorted(outcomes.items())},
+    }
+
+
+def ratio(live: float | None, sim: float | None) -> float | None:
+    """live / sim; 1 when both are 0; None when only sim is 0 or either is unknown."""
+    if live is None or sim is None:
+        return None
+    if sim == 0:
+        return 1.0 if live == 0 else None
+    return live / sim
+
+
+def within(value: float | None, bounds: tuple[float, float]) -> bool:
+    return value is not None and bounds[0] <= value <= bounds[1]
+
+
+def comparable(scenario: Scenario, duration_s: float) -> tuple[Scenario, list[str]]:
+    """The scenario as both sides can play it, and what was changed or differs."""
+    notes = []
+    if scenario.events:
+        notes.append("server events are not played live: left out of both sides")
+    if any(t.prefix_group for t in scenario.tenants):
+        notes.append("prefix groups reach the live servers as plain prompts (no cache hits)")
+    if any(t.lora for t in scenario.tenants):
+        notes.append("LoRA adapters are not played live")
+    played = dataclasses.replace(
+        scenario, duration_s=duration_s, events=(), baselines=(), variants=(), isolation=False
+    )
+    return played, notes
+
+
+def late_arrivals(arrivals: list[Arrived], lateness: Sequence[float], seed: int) -> list[Arrived]:
+    """`arrivals`, each delayed by a lateness drawn from `lateness`, in time order."""
+    rng = random.Random(seed)
+    late = [dataclasses.replace(a, time=a.time + rng.choice(lateness)) for a in arrivals]
+    late.sort(key=lambda a: (a.time, a.tenant))
+    return late
+
+
+async def play_live(scenario: Scenario, arrivals: list[Arrived]) -> tuple[list[LiveRequest], float]:
+    async with live_stack(stack_settings(scenario)) as stack:
+        assert stack.envoy is not None
+        started = time.monotonic()
+        requests = await LoadGenerator(
+            stack.envoy.url, scenario, arrivals, timeout=DRAIN_TIMEOUT_S
+        ).run()
+        return requests, time.monotonic() - started
+
+
+def members_of(scenario: Scenario, objective: str) -> set[int]:
+    return {i for i, t in enumerate(scenario.tenants) if t.objective == objective}
+
+
+def compare(
+    scenario: Scenario,
+    live: list[LiveRequest],
+    sims: list[list[Any]],
+    single: list[Any],
+) -> dict[str, Any]:
+    objectives: dict[str, Any] = {}
+    for objective in scenario.objectives:
+        members = members_of(scenario, objective.name)
+        if not members:
+            continue
+        live_side = side_stats([r for r in live if r.tenant in members])
+        pooled = [r for run in sims for r in run if r.tenant in members]
+        sim_side = side_stats(pooled, len(sims))
+        singles = [side_stats([r for r in run if r.tenant in members]) for run in sims]
+        for quantile in ("p50", "p90"):
+            values = [s[f"ttft_{quantile}_s"] for s in singles if s[f"ttft_{quantile}_s"]]
+            sim_side[f"ttft_{quantile}_range_s"] = [min(values), max(values)] if values else None
+        plain = side_stats([r for r in single if r.tenant in members])
+        plain_keys = ("completed", "rejected", "ttft_p50_s", "ttft_p90_s")
+        objectives[objective.name] = {
+            "sim": sim_side,
+            "live": live_side,
+            "sim_single": {k: plain[k] for k in plain_keys},
+            "ttft_p50_ratio": ratio(live_side["ttft_p50_s"], sim_side["ttft_p50_s"]),
+            "ttft_p90_ratio": ratio(live_side["ttft_p90_s"], sim_side["ttft_p90_s"]),
+            "completed_ratio": ratio(live_side["completed"], sim_side["completed"]),
+            "rejected_ratio": ratio(live_side["rejected"], sim_side["rejected"]),
+        }
+    return objectives
+
+
+def met(objectives: dict[str, Any]) -> bool:
+    return all(
+        within(o["ttft_p50_ratio"], TTFT_TARGET)
+        and within(o["ttft_p90_ratio"], TTFT_TARGET)
+        and within(o["completed_ratio"], COMPLETED_TARGET)
+        for o in objectives.values()
+    )
+
+
+def milliseconds(values: Sequence[float]) -> dict[str, float]:
+    p50, p99 = np.percentile(np.asarray(values), (50, 99))
+    return {"p50": 1000 * float(p50), "p99": 1000 * float(p99), "max": 1000 * max(values)}
+
+
+def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
+    scenario, warnings = comparable(load_scenario(path), duration_s)
+    arrivals = workload(scenario)
+    load_before = os.getloadavg()
+    live, wall = asyncio.run(play_live(scenario, arrivals))
+    load_after = os.getloadavg()
+    lateness = [r.sent_at - r.arrival for r in live if r.sent_at is not None]
+    late_ms = milliseconds(lateness) if lateness else None
+    if late_ms is not None and late_ms["p99"] > STARVED_LATE_MS:
+        warnings.append(
+            f"load generator late by {late_ms['p99']:.0f} ms at p99: the machine was short "
+            "of CPU, so the live side measured the machine too"
+        )
+    started = time.perf_counter()
+    single = simulate(scenario, arrivals, "epp").requests
+    sims = [
+        simulate(scenario, late_arrivals(arrivals, lateness or [0.0], seed), "epp").requests
+        for seed in range(1, sim_runs + 1)
+    ]
+    sim_wall = time.perf_counter() - started
+    objectives = compare(scenario, live, sims, single)
+    return {
+        "objectives": objectives,
+        "met": met(objectives),
+        "targets": {"ttft_ratio": TTFT_TARGET, "completed_ratio": COMPLETED_TARGET},
+        "scenario": {
+            "name": scenario.name,
+            "path": str(path),
+            "seed": scenario.seed,
+            "duration_s": duration_s,
+            "requests": len(arrivals),
+            "servers": scenario.pool.servers,
+        },
+        "sim_runs": sim_runs,
+        "live": {
+            "wall_s": wall,
+            "loadgen_late_ms": late_ms,
+            "errors": sum(1 for r in live if (r.outcome or "").startswith("error")),
+        },
+        "sim_wall_s": sim_wall,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": [round(load_before[0], 2), round(load_after[0], 2)],
+        },
+        "warnings": warnings,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    info = result["scenario"]
+    lines = [
+        f"{info['name']}: {info['duration_s']:g} s, {info['requests']} requests, "
+        f"{info['servers']} servers; sim = {result['sim_runs']} runs pooled",
+        f"{'objective':10s} {'p50 sim':>8s} {'live':>6s} {'ratio':>6s}  "
+        f"{'p90 sim':>8s} {'live':>6s} {'ratio':>6s}  {'done sim':>8s} {'live':>5s} {'ratio':>6s}",
+    ]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{1000 * value:.0f}"
+
+    def r(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for name, o in result["objectives"].items():
+        sim, live = o["sim"], o["live"]
+        lines.append(
+            f"{name:10s} {ms(sim['ttft_p50_s']):>8s} {ms(live['ttft_p50_s']):>6s} "
+            f"{r(o['ttft_p50_ratio']):>6s}  {ms(sim['ttft_p90_s']):>8s} "
+            f"{ms(live['ttft_p90_s']):>6s} {r(o['ttft_p90_ratio']):>6s}  "
+            f"{sim['completed']:8.1f} {live['completed']:5.0f} {r(o['completed_ratio']):>6s}"
+        )
+    late = result["live"]["loadgen_late_ms"]
+    if late:
+        lines.append(
+            f"load generator late: p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms, "
+            f"max {late['max']:.1f} ms; load average {result['machine']['load_average']} "
+            f"on {result['machine']['cpus']} cpus"
+        )
+    lines.append(f"targets met: {result['met']}")
+    lines.extend(f"warning: {w}" for w in result["warnings"])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=DEFAULT_DURATION_S,
+        metavar="S",
+        help=f"seconds of the scenario's load to play (default {DEFAULT_DURATION_S:g})",
+    )
+    parser.add_argument(
+        "--sim-runs",
+        type=int,
+        default=DEFAULT_SIM_RUNS,
+        metavar="N",
+        help=f"simulated runs pooled on the sim side (default {DEFAULT_SIM_RUNS})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if not args.duration > 0 or args.sim_runs < 1:
+        parser.error("--duration must be positive and --sim-runs at least 1")
+    try:
+        result = measure(args.scenario, args.duration, args.sim_runs)
+    except ScenarioError as error:
+        print(f"bench.sim_vs_live: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
