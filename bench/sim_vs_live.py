@@ -48,7 +48,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ import numpy as np
 from epp.demo.demo import DRAIN_TIMEOUT_S, stack_settings
 from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
 from epp.demo.stack import live_stack
-from epp.sim.engine import SERVER_REJECTED
+from epp.sim.engine import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
 from epp.sim.scenario import Scenario, ScenarioError, load_scenario
 from epp.sim.workload import Arrived, workload
@@ -86,9 +86,11 @@ def quantiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"ttft_p50_s": float(p50), "ttft_p90_s": float(p90), "ttft_p99_s": float(p99)}
 
 
-def side_stats(requests: Sequence[Any], runs: int = 1) -> dict[str, Any]:
+def side_stats(
+    requests: Sequence[Any], first_byte: Callable[[Any], float], runs: int = 1
+) -> dict[str, Any]:
     """Counts (per run, averaged over `runs`) and TTFT quantiles (over all
-    requests) of requests with `outcome`, `arrival` and `first_token_at`."""
+    requests, TTFT as the client sees it: `first_byte(r) - r.arrival`)."""
     done = [r for r in requests if r.outcome == COMPLETED]
     outcomes: dict[str, float] = {}
     for request in requests:
@@ -97,9 +99,27 @@ def side_stats(requests: Sequence[Any], runs: int = 1) -> dict[str, Any]:
         "requests": len(requests) / runs,
         "completed": len(done) / runs,
         "rejected": sum(1 for r in requests if is_rejected(r.outcome)) / runs,
-        **quantiles([r.first_token_at - r.arrival for r in done]),
+        **quantiles([first_byte(r) - r.arrival for r in done]),
         "outcomes": {k: v / runs for k, v in sorted(outcomes.items())},
     }
+
+
+def live_first_byte(request: LiveRequest) -> float:
+    return request.first_token_at  # type: ignore[return-value]
+
+
+def sim_first_byte(scenario: Scenario) -> Callable[[SimRequest], float]:
+    """When a simulated request's client sees its first token: at the first
+    token when its tenant streams, with the whole response when not (as the
+    live client, and `epp demo`'s report, count it)."""
+    streams = [t.stream for t in scenario.tenants]
+
+    def first_byte(request: SimRequest) -> float:
+        if streams[request.tenant]:
+            return request.first_token_at  # type: ignore[return-value]
+        return request.finished_at  # type: ignore[return-value]
+
+    return first_byte
 
 
 def ratio(live: float | None, sim: float | None) -> float | None:
@@ -155,22 +175,23 @@ def members_of(scenario: Scenario, objective: str) -> set[int]:
 def compare(
     scenario: Scenario,
     live: list[LiveRequest],
-    sims: list[list[Any]],
-    single: list[Any],
+    sims: list[list[SimRequest]],
+    single: list[SimRequest],
 ) -> dict[str, Any]:
     objectives: dict[str, Any] = {}
+    first_byte = sim_first_byte(scenario)
     for objective in scenario.objectives:
         members = members_of(scenario, objective.name)
         if not members:
             continue
-        live_side = side_stats([r for r in live if r.tenant in members])
+        live_side = side_stats([r for r in live if r.tenant in members], live_first_byte)
         pooled = [r for run in sims for r in run if r.tenant in members]
-        sim_side = side_stats(pooled, len(sims))
-        singles = [side_stats([r for r in run if r.tenant in members]) for run in sims]
+        sim_side = side_stats(pooled, first_byte, len(sims))
+        singles = [side_stats([r for r in run if r.tenant in members], first_byte) for run in sims]
         for quantile in ("p50", "p90"):
             values = [s[f"ttft_{quantile}_s"] for s in singles if s[f"ttft_{quantile}_s"]]
             sim_side[f"ttft_{quantile}_range_s"] = [min(values), max(values)] if values else None
-        plain = side_stats([r for r in single if r.tenant in members])
+        plain = side_stats([r for r in single if r.tenant in members], first_byte)
         plain_keys = ("completed", "rejected", "ttft_p50_s", "ttft_p90_s")
         objectives[objective.name] = {
             "sim": sim_side,

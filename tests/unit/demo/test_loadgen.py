@@ -103,3 +103,8 @@ async def test_report_has_one_entry_per_tier_under_policy_epp(server_url):
     assert tiers["gold"]["priority"] == 5
     assert tiers["gold"]["requests"] + tiers["bronze"]["requests"] == len(requests)
     assert "objective gold" in render_live_text(report)
+
+
+async def test_records_when_each_request_left_no_earlier_than_its_arrival(server_url):
+    requests = await LoadGenerator(server_url, SCENARIO, timeout=10).run()
+    assert all(r.arrival <= r.sent_at <= r.first_token_at for r in requests)

@@ -1,0 +1,89 @@
+"""`bench.sim_vs_live`: the same scenario live and simulated, compared per objective.
+
+The short run checks the shape and sanity of what the benchmark prints, not
+its targets (a benchmark measures; the figures are in bench/README.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
+from epp.sim.engine import SimRequest
+from epp.sim.scenario import load_scenario
+from epp.sim.workload import Arrived
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
+
+
+@pytest.mark.envoy
+async def test_short_run_prints_both_sides_of_every_objective_over_the_same_arrivals():
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.sim_vs_live",
+        "--duration",
+        "8",
+        "--sim-runs",
+        "2",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    result = json.loads(out)
+    objectives = result["objectives"]
+    assert list(objectives) == ["premium", "standard", "batch"]
+    for tier in objectives.values():
+        assert tier["live"]["requests"] == tier["sim"]["requests"] > 0
+        assert tier["live"]["completed"] + tier["live"]["rejected"] <= tier["live"]["requests"]
+        for key in ("ttft_p50_ratio", "ttft_p90_ratio", "completed_ratio"):
+            assert tier[key] > 0
+    premium = objectives["premium"]
+    assert premium["live"]["ttft_p50_s"] > 0 and premium["sim"]["ttft_p50_s"] > 0
+    low, high = premium["sim"]["ttft_p90_range_s"]
+    assert low <= high
+    assert result["live"]["errors"] == 0
+    late = result["live"]["loadgen_late_ms"]
+    assert 0 <= late["p50"] <= late["p99"] <= late["max"]
+
+
+def test_ratio_is_live_over_sim_and_one_when_both_sides_are_zero():
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(0.0, 0.0) == 1.0
+    assert ratio(1.0, 0.0) is None
+    assert ratio(None, 1.0) is None
+
+
+def test_late_arrivals_delay_each_arrival_by_one_measured_lateness_in_time_order():
+    arrivals = [Arrived(0.1 * i, i % 2, 10, 10) for i in range(50)]
+    late = late_arrivals(arrivals, [0.001, 0.004], seed=1)
+    assert len(late) == len(arrivals)
+    assert [a.time for a in late] == sorted(a.time for a in late)
+    shifts = sorted(round(b.time - a.time, 6) for a, b in zip(arrivals, late, strict=True))
+    assert set(shifts) <= {0.001, 0.004}
+    assert late == late_arrivals(arrivals, [0.001, 0.004], seed=1)
+
+
+def test_a_non_streaming_clients_first_byte_comes_with_the_whole_response():
+    scenario = load_scenario(SCENARIOS / "demo-overload.yaml")
+    streaming = next(i for i, t in enumerate(scenario.tenants) if t.stream)
+    whole = next(i for i, t in enumerate(scenario.tenants) if not t.stream)
+    first_byte = sim_first_byte(scenario)
+    for tenant, expected in ((streaming, 1.5), (whole, 4.0)):
+        request = SimRequest(1, 10, 10, tenant=tenant)
+        request.first_token_at, request.finished_at = 1.5, 4.0
+        assert first_byte(request) == expected
+
+
+def test_server_events_are_left_out_of_both_sides_with_a_warning():
+    scenario = load_scenario(SCENARIOS / "overload-three-tiers.yaml")
+    played, warnings = comparable(scenario, 20.0)
+    assert scenario.events and not played.events
+    assert played.duration_s == 20.0
+    assert any("server events" in warning for warning in warnings)
