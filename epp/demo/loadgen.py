@@ -3,7 +3,10 @@
 The requests are the simulator's (`epp.sim.workload.workload`: the same
 arrival times and token counts a simulated run of the scenario sees), sent
 at their arrival times with the tenant's objective and fairness-id headers,
-streaming or not. Each request ends as one `LiveRequest`: its timings and
+streaming or not. Prompts are the simulator's too (`prompt_text`): the
+tenant's shared prefix, if any, then text of the request's own, so that the
+EPP's prefix-cache scorer finds the matches it finds in a simulation and no
+others. Each request ends as one `LiveRequest`: its timings and
 an `outcome`, which is `completed` (200 and a whole body), the EPP's drop
 reason (`x-llm-d-request-dropped-reason`, e.g. `rejected-saturated`),
 `http-NNN` for another status, or `error: ...` when no response came (a
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from epp.sim.policies import prefix_text
 from epp.sim.scenario import Scenario, Tenant
 from epp.sim.workload import Arrived, workload
 
@@ -30,8 +34,6 @@ DROPPED_REASON = "x-llm-d-request-dropped-reason"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 TTL_HEADER = "x-llm-d-inference-ttl"
-PROMPT_WORD = "tok "
-"""Four characters: one token at the model servers' 4 characters a token."""
 
 
 @dataclass(slots=True, eq=False)
@@ -57,10 +59,21 @@ class LiveRequest:
         return self.status != 0
 
 
-def request_body(model: str, prompt_tokens: int, output_tokens: int, stream: bool) -> bytes:
+def prompt_text(tenant: Tenant, number: int, prompt_tokens: int) -> str:
+    """The prompt the simulator models for request `number` of `tenant`:
+    the tenant's shared prefix (`prefix_text`), if it has one, then text of
+    the request's own from the first character on, so that no block of it
+    matches another request's (as `PromptBlocks` hashes it). Four characters
+    a token, as the model servers count."""
+    shared = min(tenant.prefix_tokens, prompt_tokens) if tenant.prefix_group else 0
+    own = prefix_text(f"{tenant.name}#{number}", prompt_tokens - shared)
+    return (prefix_text(tenant.prefix_group, shared) if shared else "") + own
+
+
+def request_body(model: str, prompt: str, output_tokens: int, stream: bool) -> bytes:
     body: dict[str, object] = {
         "model": model,
-        "prompt": PROMPT_WORD * prompt_tokens,
+        "prompt": prompt,
         "max_tokens": output_tokens,
         "stream": stream,
     }
@@ -112,7 +125,7 @@ class LoadGenerator:
             start = loop.time()
             tasks: list[asyncio.Task[None]] = []
             try:
-                for arrived in self.arrivals:
+                for number, arrived in enumerate(self.arrivals):
                     delay = start + arrived.time - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
@@ -120,7 +133,7 @@ class LoadGenerator:
                         arrived.tenant, arrived.time, arrived.prompt_tokens, arrived.output_tokens
                     )
                     self.requests.append(request)
-                    tasks.append(asyncio.create_task(self._send(session, request, start)))
+                    tasks.append(asyncio.create_task(self._send(session, request, number, start)))
                 await asyncio.gather(*tasks)
             finally:
                 for task in tasks:
@@ -128,13 +141,14 @@ class LoadGenerator:
                 await asyncio.gather(*tasks, return_exceptions=True)
         return self.requests
 
-    async def _send(self, session: aiohttp.ClientSession, request: LiveRequest, start: float):
+    async def _send(
+        self, session: aiohttp.ClientSession, request: LiveRequest, number: int, start: float
+    ):
         loop = asyncio.get_running_loop()
         request.sent_at = loop.time() - start
         tenant = self.scenario.tenants[request.tenant]
-        body = request_body(
-            self.scenario.model, request.prompt_tokens, request.output_tokens, tenant.stream
-        )
+        prompt = prompt_text(tenant, number, request.prompt_tokens)
+        body = request_body(self.scenario.model, prompt, request.output_tokens, tenant.stream)
         try:
             async with session.post(
                 self.url, data=body, headers=request_headers(tenant)

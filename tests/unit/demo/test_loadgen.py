@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest_asyncio
 from aiohttp import web
 
-from epp.demo.loadgen import COMPLETED, LoadGenerator, outcome_of
+from epp.demo.loadgen import COMPLETED, LoadGenerator, outcome_of, prompt_text
 from epp.demo.model_server import SimulatedServer
 from epp.demo.report import live_report, render_live_text
 from epp.sim.scenario import parse_scenario
@@ -108,3 +108,37 @@ async def test_report_has_one_entry_per_tier_under_policy_epp(server_url):
 async def test_records_when_each_request_left_no_earlier_than_its_arrival(server_url):
     requests = await LoadGenerator(server_url, SCENARIO, timeout=10).run()
     assert all(r.arrival <= r.sent_at <= r.first_token_at for r in requests)
+
+
+def test_prompts_share_only_their_tenants_prefix_at_four_characters_a_token():
+    plain = parse_scenario(
+        {
+            "name": "prompts",
+            "duration_s": 1.0,
+            "pool": {"servers": 1},
+            "objectives": [{"name": "gold", "priority": 0}],
+            "tenants": [
+                {
+                    "name": "own",
+                    "objective": "gold",
+                    "rate_rps": 1,
+                    "prompt_tokens": 100,
+                    "output_tokens": 1,
+                },
+                {
+                    "name": "shared",
+                    "objective": "gold",
+                    "rate_rps": 1,
+                    "prompt_tokens": 100,
+                    "output_tokens": 1,
+                    "prefix": {"group": "system", "tokens": 64},
+                },
+            ],
+        }
+    )
+    own, shared = plain.tenants
+    first, second = prompt_text(own, 1, 100), prompt_text(own, 11, 100)
+    assert len(first) == len(second) == 400
+    assert first[:16] != second[:16]
+    a, b = prompt_text(shared, 2, 164), prompt_text(shared, 3, 164)
+    assert a[:256] == b[:256] and a[256:272] != b[256:272]
