@@ -31,8 +31,9 @@ generator was late enough (p99 above 20 ms) that the run measured the
 machine rather than the system.
 
 What is not played live is left out of both sides: server events
-(`events:`), with a warning. Prefix groups and LoRA adapters reach the live
-servers as plain prompts, so those scenarios differ by design (warned).
+(`events:`), with a warning. The live servers cache no prompt prefix and
+load no LoRA adapter, so scenarios with prefix groups or adapters differ by
+design (warned).
 
 `--duration` plays the scenario's load for that long (default 180 s, a few
 minutes: a tier's p90 over 30 s rests on a handful of requests).
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -141,7 +143,10 @@ def comparable(scenario: Scenario, duration_s: float) -> tuple[Scenario, list[st
     if scenario.events:
         notes.append("server events are not played live: left out of both sides")
     if any(t.prefix_group for t in scenario.tenants):
-        notes.append("prefix groups reach the live servers as plain prompts (no cache hits)")
+        notes.append(
+            "prefix groups: the live EPP sees the shared prefixes, but the live servers "
+            "cache no prefix (every prompt is prefilled whole)"
+        )
     if any(t.lora for t in scenario.tenants):
         notes.append("LoRA adapters are not played live")
     played = dataclasses.replace(
@@ -162,9 +167,14 @@ async def play_live(scenario: Scenario, arrivals: list[Arrived]) -> tuple[list[L
     async with live_stack(stack_settings(scenario)) as stack:
         assert stack.envoy is not None
         started = time.monotonic()
-        requests = await LoadGenerator(
-            stack.envoy.url, scenario, arrivals, timeout=DRAIN_TIMEOUT_S
-        ).run()
+        # A collection pause would make the load generator late by itself.
+        gc.disable()
+        try:
+            requests = await LoadGenerator(
+                stack.envoy.url, scenario, arrivals, timeout=DRAIN_TIMEOUT_S
+            ).run()
+        finally:
+            gc.enable()
         return requests, time.monotonic() - started
 
 
