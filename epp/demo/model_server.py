@@ -1,14 +1,20 @@
-"""A simulated vLLM server over HTTP, driven in real time by the simulator's model.
+"""A simulated model server over HTTP (vLLM by default, or posing as SGLang or
+trtllm-serve), driven in real time by the simulator's model.
 
-The OpenAI surface a gateway sees: `/v1/completions` and `/v1/chat/completions`
-(JSON, or SSE when `stream` is true: one `data:` event per batch of tokens,
-a usage event when `stream_options.include_usage`, then `data: [DONE]`),
-`/v1/models`, `/health`, and `/metrics` with vLLM's series names. The
-timing is `epp.sim.server_model.ModelServer`'s (continuous batching, KV
+The OpenAI surface a gateway sees, in vLLM's formats (`server_formats`):
+`/v1/completions`, `/v1/chat/completions`, `/v1/responses`,
+`/v1/embeddings` (JSON, or SSE when `stream` is true), `/v1/models` with
+vLLM's fields, `/health`, and the engine's metrics pages (`server_metrics`).
+A request for a model the server does not serve gets 404 (the served names
+are configurable; LoRA adapters count, and a request for one runs it); a
+request the model refuses (its waiting queue is full) gets 503, as vLLM's
+queue cap answers; a request whose client goes away is aborted in the model
+and counted as aborted, not finished.
+
+The timing is `epp.sim.server_model.ModelServer`'s (continuous batching, KV
 blocks, waiting queue), played on the event loop's clock: a timer fires
 when the model's batch next changes and advances it to that time, which
-resolves the requests whose first token or completion has come. A request
-the model refuses (its waiting queue is full) gets 429, as vLLM does.
+resolves the requests whose first token or completion has come.
 
 Prefill/decode disaggregation, as vLLM's NixlConnector protocol: a body
 with `kv_transfer_params.do_remote_decode` is a remote prefill (counted in
@@ -17,10 +23,7 @@ a decode server pulls the KV with); a body with `do_remote_prefill` pulls
 the prompt's KV (waiting `--kv-transfer`'s time for it) and decodes without
 computing the prefill.
 
-Prompt size is estimated at 4 characters a token; the output length is the
-request's `max_tokens` (or `max_completion_tokens`), default 16.
-
-    python -m epp.demo.model_server --count 4 --ready-file ports.json
+    python -m epp.demo.model_server --count 4 --ready-file ports.json [--engine sglang]
 
 runs `--count` servers on free loopback ports in one process and writes
 `{"ports": [...], "pid": N}` once they listen; SIGTERM stops them.
@@ -35,24 +38,22 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from epp.demo.server_formats import Api, Reply, RequestError, read_request
+from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
 
-CHARS_PER_TOKEN = 4
-DEFAULT_MAX_TOKENS = 16
 STREAM_BATCH_S = 0.05
 """How often a streaming response sends the tokens decoded since the last event."""
-TOKEN_TEXT = " x"
+STORED_RESPONSES = 1000
+"""Responses kept for `previous_response_id` (the oldest is forgotten first)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -61,6 +62,7 @@ class _Pending:
 
     first_token: asyncio.Future[float]
     finished: asyncio.Future[float]
+    request: ServerRequest | None = None
 
 
 class RealTimeModel:
@@ -76,25 +78,45 @@ class RealTimeModel:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._sequence = 0
+        self.admitted_total = 0
         self.finished_total = 0
-        self.remote_prefills = 0
 
     def now(self) -> float:
         return self._loop.time() - self._origin
 
     def submit(
-        self, prompt_tokens: int, output_tokens: int, remote_kv: bool = False
+        self,
+        prompt_tokens: int,
+        output_tokens: int,
+        lora: str | None = None,
+        remote_kv: bool = False,
     ) -> _Pending | None:
         """The request's futures, or None when the waiting queue is full."""
         pending = _Pending(self._loop.create_future(), self._loop.create_future())
         self._sequence += 1
         request = ServerRequest(
-            self._sequence, prompt_tokens, output_tokens, owner=pending, remote_kv=remote_kv
+            self._sequence,
+            prompt_tokens,
+            output_tokens,
+            lora=lora,
+            owner=pending,
+            remote_kv=remote_kv,
         )
+        pending.request = request
         if not self.model.admit(request, self.now()):
             return None
+        self.admitted_total += 1
         self._schedule()
         return pending
+
+    def abort(self, pending: _Pending) -> bool:
+        """Take an unfinished request out of the model; whether it was there."""
+        finished = pending.finished
+        if pending.request is None or (finished.done() and not finished.cancelled()):
+            return False
+        aborted = self.model.abort(pending.request, self.now())
+        self._schedule()
+        return aborted
 
     def close(self) -> None:
         if self._timer is not None:
@@ -136,152 +158,65 @@ class RealTimeModel:
             pending.finished.set_result(now)
 
 
-class _VllmCollector(Collector):
-    """The model's state as vLLM names it, read at scrape time."""
-
-    def __init__(self, model: RealTimeModel, model_name: str) -> None:
-        self._model = model
-        self._name = model_name
-
-    def collect(self) -> Iterator[Metric]:
-        state = self._model.model.metrics(self._model.now())
-        params = self._model.model.params
-        labels = ["model_name"]
-        values = [self._name]
-        for name, text, value in (
-            ("vllm:num_requests_waiting", "Requests waiting to be processed.", state.waiting),
-            ("vllm:num_requests_running", "Requests in the running batch.", state.running),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", state.kv_usage),
-        ):
-            gauge = GaugeMetricFamily(name, text, labels=labels)
-            gauge.add_metric(values, value)
-            yield gauge
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Cache configuration.",
-            labels=["block_size", "num_gpu_blocks"],
-        )
-        info.add_metric([str(params.block_size), str(params.kv_blocks)], 1.0)
-        yield info
-        success = CounterMetricFamily("vllm:request_success", "Finished requests.", labels=labels)
-        success.add_metric(values, self._model.finished_total)
-        yield success
-        prefills = CounterMetricFamily(
-            "epp_sim_remote_prefills", "Prefills run for a remote decode.", labels=labels
-        )
-        prefills.add_metric(values, self._model.remote_prefills)
-        yield prefills
-
-
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "code": status}}, status=status
-    )
-
-
-def _prompt_tokens(body: dict[str, Any], chat: bool) -> int | None:
-    """The estimated prompt size, or None when the prompt field is missing or mistyped."""
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return None
-        text = "".join(
-            str(message.get("content", "")) for message in messages if isinstance(message, dict)
-        )
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            prompt = "".join(map(str, prompt))
-        if not isinstance(prompt, str):
-            return None
-        text = prompt
-    return max(1, len(text) // CHARS_PER_TOKEN)
-
-
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return None
-    return value
-
-
-@dataclass(slots=True)
-class _Reply:
-    """Builds the OpenAI JSON of one response (or one stream event)."""
-
-    chat: bool
-    model: str
-    request_id: str
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def choice(self, tokens: int, finish: str | None) -> dict[str, Any]:
-        text = TOKEN_TEXT * tokens
-        if self.chat:
-            return {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-    def event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        payload: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            payload["usage"] = usage
-        return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-    def whole(self, tokens: int, usage: dict[str, int]) -> dict[str, Any]:
-        if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": TOKEN_TEXT * tokens},
-                "finish_reason": "length",
-            }
-        else:
-            choice = self.choice(tokens, "length")
-        return {
-            "id": self.request_id,
-            "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage,
-        }
-
-
 class SimulatedServer:
-    """One simulated vLLM endpoint: `await start()`, then `await stop()`."""
+    """One simulated endpoint: `await start()`, then `await stop()`.
+
+    `served_model_names` are the names it answers to (default: `model_name`);
+    `lora_adapters` are served too, each running as that adapter;
+    `engine` is the pose of its metrics pages (vllm, sglang, trtllm-serve);
+    `kv_transfer` the time a remote prefill's KV takes to pull."""
 
     def __init__(
         self,
         params: ServerParams,
         model_name: str = "model",
         kv_transfer: KvTransfer | None = None,
+        *,
+        engine: str = "vllm",
+        served_model_names: tuple[str, ...] = (),
+        lora_adapters: tuple[str, ...] = (),
     ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         self.params = params
         self.model_name = model_name
+        self.engine = engine
+        self.served = served_model_names or (model_name,)
+        self.lora_adapters = lora_adapters
         self.kv_transfer = kv_transfer or KvTransfer()
         self.model: RealTimeModel | None = None
+        self.pages: MetricsPages | None = None
         self.port = 0
+        self.aborted_total = 0
         self._runner: web.AppRunner | None = None
-        self._counter = 0
+        self._created = int(time.time())
+        self._responses: OrderedDict[str, int] = OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._handler(Api.COMPLETIONS))
+        app.router.add_post("/v1/chat/completions", self._handler(Api.CHAT))
+        app.router.add_post("/v1/responses", self._handler(Api.RESPONSES))
+        app.router.add_post("/v1/embeddings", self._handler(Api.EMBEDDINGS))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
+        if self.engine == "trtllm-serve":
+            app.router.add_get("/metrics", self._iteration_stats)
+            app.router.add_get("/prometheus/metrics", self._metrics)
+        else:
+            app.router.add_get("/metrics", self._metrics)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self.model = RealTimeModel(self.params)
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_VllmCollector(self.model, self.model_name))
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self.model = model = RealTimeModel(self.params)
+        self.pages = MetricsPages(
+            self.engine,
+            self.served[0],
+            self.params,
+            lambda: model.model.metrics(model.now()),
+            lambda: model.admitted_total > 0,
+        )
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -299,73 +234,113 @@ class SimulatedServer:
         return web.Response(text="")
 
     async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "epp-sim"}],
-            }
-        )
+        context = self.params.kv_blocks * self.params.block_size
+        cards = [self._card(name, self.served[0], None, context) for name in self.served]
+        cards += [
+            self._card(adapter, adapter, self.served[0], context) for adapter in self.lora_adapters
+        ]
+        return web.json_response({"object": "list", "data": cards})
+
+    def _card(self, name: str, root: str, parent: str | None, context: int) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+            "max_model_len": context,
+            "permission": [
+                {
+                    "id": f"modelperm-{name}",
+                    "object": "model_permission",
+                    "created": self._created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        assert self.pages is not None
         return web.Response(
-            body=generate_latest(self._registry),
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            body=self.pages.prometheus_text(), headers={"Content-Type": CONTENT_TYPE}
         )
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+    async def _iteration_stats(self, _: web.Request) -> web.Response:
+        assert self.pages is not None
+        return web.json_response(self.pages.iteration_stats())
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+    def _handler(self, api: Api):
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                return await self._generate(request, api)
+            except RequestError as error:
+                return web.json_response(error.body(), status=error.status)
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        assert self.model is not None
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "request body is not JSON", "BadRequestError")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return _error(400, "`model` is required", "BadRequestError")
-        prompt_tokens = _prompt_tokens(body, chat)
-        if prompt_tokens is None:
-            field_name = "messages" if chat else "prompt"
-            return _error(400, f"`{field_name}` is required", "BadRequestError")
-        output_tokens = _max_tokens(body)
-        if output_tokens is None:
-            return _error(400, "`max_tokens` must be a positive integer", "BadRequestError")
-        params = self.model.model.params
-        context = params.kv_blocks * params.block_size
-        if prompt_tokens + output_tokens > context:
-            return _error(
+        return handle
+
+    async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
+        model, pages = self.model, self.pages
+        assert model is not None and pages is not None
+        names = (*self.served, *self.lora_adapters)
+        asked = read_request(api, await request.read(), names)
+        prompt_tokens = asked.prompt_tokens
+        if asked.previous_response_id is not None:
+            context = self._responses.get(asked.previous_response_id)
+            if context is None:
+                raise RequestError(
+                    404,
+                    f"Response with id '{asked.previous_response_id}' not found.",
+                    "invalid_request_error",
+                    "previous_response_id",
+                )
+            prompt_tokens += context
+        limit = self.params.kv_blocks * self.params.block_size
+        if prompt_tokens + asked.output_tokens > limit:
+            raise RequestError(
                 400,
-                f"This model's maximum context length is {context} tokens; the request "
-                f"asks for {prompt_tokens + output_tokens}",
+                f"This model's maximum context length is {limit} tokens; the request asks "
+                f"for {prompt_tokens + asked.output_tokens}",
                 "BadRequestError",
             )
-        kv = body.get("kv_transfer_params")
-        remote_prefill = isinstance(kv, dict) and kv.get("do_remote_prefill") is True
+        lora = asked.model if asked.model in self.lora_adapters else None
+        kv = asked.kv_transfer_params or {}
+        remote_prefill = kv.get("do_remote_prefill") is True
         if remote_prefill:
             await asyncio.sleep(self.kv_transfer.seconds(prompt_tokens))
-        pending = self.model.submit(prompt_tokens, output_tokens, remote_prefill)
+        pending = model.submit(prompt_tokens, asked.output_tokens, lora, remote_prefill)
         if pending is None:
-            return _error(429, "the waiting queue is full", "TooManyRequests")
-        self._counter += 1
-        reply = _Reply(chat, body["model"], f"cmpl-{self.port}-{self._counter}")
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": output_tokens,
-            "total_tokens": prompt_tokens + output_tokens,
-        }
-        if not body.get("stream"):
-            await pending.finished
-            whole = reply.whole(output_tokens, usage)
-            if isinstance(kv, dict) and kv.get("do_remote_decode") is True:
-                self.model.remote_prefills += 1
-                whole["kv_transfer_params"] = self._kv_for_remote_decode(reply.request_id)
-            return web.json_response(whole)
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return await self._stream(request, reply, pending, output_tokens, usage, include_usage)
+            raise RequestError(503, "The waiting queue is full.", "ServiceUnavailableError")
+        reply = Reply(api, asked.model, prompt_tokens, asked.output_tokens, asked.continuous_usage)
+        submitted = model.now()
+        try:
+            if asked.stream and api is not Api.EMBEDDINGS:
+                response = await self._stream(request, reply, pending, asked.include_usage)
+            else:
+                await pending.finished
+                whole = reply.whole()
+                if kv.get("do_remote_decode") is True:
+                    pages.remote_prefill()
+                    whole["kv_transfer_params"] = self._kv_for_remote_decode(reply.request_id)
+                response = web.json_response(whole)
+        except (asyncio.CancelledError, ConnectionResetError):
+            if model.abort(pending):
+                self.aborted_total += 1
+                pages.aborted()
+            raise
+        pages.first_token(pending.first_token.result() - submitted)
+        pages.finished(pending.finished.result() - submitted, prompt_tokens, asked.output_tokens)
+        if api is Api.RESPONSES:
+            self._remember(reply.request_id, prompt_tokens + asked.output_tokens)
+        return response
 
     def _kv_for_remote_decode(self, request_id: str) -> dict[str, Any]:
         """What vLLM's NixlConnector returns for a decode server to pull the KV."""
@@ -380,20 +355,22 @@ class SimulatedServer:
             "tp_size": 1,
         }
 
+    def _remember(self, response_id: str, tokens: int) -> None:
+        self._responses[response_id] = tokens
+        if len(self._responses) > STORED_RESPONSES:
+            self._responses.popitem(last=False)
+
     async def _stream(
-        self,
-        request: web.Request,
-        reply: _Reply,
-        pending: _Pending,
-        output_tokens: int,
-        usage: dict[str, int],
-        include_usage: bool,
+        self, request: web.Request, reply: Reply, pending: _Pending, include_usage: bool
     ) -> web.StreamResponse:
+        assert self.model is not None
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        await response.write(reply.first_events())
         first = await pending.first_token
+        output_tokens = reply.output_tokens
         sent = 1
-        await response.write(reply.event([reply.choice(1, None)]))
+        await response.write(reply.token_events(1, 0, output_tokens == 1))
         step_s = self.params.decode_ms_per_token / 1000.0
         while not pending.finished.done():
             await asyncio.wait([pending.finished], timeout=STREAM_BATCH_S)
@@ -401,21 +378,26 @@ class SimulatedServer:
                 break
             decoded = min(output_tokens - 1, 1 + int((self.model.now() - first) / step_s))
             if decoded > sent:
-                await response.write(reply.event([reply.choice(decoded - sent, None)]))
+                await response.write(reply.token_events(decoded - sent, sent, False))
                 sent = decoded
-        rest = output_tokens - sent
-        await response.write(reply.event([reply.choice(rest, "length")]))
-        if include_usage:
-            await response.write(reply.event([], usage))
-        await response.write(b"data: [DONE]\n\n")
+        if sent < output_tokens:
+            await response.write(reply.token_events(output_tokens - sent, sent, True))
+        await response.write(reply.final_events(include_usage))
         await response.write_eof()
         return response
 
 
 async def _serve(
-    count: int, params: ServerParams, model_name: str, ready_file: str, kv_transfer: KvTransfer
+    count: int,
+    params: ServerParams,
+    model_name: str,
+    ready_file: str,
+    kv_transfer: KvTransfer,
+    engine: str,
 ) -> None:
-    servers = [SimulatedServer(params, model_name, kv_transfer) for _ in range(count)]
+    servers = [
+        SimulatedServer(params, model_name, kv_transfer, engine=engine) for _ in range(count)
+    ]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -448,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         f"defaults: {json.dumps(asdict(KvTransfer()))}",
     )
     parser.add_argument("--ready-file", required=True, help="where to write the bound ports")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="the engine whose metrics the servers show (default vllm)",
+    )
     args = parser.parse_args(argv)
     try:
         params = ServerParams(**json.loads(args.params))
@@ -457,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_transfer = KvTransfer(**json.loads(args.kv_transfer))
     except (TypeError, ValueError) as error:
         parser.error(f"--kv-transfer: {error}")
-    asyncio.run(_serve(args.count, params, args.model, args.ready_file, kv_transfer))
+    asyncio.run(_serve(args.count, params, args.model, args.ready_file, kv_transfer, args.engine))
     return 0
 
 

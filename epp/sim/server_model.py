@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from math import inf
 from typing import Any, Protocol
 
@@ -224,6 +224,31 @@ class ModelServer:
         self._seg_end = inf
         self._seg_steps = 0
         return lost
+
+    def abort(self, request: ServerRequest, now: float) -> bool:
+        """The client of `request` went away: it leaves the queue or the
+        batch and frees its blocks and adapter, with no completion reported.
+        False when the server no longer holds it. O(queue + batch)."""
+        if self._seg_end <= now:
+            self.advance(now)
+        waiting = self.waiting
+        queued = next((i for i, held in enumerate(waiting) if held is request), -1)
+        if queued >= 0:
+            del waiting[queued]
+            return True
+        prefilling = next((i for i, held in enumerate(self._prefilling) if held is request), -1)
+        if prefilling >= 0:
+            del self._prefilling[prefilling]
+        else:
+            entries = self._running
+            index = next((i for i, entry in enumerate(entries) if entry[2] is request), -1)
+            if index < 0:
+                return False
+            entries[index] = entries[-1]
+            entries.pop()
+            heapify(entries)
+        self._release(request)
+        return True
 
     def metrics(self, now: float) -> EndpointMetrics:
         """What the server's /metrics page would show at `now`."""

@@ -1,28 +1,44 @@
-"""The simulated vLLM server over HTTP, in process on a loopback port."""
+"""The simulated model server over HTTP, in process on a loopback port: vLLM's
+formats, and its metrics pages as vLLM, SGLang and trtllm-serve write them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.datalayer.engines import ENGINES
+from epp.datalayer.reader import MetricsReader
 from epp.demo.model_server import SimulatedServer
 from epp.sim.server_model import ServerParams
+from tests.support.waiting import eventually
 
 FAST = ServerParams(max_num_seqs=2, decode_ms_per_token=2.0, prefill_overhead_ms=1.0)
+MODEL = "sim-model"
+
+
+@asynccontextmanager
+async def running(
+    params: ServerParams = FAST, model: str = MODEL, **options
+) -> AsyncIterator[tuple[SimulatedServer, str]]:
+    server = SimulatedServer(params, model, **options)
+    port = await server.start()
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        await server.stop()
 
 
 @pytest_asyncio.fixture
 async def server_url():
-    server = SimulatedServer(FAST, "sim-model")
-    port = await server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await server.stop()
+    async with running() as (_, url):
+        yield url
 
 
 async def post(url: str, body: object) -> tuple[int, bytes, str]:
@@ -33,77 +49,140 @@ async def post(url: str, body: object) -> tuple[int, bytes, str]:
         return response.status, await response.read(), response.headers["Content-Type"]
 
 
-def metric_values(text: str) -> dict[str, float]:
-    return {
-        sample.name: sample.value
+async def get(url: str) -> tuple[int, str, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text(), response.headers["Content-Type"]
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (sample.name, sample.labels, sample.value)
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-    }
+    ]
+
+
+def metric_values(text: str) -> dict[str, float]:
+    return {name: value for name, _, value in samples(text)}
+
+
+def sse_data(body: bytes) -> list[str]:
+    return [
+        line[6:] for event in body.decode().split("\n\n") for line in event.split("\n")
+        if line.startswith("data: ")
+    ]  # fmt: skip
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], **fields}
 
 
 async def test_completion_reports_max_tokens_as_completion_usage(server_url):
     status, body, _ = await post(
-        f"{server_url}/v1/completions", {"model": "m", "prompt": "x" * 40, "max_tokens": 7}
+        f"{server_url}/v1/completions", {"model": MODEL, "prompt": "x" * 40, "max_tokens": 7}
     )
     assert status == 200
     reply = json.loads(body)
     assert reply["usage"] == {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
     assert reply["choices"][0]["text"].count("x") == 7
-    assert reply["model"] == "m"
+    assert reply["model"] == MODEL
+    assert reply["id"].startswith("cmpl-")
 
 
-async def test_streaming_chat_sends_every_token_then_usage_then_done(server_url):
+async def test_streaming_chat_sends_a_role_chunk_then_every_token_then_usage_then_done(
+    server_url,
+):
     status, body, content_type = await post(
         f"{server_url}/v1/chat/completions",
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": 40,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        chat(max_tokens=40, stream=True, stream_options={"include_usage": True}),
     )
     assert status == 200
     assert content_type.startswith("text/event-stream")
-    events = [line[6:] for line in body.decode().split("\n\n") if line.startswith("data: ")]
+    events = sse_data(body)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(chunk["id"].startswith("chatcmpl-") for chunk in chunks)
+    assert all(chunk["choices"][0]["logprobs"] is None for chunk in chunks[:-1])
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["completion_tokens"] == 40
     text = "".join(chunk["choices"][0]["delta"]["content"] for chunk in chunks[:-1])
     assert text.count("x") == 40
-    assert len(chunks) > 2
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
 
 
-async def test_streaming_without_include_usage_sends_no_usage_event(server_url):
+async def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk(server_url):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    request = chat(max_tokens=12, stream=True, stream_options=options)
+    _, body, _ = await post(f"{server_url}/v1/chat/completions", request)
+    chunks = [json.loads(event) for event in sse_data(body)[:-1]]
+    completion = [chunk["usage"]["completion_tokens"] for chunk in chunks]
+    assert completion[0] == 0
+    assert completion == sorted(completion)
+    assert completion[-1] == 12
+
+
+async def test_a_whole_chat_reply_has_vllms_fields(server_url):
+    _, body, _ = await post(f"{server_url}/v1/chat/completions", chat(max_tokens=3))
+    reply = json.loads(body)
+    assert reply["id"].startswith("chatcmpl-")
+    assert reply["object"] == "chat.completion"
+    choice = reply["choices"][0]
+    assert choice["logprobs"] is None
+    assert choice["message"]["role"] == "assistant"
+
+
+async def test_max_completion_tokens_wins_over_max_tokens(server_url):
     _, body, _ = await post(
-        f"{server_url}/v1/completions",
-        {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True},
+        f"{server_url}/v1/chat/completions", chat(max_completion_tokens=3, max_tokens=9)
     )
-    assert b'"usage"' not in body
-    assert body.endswith(b"data: [DONE]\n\n")
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+
+
+async def test_null_max_tokens_is_the_default_length(server_url):
+    status, body, _ = await post(f"{server_url}/v1/chat/completions", chat(max_tokens=None))
+    assert status == 200
+    assert json.loads(body)["usage"]["completion_tokens"] == 16
+
+
+async def test_a_request_without_model_is_served_by_the_served_model(server_url):
+    status, body, _ = await post(f"{server_url}/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    assert status == 200
+    assert json.loads(body)["model"] == MODEL
+
+
+async def test_an_unknown_model_answers_404(server_url):
+    status, body, _ = await post(f"{server_url}/v1/completions", {"model": "other", "prompt": "p"})
+    assert status == 404
+    error = json.loads(body)["error"]
+    assert error["type"] == "NotFoundError"
+    assert "`other` does not exist" in error["message"]
+
+
+async def test_the_served_model_names_are_configurable():
+    async with running(served_model_names=("a", "b")) as (_, url):
+        for name in ("a", "b"):
+            status, _, _ = await post(f"{url}/v1/completions", {"model": name, "prompt": "p"})
+            assert status == 200
+        status, _, _ = await post(f"{url}/v1/completions", {"model": MODEL, "prompt": "p"})
+        assert status == 404
 
 
 async def test_a_request_takes_its_decode_steps(server_url):
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await post(f"{server_url}/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 100})
+    await post(f"{server_url}/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 100})
     assert loop.time() - started >= 100 * FAST.decode_ms_per_token / 1000
 
 
-async def test_full_waiting_queue_answers_429():
-    server = SimulatedServer(ServerParams(max_num_seqs=1, max_waiting=1, decode_ms_per_token=5))
-    port = await server.start()
-    try:
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        body = {"model": "m", "prompt": "hi", "max_tokens": 50}
-        statuses = sorted(
-            status for status, _, _ in await asyncio.gather(*(post(url, body) for _ in range(4)))
-        )
-    finally:
-        await server.stop()
-    assert statuses[-1] == 429
+async def test_full_waiting_queue_answers_503():
+    params = ServerParams(max_num_seqs=1, max_waiting=1, decode_ms_per_token=5)
+    async with running(params) as (_, url):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 50}
+        replies = await asyncio.gather(*(post(f"{url}/v1/completions", body) for _ in range(4)))
+    statuses = sorted(status for status, _, _ in replies)
     assert statuses[0] == 200
+    assert statuses[-1] == 503
 
 
 async def test_bad_json_and_missing_prompt_answer_400(server_url):
@@ -112,39 +191,182 @@ async def test_bad_json_and_missing_prompt_answer_400(server_url):
         session.post(f"{server_url}/v1/completions", data=b"{not json") as response,
     ):
         assert response.status == 400
-    status, _, _ = await post(f"{server_url}/v1/completions", {"model": "m"})
+    status, _, _ = await post(f"{server_url}/v1/completions", {"model": MODEL})
     assert status == 400
 
 
-async def test_metrics_show_running_and_waiting_under_vllm_names(server_url):
-    body = {"model": "m", "prompt": "hi", "max_tokens": 200}
-    tasks = [asyncio.create_task(post(f"{server_url}/v1/completions", body)) for _ in range(3)]
-    await asyncio.sleep(0.1)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{server_url}/metrics") as response,
-    ):
-        values = metric_values(await response.text())
-    await asyncio.gather(*tasks)
-    assert values["vllm:num_requests_running"] == 2
-    assert values["vllm:num_requests_waiting"] == 1
-    assert 0 < values["vllm:kv_cache_usage_perc"] < 1
-    assert values["vllm:cache_config_info"] == 1
+async def test_responses_are_served_whole_and_continued(server_url):
+    status, body, _ = await post(
+        f"{server_url}/v1/responses", {"model": MODEL, "input": "x" * 40, "max_output_tokens": 5}
+    )
+    assert status == 200
+    first = json.loads(body)
+    assert first["id"].startswith("resp_")
+    assert first["usage"] == {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    status, body, _ = await post(
+        f"{server_url}/v1/responses",
+        {"model": MODEL, "previous_response_id": first["id"], "max_output_tokens": 2},
+    )
+    assert status == 200
+    assert json.loads(body)["usage"]["input_tokens"] == 15
 
 
-async def test_models_and_health(server_url):
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{server_url}/v1/models") as response:
-            assert (await response.json())["data"][0]["id"] == "sim-model"
-        async with session.get(f"{server_url}/health") as response:
-            assert response.status == 200
+async def test_an_unknown_previous_response_answers_404(server_url):
+    status, _, _ = await post(
+        f"{server_url}/v1/responses", {"model": MODEL, "previous_response_id": "resp_nope"}
+    )
+    assert status == 404
+
+
+async def test_streamed_responses_end_with_response_completed_and_its_usage(server_url):
+    _, body, _ = await post(
+        f"{server_url}/v1/responses",
+        {"model": MODEL, "input": "hello", "max_output_tokens": 6, "stream": True},
+    )
+    events = [json.loads(data) for data in sse_data(body)]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["usage"]["output_tokens"] == 6
+    deltas = "".join(event["delta"] for event in events if "delta" in event)
+    assert deltas.count("x") == 6
+
+
+@pytest.mark.parametrize("field", ["input", "messages"])
+async def test_embeddings_are_served_for_input_and_messages(server_url, field):
+    value = "x" * 20 if field == "input" else [{"role": "user", "content": "x" * 20}]
+    status, body, _ = await post(f"{server_url}/v1/embeddings", {"model": MODEL, field: value})
+    assert status == 200
+    reply = json.loads(body)
+    assert reply["data"][0]["object"] == "embedding"
+    assert reply["usage"]["prompt_tokens"] == 5
+
+
+async def test_models_list_vllms_fields_and_the_adapters():
+    async with running(lora_adapters=("sql-lora",)) as (_, url):
+        _, text, _ = await get(f"{url}/v1/models")
+    cards = {card["id"]: card for card in json.loads(text)["data"]}
+    assert set(cards) == {MODEL, "sql-lora"}
+    assert cards[MODEL]["owned_by"] == "vllm"
+    assert cards[MODEL]["max_model_len"] == FAST.kv_blocks * FAST.block_size
+    assert cards["sql-lora"]["parent"] == MODEL
+    assert {"created", "root", "permission"} <= set(cards[MODEL])
+
+
+async def test_health(server_url):
+    status, _, _ = await get(f"{server_url}/health")
+    assert status == 200
 
 
 async def test_a_request_longer_than_the_kv_cache_answers_400_at_once(server_url):
     context = FAST.kv_blocks * FAST.block_size
     status, body, _ = await post(
         f"{server_url}/v1/completions",
-        {"model": "m", "prompt": "x" * 4 * context, "max_tokens": 1},
+        {"model": MODEL, "prompt": "x" * 4 * context, "max_tokens": 1},
     )
     assert status == 400
     assert f"maximum context length is {context} tokens" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_whose_client_goes_away_is_aborted_not_finished(stream):
+    async with running() as (server, url):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 5000, "stream": stream}
+        async with aiohttp.ClientSession() as session:
+            if stream:
+                response = await session.post(f"{url}/v1/completions", json=body)
+                await response.content.readline()
+                await eventually(lambda: server.model.model.running == 1)
+                response.close()
+            else:
+                task = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+                await eventually(lambda: server.model.model.running == 1)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        await eventually(lambda: server.aborted_total == 1)
+        assert server.model.model.running == 0
+        assert server.model.finished_total == 0
+        _, text, _ = await get(f"{url}/metrics")
+    reasons = {
+        labels["finished_reason"]: value
+        for name, labels, value in samples(text)
+        if name == "vllm:request_success_total"
+    }
+    assert reasons == {"abort": 1.0}
+
+
+async def test_metrics_show_running_and_waiting_under_vllm_names_with_the_engine_label(server_url):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 200}
+    tasks = [asyncio.create_task(post(f"{server_url}/v1/completions", body)) for _ in range(3)]
+    await asyncio.sleep(0.1)
+    _, text, _ = await get(f"{server_url}/metrics")
+    await asyncio.gather(*tasks)
+    found = {name: (labels, value) for name, labels, value in samples(text)}
+    assert found["vllm:num_requests_running"] == ({"model_name": MODEL, "engine": "0"}, 2)
+    assert found["vllm:num_requests_waiting"][1] == 1
+    assert 0 < found["vllm:kv_cache_usage_perc"][1] < 1
+    info = found["vllm:cache_config_info"][0]
+    assert info["block_size"] == str(FAST.block_size)
+    assert info["num_gpu_blocks"] == str(FAST.kv_blocks)
+    assert {"engine", "cache_dtype", "gpu_memory_utilization", "enable_prefix_caching"} <= set(info)
+
+
+async def test_metrics_have_ttft_and_e2e_histograms(server_url):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+    for _ in range(2):
+        await post(f"{server_url}/v1/completions", body)
+    _, text, _ = await get(f"{server_url}/metrics")
+    values = metric_values(text)
+    assert values["vllm:time_to_first_token_seconds_count"] == 2
+    assert values["vllm:e2e_request_latency_seconds_count"] == 2
+    assert (
+        values["vllm:e2e_request_latency_seconds_sum"]
+        >= values["vllm:time_to_first_token_seconds_sum"]
+    )
+
+
+async def test_adapters_show_in_lora_requests_info_and_the_reader_sees_them():
+    params = ServerParams(max_num_seqs=2, decode_ms_per_token=5.0, max_loras=2)
+    async with running(params, lora_adapters=("sql-lora",)) as (_, url):
+        body = {"model": "sql-lora", "prompt": "hi", "max_tokens": 200}
+        task = asyncio.create_task(post(f"{url}/v1/completions", body))
+        await asyncio.sleep(0.1)
+        _, text, _ = await get(f"{url}/metrics")
+        await task
+    metrics = MetricsReader().read(text, ENGINES["vllm"], now=1.0)
+    assert metrics.lora_running == {"sql-lora"}
+    assert metrics.lora_max == 2
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm-serve"])
+async def test_the_epps_reader_reads_each_pose_under_load(engine):
+    async with running(engine=engine) as (server, url):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 200}
+        tasks = [asyncio.create_task(post(f"{url}/v1/completions", body)) for _ in range(3)]
+        await eventually(lambda: server.model.model.running == 2)
+        _, text, _ = await get(f"{url}{ENGINES[engine].metrics_path}")
+        await asyncio.gather(*tasks)
+    metrics = MetricsReader().read(text, ENGINES[engine], now=1.0)
+    assert (metrics.running, metrics.waiting) == (2, 1)
+    assert 0 < metrics.kv_usage < 1
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (FAST.block_size, FAST.kv_blocks)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm-serve"])
+async def test_a_fresh_pose_has_no_load_samples_yet_and_reads_idle(engine):
+    async with running(engine=engine) as (_, url):
+        _, text, _ = await get(f"{url}{ENGINES[engine].metrics_path}")
+    assert not any(name == ENGINES[engine].running[0].name for name, _, _ in samples(text))
+    metrics = MetricsReader().read(text, ENGINES[engine], now=1.0)
+    assert (metrics.running, metrics.waiting, metrics.kv_usage) == (0, 0, 0)
+
+
+async def test_trtllm_serves_json_iteration_stats_at_metrics():
+    async with running(engine="trtllm-serve") as (_, url):
+        await post(f"{url}/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        status, text, content_type = await get(f"{url}/metrics")
+    assert status == 200
+    assert content_type.startswith("application/json")
+    stats = json.loads(text)
+    assert stats[0]["kvCacheStats"]["maxNumBlocks"] == FAST.kv_blocks
+    assert {"numActiveRequests", "numQueuedRequests"} <= set(stats[0])

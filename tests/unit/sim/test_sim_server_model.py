@@ -96,3 +96,24 @@ def test_a_failed_server_hands_back_every_request_it_held():
         server.admit(request, 0.0)
     assert sorted(r.request_id for r in server.fail()) == [0, 1, 2]
     assert (server.running, len(server.waiting), server.next_event_time()) == (0, 0, float("inf"))
+
+
+@pytest.mark.parametrize("where", ["waiting", "prefilling", "running"])
+def test_an_aborted_request_frees_its_place_and_blocks_and_never_finishes(where):
+    params = ServerParams(max_num_seqs=1, kv_blocks=1000, block_size=16)
+    recorder = Recorder()
+    server = ModelServer(params, recorder)
+    first = ServerRequest(1, prompt_tokens=10, output_tokens=50)
+    second = ServerRequest(2, prompt_tokens=10, output_tokens=5)
+    server.admit(first, 0.0)
+    server.admit(second, 0.0)
+    if where == "running":
+        server.advance(server.next_event_time())
+    victim = second if where == "waiting" else first
+    assert server.abort(victim, server.next_event_time() - 1e-6 if where != "running" else 0.1)
+    assert not server.abort(victim, 0.1)
+    run_until_idle(server)
+    assert victim not in recorder.done
+    assert len(recorder.done) == 1
+    assert server.used_blocks == 0
+    assert (server.running, len(server.waiting)) == (0, 0)
