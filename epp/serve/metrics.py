@@ -36,7 +36,12 @@ At scrape time: the pool's gauges (`average_kv_cache_utilization`,
 `ready_endpoints` over the endpoints whose metrics are fresh, and
 `per_endpoint_queue_size` for every endpoint; labels `name` and
 `model_server_endpoint`), and `flow_control_pool_saturation{inference_pool,
-stage="effective"}`.
+stage="effective"}`. Besides the reference's, per endpoint with a good latest
+read: `epp_per_endpoint_kv_cache_utilization`, `epp_per_endpoint_running_requests`
+and `epp_per_endpoint_metrics_age_seconds` (how old the EPP's view is), and
+`epp_model_server_scrape_failures_total{reason}` (`watch_scrapes`: failed
+reads of model servers' pages: timeout, connection, http-status,
+not-prometheus-text, too-large, unreadable).
 
 Series are kept as plain numbers per canonical label tuple (`Family`; a
 histogram as a `Tally`) and written out under both names at scrape time, the
@@ -683,6 +688,30 @@ class _PoolCollector(Collector):
                     family.add_metric([self._pool_name, endpoint.name], endpoint.metrics.waiting)
             yield current
             yield legacy
+            yield from self._epp_view(pool, now)
+
+    def _epp_view(self, pool: PoolSnapshot, now: float) -> Iterator[Metric]:
+        """What only this EPP reports: per endpoint with a good latest read,
+        its KV use, running requests and how old that read is."""
+        families = {
+            field: GaugeMetricFamily(
+                f"epp_per_endpoint_{name}", text, labels=["name", "model_server_endpoint"]
+            )
+            for field, name, text in (
+                ("kv_usage", "kv_cache_utilization", "KV-cache use of each endpoint."),
+                ("running", "running_requests", "Requests running at each endpoint."),
+                ("age", "metrics_age_seconds", "Age of the EPP's latest read of each endpoint."),
+            )
+        }
+        for endpoint in pool.endpoints:
+            metrics = endpoint.metrics
+            if metrics.updated_at is None or metrics.failing:
+                continue
+            labels = [self._pool_name, endpoint.name]
+            families["kv_usage"].add_metric(labels, metrics.kv_usage)
+            families["running"].add_metric(labels, metrics.running)
+            families["age"].add_metric(labels, max(0.0, now - metrics.updated_at))
+        yield from families.values()
 
 
 Authorize = Callable[[str | None, str], Awaitable[int]]

@@ -1,0 +1,35 @@
+"""What only this EPP reports of the pool, read from the endpoint store at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.store import EndpointStore
+from epp.scheduling.endpoint import EndpointMetrics
+from epp.serve.metrics import EppMetrics
+
+
+def gauges(metrics: EppMetrics) -> dict[tuple[str, str], float]:
+    return {
+        (sample.name, sample.labels.get("model_server_endpoint", "")): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name.startswith("epp_per_endpoint_")
+    }
+
+
+def test_each_endpoints_kv_use_running_and_view_age_are_shown_after_a_good_read():
+    store = EndpointStore(
+        [EndpointSpec(name, f"10.0.0.{i}:8000") for i, name in enumerate("abc", 1)]
+    )
+    store.set_metrics("10.0.0.1:8000", EndpointMetrics(running=2, kv_usage=0.5, updated_at=9.0))
+    store.set_metrics("10.0.0.2:8000", EndpointMetrics(waiting=9, updated_at=5.0))
+    store.mark_failing("10.0.0.2:8000")
+    metrics = EppMetrics("pool")
+    metrics.watch_pool(store.snapshot, staleness=2.0, clock=lambda: 10.0)
+    found = gauges(metrics)
+    assert found[("epp_per_endpoint_kv_cache_utilization", "a")] == 0.5
+    assert found[("epp_per_endpoint_running_requests", "a")] == 2
+    assert found[("epp_per_endpoint_metrics_age_seconds", "a")] == 1.0
+    assert not {pod for _, pod in found} - {"a"}
