@@ -1,10 +1,15 @@
-"""Where endpoints come from: Kubernetes pods or a static `ip:port,...` list."""
+"""Where endpoints come from: Kubernetes pods, a static `ip:port,...` list, or
+an endpoints file in the reference's file-discovery format (with labels, so
+that each endpoint can name its engine)."""
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,3 +74,53 @@ def parse_static_endpoints(
     if not specs:
         raise ValueError("the static endpoint list is empty")
     return specs
+
+
+def parse_endpoints_document(text: str) -> list[EndpointSpec]:
+    """Endpoints from the reference's file-discovery YAML or JSON:
+
+        endpoints:
+          - name: <unique>        # required
+            address: <IP>         # required
+            port: "8000"          # required, 1-65535 (string or number)
+            namespace: default    # optional, not used here
+            labels: {k: v}        # optional
+
+    Raises ValueError naming the first bad entry."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"endpoints file is not YAML: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list | None):
+        raise ValueError("endpoints file must be a mapping with an `endpoints` list")
+    specs: list[EndpointSpec] = []
+    names: set[str] = set()
+    addresses: set[str] = set()
+    for index, entry in enumerate(document.get("endpoints") or []):
+        spec = _document_entry(entry, f"endpoints[{index}]")
+        if spec.name in names or spec.address in addresses:
+            raise ValueError(f"endpoints[{index}]: {spec.name} ({spec.address}) is listed twice")
+        names.add(spec.name)
+        addresses.add(spec.address)
+        specs.append(spec)
+    return specs
+
+
+def _document_entry(entry: Any, path: str) -> EndpointSpec:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: must be a mapping")
+    name, address, port = entry.get("name"), entry.get("address"), entry.get("port")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path}.name: required")
+    try:
+        ip = ipaddress.ip_address(str(address))
+    except ValueError:
+        raise ValueError(f"{path}.address: {address!r} is not an IP address") from None
+    if isinstance(port, bool) or not str(port).isdigit() or not 0 < int(str(port)) < 65536:
+        raise ValueError(f"{path}.port: must be 1-65535, got {port!r}")
+    labels = entry.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in labels.items()
+    ):
+        raise ValueError(f"{path}.labels: must map strings to strings")
+    return EndpointSpec(name, format_address(str(ip), int(str(port))), labels)

@@ -551,7 +551,8 @@ class ServeOptions:
         None,
         Flag(
             _O,
-            "File mode: static endpoints, ip:port,... or @FILE (reloaded when it changes).",
+            "File mode: static endpoints, ip:port,... or @FILE (reloaded when it changes): "
+            "such a list, or the reference's file-discovery YAML with labels per endpoint.",
             Kind.TEXT,
             metavar="LIST|@FILE",
         ),

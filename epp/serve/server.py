@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import ssl
 import time
@@ -60,7 +61,11 @@ from epp.api.registry import ObjectiveRegistry
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.config.plugin import Stability
 from epp.config.registry import REGISTRY
-from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints
+from epp.datalayer.endpoints import (
+    EndpointSpec,
+    parse_endpoints_document,
+    parse_static_endpoints,
+)
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
@@ -102,10 +107,17 @@ class StartupError(Exception):
     """The options or the files they name cannot make a working EPP."""
 
 
+ENDPOINTS_DOCUMENT = re.compile(r"^\s*(endpoints\s*:|\{)", re.MULTILINE)
+
+
 def read_endpoints(value: str) -> list[EndpointSpec]:
-    """The endpoints of `--endpoints`: an inline list, or `@FILE`. An empty
-    list is allowed (the pool has no endpoints for now)."""
+    """The endpoints of `--endpoints`: an inline list, or `@FILE` holding such
+    a list or an endpoints document (`endpoints:` entries with labels, the
+    reference's file-discovery format). An empty list is allowed (the pool
+    has no endpoints for now)."""
     text = Path(value[1:]).read_text(encoding="utf-8") if value.startswith("@") else value
+    if value.startswith("@") and ENDPOINTS_DOCUMENT.search(text):
+        return parse_endpoints_document(text)
     entries = ",".join(
         line.split("#", 1)[0].replace(" ", ",") for line in text.replace(",", "\n").splitlines()
     )

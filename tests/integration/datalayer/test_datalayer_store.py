@@ -1,6 +1,11 @@
 import pytest
 
-from epp.datalayer.endpoints import EndpointSpec, parse_static_endpoints, pod_endpoints
+from epp.datalayer.endpoints import (
+    EndpointSpec,
+    parse_endpoints_document,
+    parse_static_endpoints,
+    pod_endpoints,
+)
 from epp.datalayer.engines import ENGINE_LABEL
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import EndpointMetrics
@@ -126,3 +131,48 @@ def test_a_pod_gives_one_endpoint_per_target_port():
 
 def test_a_pod_with_one_port_keeps_its_name():
     assert pod_endpoints("pod-1", "10.1.0.5", {}, [8000])[0].name == "pod-1"
+
+
+ENDPOINTS_DOCUMENT = """
+# the reference's file-discovery format
+endpoints:
+  - name: pod-a
+    namespace: default
+    address: 10.0.0.1
+    port: "8000"
+    labels:
+      llm-d.ai/engine-type: sglang
+  - name: pod-b
+    address: fd00::2
+    port: 9000
+"""
+
+
+def test_an_endpoints_document_gives_names_addresses_and_labels():
+    specs = parse_endpoints_document(ENDPOINTS_DOCUMENT)
+    assert [(s.name, s.address) for s in specs] == [
+        ("pod-a", "10.0.0.1:8000"),
+        ("pod-b", "[fd00::2]:9000"),
+    ]
+    assert specs[0].labels == {ENGINE_LABEL: "sglang"}
+    assert specs[1].labels == {}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{address: 10.0.0.1, port: 1}", "endpoints\\[0\\].name: required"),
+        ("{name: a, address: host, port: 1}", "endpoints\\[0\\].address"),
+        ("{name: a, address: 10.0.0.1, port: 70000}", "endpoints\\[0\\].port"),
+        ("{name: a, address: 10.0.0.1, port: 1, labels: {a: 1}}", "endpoints\\[0\\].labels"),
+    ],
+)
+def test_a_bad_endpoints_document_entry_is_named(entry, message):
+    with pytest.raises(ValueError, match=message):
+        parse_endpoints_document(f"endpoints:\n  - {entry}\n")
+
+
+def test_an_endpoint_listed_twice_in_a_document_is_an_error():
+    entry = "  - {name: a, address: 10.0.0.1, port: 1}\n"
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_endpoints_document("endpoints:\n" + entry + entry)

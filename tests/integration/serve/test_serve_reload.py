@@ -177,3 +177,14 @@ def test_endpoint_file_allows_lines_and_comments(tmp_path):
     path = tmp_path / "endpoints"
     path.write_text("# pool\n10.0.0.1:80\n10.0.0.2:80  # second\n")
     assert [spec.address for spec in read_endpoints(f"@{path}")] == ["10.0.0.1:80", "10.0.0.2:80"]
+
+
+def test_an_endpoint_file_may_be_an_endpoints_document_with_labels(tmp_path):
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(
+        "# pool\nendpoints:\n  - name: a\n    address: 10.0.0.1\n    port: '80'\n"
+        "    labels: {llm-d.ai/engine-type: trtllm-serve}\n"
+    )
+    [spec] = read_endpoints(f"@{path}")
+    assert (spec.name, spec.address) == ("a", "10.0.0.1:80")
+    assert spec.labels == {"llm-d.ai/engine-type": "trtllm-serve"}
