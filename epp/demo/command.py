@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from epp.demo.server_metrics import ENGINES
 from epp.sim.scenario import ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "config" / "scenarios" / "demo.yaml"
@@ -31,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
     )
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="the engine the simulated model servers pose as (default vllm)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)
     try:
-        result = asyncio.run(run_demo(scenario))
+        result = asyncio.run(run_demo(scenario, engine=args.engine))
     except PartFailed as error:
         print(f"epp demo: {error.part} failed to start: {error.reason}", file=sys.stderr)
         print("epp demo: everything started was stopped", file=sys.stderr)

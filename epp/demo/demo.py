@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.demo.loadgen import LoadGenerator
+from epp.demo.loadwatch import LoadWatch, summarize
 from epp.demo.report import live_report
 from epp.demo.stack import LiveStack, StackSettings, live_stack
 from epp.sim.scenario import Scenario
@@ -27,7 +28,7 @@ class DemoRun:
     epp_crashed: bool
 
 
-def stack_settings(scenario: Scenario) -> StackSettings:
+def stack_settings(scenario: Scenario, engine: str = "vllm") -> StackSettings:
     pool = scenario.pool
     return StackSettings(
         servers=pool.servers,
@@ -35,6 +36,7 @@ def stack_settings(scenario: Scenario) -> StackSettings:
         objectives=scenario.objectives,
         epp_config=scenario.epp_config_path,
         model=scenario.model,
+        engine=engine,
         scrape_interval_s=pool.scrape_interval_s,
     )
 
@@ -49,15 +51,21 @@ def describe(stack: LiveStack) -> str:
     )
 
 
-async def run_demo(scenario: Scenario, say=print) -> DemoRun:
-    """Start everything, play the scenario, stop everything; the report."""
-    async with live_stack(stack_settings(scenario)) as stack:
+async def run_demo(scenario: Scenario, say=print, engine: str = "vllm") -> DemoRun:
+    """Start everything, play the scenario, stop everything; the report, with
+    what the EPP saw of the servers' load (`epp.demo.loadwatch`)."""
+    settings = stack_settings(scenario, engine)
+    async with live_stack(settings) as stack:
         say(describe(stack))
         say(f"playing {scenario.name!r} for {scenario.duration_s:g} s through Envoy ...")
         started = time.monotonic()
-        requests = await LoadGenerator(
-            stack.envoy.url if stack.envoy else "", scenario, timeout=DRAIN_TIMEOUT_S
-        ).run()
+        async with LoadWatch(stack.endpoints, engine, stack.epp_metrics_url) as watch:
+            requests = await LoadGenerator(
+                stack.envoy.url if stack.envoy else "", scenario, timeout=DRAIN_TIMEOUT_S
+            ).run()
         wall = time.monotonic() - started
         crashed = stack.epp_crashed()
-    return DemoRun(live_report(scenario, requests, wall, scenario.epp_config_path), crashed)
+    report = live_report(scenario, requests, wall, scenario.epp_config_path)
+    report["scenario"]["engine"] = engine
+    report["load_view"] = summarize(watch.samples, settings.scrape_interval_s)
+    return DemoRun(report, crashed)

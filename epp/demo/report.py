@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from epp.demo.loadgen import LiveRequest
+from epp.demo.loadwatch import render as render_load_view
 from epp.sim.report import (
     LATENCY_HEADER,
     Slos,
@@ -71,10 +72,12 @@ def live_report(
 
 
 def render_live_text(report: dict[str, Any]) -> str:
-    """Aligned text (latencies in milliseconds), with the columns of `epp simulate`."""
+    """Aligned text (latencies in milliseconds), with the columns of `epp simulate`,
+    and what the EPP saw of the servers' load."""
     info = report["scenario"]
     lines = [
-        f"scenario {info['name']} (live, through Envoy): seed {info['seed']}, "
+        f"scenario {info['name']} (live, through Envoy, {info.get('engine', 'vllm')} servers): "
+        f"seed {info['seed']}, "
         f"{info['duration_s']:g} s, {info['servers']} servers, {info['requests']} requests, "
         f"{info['wall_s']:.1f} s wall"
     ]
@@ -92,4 +95,7 @@ def render_live_text(report: dict[str, Any]) -> str:
             others = {k: v for k, v in s["outcomes"].items() if k != "completed"}
             if others:
                 lines.append(f"  {objective}: not completed {others}")
+    if "load_view" in report:
+        lines.append("")
+        lines.extend(render_load_view(report["load_view"], info.get("engine", "vllm")))
     return "\n".join(lines)

@@ -12,7 +12,7 @@ engine table in `epp.datalayer.engines` says where each engine defines them):
   usage, page size and count) with labels model_name, engine_type, tp_rank,
   pp_rank, moe_ep_rank, declared but without a sample until the first
   request (as SGLang creates them when stats are first logged); the
-  tokenizer's TTFT and e2e histograms.
+  tokenizer's TTFT and e2e histograms and request and token counters.
 - `trtllm-serve`: the Prometheus text at `/prometheus/metrics` (gauges with
   the multiprocess collector's `pid` label, appearing only after the first
   iteration's stats), and `/metrics` as its JSON list of iteration stats.
@@ -103,10 +103,14 @@ class MetricsPages:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(*self._labels)
+        # SGLang's tokenizer counts requests without a finish reason.
+        self._by_reason = engine != "sglang"
         self._success = Counter(
-            f"{prefix}request_success",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
+            f"{prefix}request_success" if self._by_reason else "sglang:num_requests",
+            "Count of successfully processed requests."
+            if self._by_reason
+            else "Number of requests processed.",
+            [*names, "finished_reason"] if self._by_reason else names,
             registry=self.registry,
         )
         self._prompt_tokens = Counter(
@@ -135,12 +139,14 @@ class MetricsPages:
 
     def finished(self, seconds: float, prompt_tokens: int, output_tokens: int) -> None:
         self._e2e.observe(seconds)
-        self._success.labels(*self._labels, "length").inc()
+        reason = ("length",) if self._by_reason else ()
+        self._success.labels(*self._labels, *reason).inc()
         self._prompt_tokens.inc(prompt_tokens)
         self._generation_tokens.inc(output_tokens)
 
     def aborted(self) -> None:
-        self._success.labels(*self._labels, "abort").inc()
+        if self._by_reason:
+            self._success.labels(*self._labels, "abort").inc()
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,9 +10,11 @@ everything is stopped in reverse order and the work directory is removed.
 
 The EPP runs as `python -m epp serve` with files written into the work
 directory from the settings: an InferencePool, one InferenceObjective per
-objective, and the endpoints list (`@FILE`, so it is reloaded when
-changed). Its ext_proc port is chosen at the first start and kept, so
-`restart_epp()` brings it back where Envoy expects it.
+objective, and the endpoints (`@FILE`, reloaded when changed: the
+reference's file-discovery document, each endpoint labelled with the
+engine the servers pose as, `llm-d.ai/engine-type`). Its ext_proc port is
+chosen at the first start and kept, so `restart_epp()` brings it back where
+Envoy expects it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.datalayer.engines import ENGINE_LABEL
 from epp.demo.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
 from epp.demo.processes import Child, start_child
 from epp.sim.scenario import Objective
@@ -46,6 +49,8 @@ class StackSettings:
     epp_config: str | None = None
     """EndpointPickerConfig file; None: the EPP's defaults."""
     model: str = "model"
+    engine: str = "vllm"
+    """The engine the model servers pose as (vllm, sglang, trtllm-serve)."""
     scrape_interval_s: float = 0.05
     server_processes: int = 1
     """The servers are split over this many processes (one per server lets a test kill one)."""
@@ -134,6 +139,8 @@ class LiveStack:
                     settings.model,
                     "--params",
                     params,
+                    "--engine",
+                    settings.engine,
                 ],
                 self.workdir,
             )
@@ -148,13 +155,28 @@ class LiveStack:
         (work / "objectives.yaml").write_text(
             yaml.safe_dump_all([objective_manifest(o) for o in self.settings.objectives])
         )
-        (work / "endpoints.txt").write_text("\n".join(self.endpoints) + "\n")
-        args = ["--pool", str(work / "pool.yaml"), "--endpoints", f"@{work / 'endpoints.txt'}"]
+        (work / "endpoints.yaml").write_text(yaml.safe_dump(self.endpoints_document()))
+        args = ["--pool", str(work / "pool.yaml"), "--endpoints", f"@{work / 'endpoints.yaml'}"]
         if self.settings.objectives:
             args += ["--objectives", str(work / "objectives.yaml")]
         if self.settings.epp_config is not None:
             args += ["--config-file", self.settings.epp_config]
         return args
+
+    def endpoints_document(self) -> dict:
+        """The model servers as the reference's file-discovery document."""
+        entries = []
+        for address in self.endpoints:
+            host, _, port = address.rpartition(":")
+            entries.append(
+                {
+                    "name": address,
+                    "address": host,
+                    "port": port,
+                    "labels": {ENGINE_LABEL: self.settings.engine},
+                }
+            )
+        return {"endpoints": entries}
 
     async def start_epp(self) -> Child:
         settings = self.settings

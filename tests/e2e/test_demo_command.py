@@ -68,6 +68,36 @@ async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_pa
     assert not [outcome for outcome in outcomes if outcome.startswith("error")]
 
 
+@pytest.mark.parametrize("engine", ["sglang", "trtllm-serve"])
+async def test_demo_against_servers_posing_as_an_engine_reports_the_load_the_epp_saw(
+    tmp_path, engine
+):
+    out = tmp_path / "demo.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *DEMO,
+        "--duration",
+        "4",
+        "--engine",
+        engine,
+        "--json",
+        str(out),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert f"EPP's view of the {engine} servers" in text
+    report = json.loads(out.read_text())
+    view = report["load_view"]
+    assert report["scenario"]["engine"] == engine
+    assert view["saw_load"], view
+    assert view["samples"] > 0
+    assert view["view_age_p50_s"] <= view["scrape_interval_s"] + view["slack_s"], view
+    assert not [o for o in report["policies"]["epp"]["outcomes"] if o.startswith("error")]
+
+
 async def test_ctrl_c_stops_everything_the_demo_started():
     process = await asyncio.create_subprocess_exec(
         sys.executable,
