@@ -1,3 +1,19 @@
-"""The live shell's eyes on the pool: the endpoint store (`store`), where
-endpoints come from (`endpoints`), each engine's metric names (`engines`),
-reading a metrics page (`reader`) and scraping it over HTTP (`scraper`)."""
+"""The live shell's eyes on the pool: which endpoints there are and how loaded they are.
+
+| module      | owns                                                                 |
+|-------------|----------------------------------------------------------------------|
+| `store`     | the endpoints and their latest metrics; immutable snapshots          |
+| `endpoints` | where endpoints come from: pods, a static list, an endpoints document |
+| `engines`   | the one table of each engine's series (with where the engine defines |
+|             | them), its metrics path, and which engine an endpoint runs           |
+| `reader`    | one metrics page -> `EndpointMetrics` (sum over ranks, once over     |
+|             | copies, idle when an engine's page lacks load series)                |
+| `scraper`   | reading every endpoint's page over HTTP(S) into the store            |
+|             | (`MetricsSource`: scheme, path, port, TLS; limits per read)          |
+
+Invariants: only the store holds metrics; the reader does no I/O; a failed
+read marks an endpoint stale at once and never removes it. Cost: a read
+picks its few lines out of the page by substring search (~20 us a page)
+and parses only those; a snapshot is rebuilt only on the first read after
+a change.
+"""

@@ -23,6 +23,7 @@ however many endpoints changed in it: the live shell passes
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
@@ -45,7 +46,11 @@ MAX_PAGE_BYTES = 16 * 1024 * 1024
 
 
 class ScrapeError(Exception):
-    """A metrics page could not be read."""
+    """A metrics page could not be read; `reason` is a short label for metrics."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(slots=True, frozen=True)
@@ -161,6 +166,9 @@ class MetricsScraper:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.reads = 0
         self.failures = 0
+        self.failures_by_reason: collections.Counter[str] = collections.Counter()
+        """Failed reads by reason: timeout, connection, http-status,
+        not-prometheus-text, too-large, unreadable (no engine series, bad value)."""
         self._running = False
 
     async def start(self) -> None:
@@ -234,6 +242,7 @@ class MetricsScraper:
             metrics = target.reader.read(text, names, self._clock())
         except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
             self.failures += 1
+            self.failures_by_reason[_reason(error)] += 1
             if self.store.mark_failing(address):
                 log.warning(
                     "metrics of %s unavailable, marked stale: %s", address, error or "timeout"
@@ -257,28 +266,41 @@ class MetricsScraper:
             self._on_change()
 
 
+def _reason(error: Exception) -> str:
+    if isinstance(error, ScrapeError):
+        return error.reason
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, aiohttp.ClientError):
+        return "connection"
+    return "unreadable"
+
+
 async def _fetch(
     session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | bool, limit: int
 ) -> str:
     async with session.get(url, ssl=ssl_context) as response:
         if response.status != 200:
-            raise ScrapeError(f"HTTP {response.status} from {url}")
+            raise ScrapeError(f"HTTP {response.status} from {url}", "http-status")
         if response.content_type == "application/json":
             raise ScrapeError(
                 f"{url} answers JSON, not Prometheus text (trtllm-serve serves its "
-                "Prometheus text at /prometheus/metrics)"
+                "Prometheus text at /prometheus/metrics)",
+                "not-prometheus-text",
             )
         if response.content_length is not None and response.content_length > limit:
-            raise ScrapeError(f"metrics page of {url} is over {limit} bytes")
+            raise ScrapeError(f"metrics page of {url} is over {limit} bytes", "too-large")
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.content.iter_chunked(64 * 1024):
             size += len(chunk)
             if size > limit:
-                raise ScrapeError(f"metrics page of {url} is over {limit} bytes")
+                raise ScrapeError(f"metrics page of {url} is over {limit} bytes", "too-large")
             chunks.append(chunk)
         body = b"".join(chunks)
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ScrapeError(f"metrics page of {url} is not UTF-8: {error}") from None
+        raise ScrapeError(
+            f"metrics page of {url} is not UTF-8: {error}", "not-prometheus-text"
+        ) from None

@@ -1,2 +1,15 @@
 """The live demo: simulated model servers over HTTP, a load generator,
-a real Envoy and `epp serve`, all on loopback."""
+a real Envoy and `epp serve`, all on loopback.
+
+| module           | owns                                                            |
+|------------------|-----------------------------------------------------------------|
+| `command`        | `epp demo`: arguments, the run, the printed report              |
+| `demo`           | one run: the stack up, the load, the watch, the report          |
+| `stack`          | starting and stopping the parts (servers, EPP, Envoy)           |
+| `model_server`   | a simulated model server over HTTP on the simulator's model     |
+| `server_formats` | the OpenAI bodies it reads and writes, as vLLM does             |
+| `server_metrics` | its metrics pages, posing as vLLM, SGLang or trtllm-serve       |
+| `loadgen`        | the scenario's tenants played through Envoy                     |
+| `loadwatch`      | what the EPP saw of the servers' load, and how late             |
+| `report`         | the numbers in the shape of `epp simulate`'s report             |
+"""

@@ -25,9 +25,9 @@ from epp.datalayer.engines import ENGINES
 from epp.datalayer.reader import MetricsReader
 
 EPP_VIEW = {
-    "inference_pool_per_pod_queue_size": "waiting",
-    "epp_pool_per_pod_kv_cache_utilization": "kv_usage",
-    "epp_pool_per_pod_metrics_age_seconds": "age_s",
+    "llm_d_epp_per_endpoint_queue_size": "waiting",
+    "epp_per_endpoint_kv_cache_utilization": "kv_usage",
+    "epp_per_endpoint_metrics_age_seconds": "age_s",
 }
 
 
@@ -43,13 +43,13 @@ class PodSample:
 
 
 def epp_view(text: str) -> dict[str, dict[str, float]]:
-    """Per pod (`model_server_pod`), the EPP's queue, KV use and view age."""
+    """Per endpoint (`model_server_endpoint`), the EPP's queue, KV use and view age."""
     view: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             field = EPP_VIEW.get(sample.name)
             if field is not None:
-                view.setdefault(sample.labels["model_server_pod"], {})[field] = sample.value
+                view.setdefault(sample.labels["model_server_endpoint"], {})[field] = sample.value
     return view
 
 

@@ -60,7 +60,7 @@ import statistics
 import time
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from enum import Enum
 from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
@@ -585,8 +585,27 @@ class EppMetrics:
         """Report the pool's gauges from the endpoints' metrics, at scrape time."""
         self.registry.register(_PoolCollector(self.pool_name, snapshot, staleness, clock))
 
+    def watch_scrapes(self, failures: Callable[[], Mapping[str, int]]) -> None:
+        """Report the scraper's failed reads, by reason, at scrape time."""
+        self.registry.register(_ScrapeFailures(failures))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ScrapeFailures(Collector):
+    def __init__(self, failures: Callable[[], Mapping[str, int]]) -> None:
+        self._failures = failures
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "epp_model_server_scrape_failures",
+            "Failed reads of model servers' metrics pages, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._failures().items()):
+            family.add_metric([reason], count)
+        yield family
 
 
 def _twins(name: str, legacy: str | None, documentation: str, labels: list[str]):

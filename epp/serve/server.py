@@ -407,6 +407,7 @@ class EppServer:
             engines=EngineLookup(default_engine=options.default_engine),
         )
         await self._stack.enter_async_context(scraper)
+        self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)

@@ -24,9 +24,9 @@ PARAMS = ServerParams(max_num_seqs=2, decode_ms_per_token=15.0, prefill_overhead
 
 
 def values(text: str, name: str) -> dict[str, float]:
-    """Samples of `name` by their model_server_pod label ('' when none)."""
+    """Samples of `name` by their model_server_endpoint label ('' when none)."""
     return {
-        sample.labels.get("model_server_pod", ""): sample.value
+        sample.labels.get("model_server_endpoint", ""): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
         if sample.name == name
@@ -69,7 +69,7 @@ async def test_the_epp_scrapes_schedules_on_and_reads_usage_from_each_engine(eng
         epp = stack.epp_metrics_url
 
         async def ready_pods() -> float:
-            return values(await get(session, epp), "inference_pool_ready_pods").get("", 0)
+            return values(await get(session, epp), "llm_d_epp_ready_endpoints").get("", 0)
 
         for _ in range(200):
             if await ready_pods() == SERVERS:
@@ -83,7 +83,7 @@ async def test_the_epp_scrapes_schedules_on_and_reads_usage_from_each_engine(eng
         ]
         seen_running = 0.0
         while not all(task.done() for task in sending):
-            running = values(await get(session, epp), "epp_pool_per_pod_running_requests")
+            running = values(await get(session, epp), "epp_per_endpoint_running_requests")
             seen_running = max(seen_running, sum(running.values()))
             await asyncio.sleep(0.02)
         bodies = await asyncio.gather(*sending)

@@ -131,8 +131,9 @@ async def test_https_with_verification_refuses_an_unknown_certificate():
 async def test_a_page_over_the_size_limit_fails_the_read():
     async with metrics_server() as server:
         store = EndpointStore([spec(server)])
-        async with scraper(store, source=MetricsSource(max_page_bytes=1000)):
+        async with scraper(store, source=MetricsSource(max_page_bytes=1000)) as running:
             await eventually(failing_in(store))
+    assert running.failures_by_reason["too-large"] >= 1
 
 
 def failing_in(store: EndpointStore) -> Callable[[], bool]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from epp.demo.loadwatch import PodSample, epp_view, render, summarize
 
 EPP_PAGE = """\
+llm_d_epp_per_endpoint_queue_size{model_server_endpoint="a",name="p"} 3.0
 inference_pool_per_pod_queue_size{model_server_pod="a",name="p"} 3.0
-epp_pool_per_pod_kv_cache_utilization{model_server_pod="a",name="p"} 0.25
-epp_pool_per_pod_metrics_age_seconds{model_server_pod="a",name="p"} 0.02
-inference_pool_ready_pods{name="p"} 1.0
+epp_per_endpoint_kv_cache_utilization{model_server_endpoint="a",name="p"} 0.25
+epp_per_endpoint_metrics_age_seconds{model_server_endpoint="a",name="p"} 0.02
+llm_d_epp_ready_endpoints{name="p"} 1.0
 """
 
 

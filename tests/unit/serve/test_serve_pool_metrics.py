@@ -33,3 +33,15 @@ def test_each_endpoints_kv_use_running_and_view_age_are_shown_after_a_good_read(
     assert found[("epp_per_endpoint_running_requests", "a")] == 2
     assert found[("epp_per_endpoint_metrics_age_seconds", "a")] == 1.0
     assert not {pod for _, pod in found} - {"a"}
+
+
+def test_scrape_failures_are_counted_by_reason():
+    metrics = EppMetrics("pool")
+    metrics.watch_scrapes(lambda: {"timeout": 2, "too-large": 1})
+    found = {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == "epp_model_server_scrape_failures_total"
+    }
+    assert found == {"timeout": 2, "too-large": 1}
