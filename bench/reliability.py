@@ -286,28 +286,28 @@ def malformed_bodies(
 ) -> list[tuple[str, bytes]]:
     nesting = 200_000 if deep_nesting else 500
     nested = b"[" * nesting + b"]" * nesting
-    huge = json.dumps({"model": "m", "prompt": ["tok"] * 500_000}).encode()
-    wide = json.dumps({"model": "m", "prompt": "p", **{f"k{i}": i for i in range(100_000)}})
+    huge = json.dumps({"model": "model", "prompt": ["tok"] * 500_000}).encode()
+    wide = json.dumps({"model": "model", "prompt": "p", **{f"k{i}": i for i in range(100_000)}})
     large = list(zip(LARGE_VALID, (huge, wide.encode()), strict=True)) if large_valid else []
     return [
         *large,
         *[(f"random bytes {i}", rng.randbytes(rng.randrange(1, 4096))) for i in range(5)],
         ("empty body", b""),
-        ("truncated JSON", b'{"model": "m", "prompt": "hel'),
-        ("truncated JSON object", b'{"model": "m", '),
+        ("truncated JSON", b'{"model": "model", "prompt": "hel'),
+        ("truncated JSON object", b'{"model": "model", '),
         ("not an object", b'["model", "m"]'),
         ("JSON null", b"null"),
         ("wrong type: model", b'{"model": 5, "prompt": "p"}'),
-        ("wrong type: prompt", b'{"model": "m", "prompt": {"a": 1}}'),
-        ("wrong type: max_tokens", b'{"model": "m", "prompt": "p", "max_tokens": "many"}'),
-        ("wrong type: stream", b'{"model": "m", "prompt": "p", "stream": "yes"}'),
+        ("wrong type: prompt", b'{"model": "model", "prompt": {"a": 1}}'),
+        ("wrong type: max_tokens", b'{"model": "model", "prompt": "p", "max_tokens": "many"}'),
+        ("wrong type: stream", b'{"model": "model", "prompt": "p", "stream": "yes"}'),
         ("missing model", b'{"prompt": "p"}'),
-        ("missing prompt", b'{"model": "m"}'),
-        ("invalid UTF-8", b'{"model": "m", "prompt": "\xff\xfe\xc3\x28"}'),
-        ("lone surrogate", b'{"model": "m", "prompt": "\\ud800"}'),
+        ("missing prompt", b'{"model": "model"}'),
+        ("invalid UTF-8", b'{"model": "model", "prompt": "\xff\xfe\xc3\x28"}'),
+        ("lone surrogate", b'{"model": "model", "prompt": "\\ud800"}'),
         ("deeply nested JSON", nested),
-        ("body over the limit", b'{"model": "m", "prompt": "' + b"x" * (max_body + 1) + b'"}'),
-        ("NaN", b'{"model": "m", "prompt": "p", "max_tokens": NaN}'),
+        ("body over the limit", b'{"model": "model", "prompt": "' + b"x" * (max_body + 1) + b'"}'),
+        ("NaN", b'{"model": "model", "prompt": "p", "max_tokens": NaN}'),
     ]
 
 
@@ -351,13 +351,13 @@ async def malformed_input(
                 await post(name, body, plain)
             if header_count:
                 flood = {**plain, **{f"x-flood-{i}": "v" * 8 for i in range(header_count)}}
-                await post(f"{header_count} headers", b'{"model": "m", "prompt": "p"}', flood)
+                await post(f"{header_count} headers", b'{"model": "model", "prompt": "p"}', flood)
                 big = {**plain, "x-big": "v" * 200_000}
-                await post("one 200 KB header", b'{"model": "m", "prompt": "p"}', big)
+                await post("one 200 KB header", b'{"model": "model", "prompt": "p"}', big)
             bad_ttl = {**plain, "x-llm-d-inference-ttl": "soon"}
-            await post("bad TTL header", b'{"model": "m", "prompt": "p"}', bad_ttl)
+            await post("bad TTL header", b'{"model": "model", "prompt": "p"}', bad_ttl)
             result.malformed_tried = result.sent
-            await post("good request after", b'{"model": "m", "prompt": "p"}', plain)
+            await post("good request after", b'{"model": "model", "prompt": "p"}', plain)
         good_after = statuses.pop("good request after")
         unhandled = {
             name: status
