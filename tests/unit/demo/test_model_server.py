@@ -73,6 +73,13 @@ def sse_data(body: bytes) -> list[str]:
     ]  # fmt: skip
 
 
+async def cancelled(tasks: list[asyncio.Task]) -> None:
+    """Cancel requests still running (their server aborts them)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def chat(**fields) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], **fields}
 
@@ -295,12 +302,13 @@ async def test_a_request_whose_client_goes_away_is_aborted_not_finished(stream):
     assert reasons == {"abort": 1.0}
 
 
-async def test_metrics_show_running_and_waiting_under_vllm_names_with_the_engine_label(server_url):
-    body = {"model": MODEL, "prompt": "hi", "max_tokens": 200}
-    tasks = [asyncio.create_task(post(f"{server_url}/v1/completions", body)) for _ in range(3)]
-    await asyncio.sleep(0.1)
-    _, text, _ = await get(f"{server_url}/metrics")
-    await asyncio.gather(*tasks)
+async def test_metrics_show_running_and_waiting_under_vllm_names_with_the_engine_label():
+    async with running() as (server, url):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 5000}
+        tasks = [asyncio.create_task(post(f"{url}/v1/completions", body)) for _ in range(3)]
+        await eventually(lambda: len(server.model.model.waiting) == 1)
+        _, text, _ = await get(f"{url}/metrics")
+        await cancelled(tasks)
     found = {name: (labels, value) for name, labels, value in samples(text)}
     assert found["vllm:num_requests_running"] == ({"model_name": MODEL, "engine": "0"}, 2)
     assert found["vllm:num_requests_waiting"][1] == 1
@@ -327,12 +335,12 @@ async def test_metrics_have_ttft_and_e2e_histograms(server_url):
 
 async def test_adapters_show_in_lora_requests_info_and_the_reader_sees_them():
     params = ServerParams(max_num_seqs=2, decode_ms_per_token=5.0, max_loras=2)
-    async with running(params, lora_adapters=("sql-lora",)) as (_, url):
-        body = {"model": "sql-lora", "prompt": "hi", "max_tokens": 200}
+    async with running(params, lora_adapters=("sql-lora",)) as (server, url):
+        body = {"model": "sql-lora", "prompt": "hi", "max_tokens": 5000}
         task = asyncio.create_task(post(f"{url}/v1/completions", body))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: server.model.model.running == 1)
         _, text, _ = await get(f"{url}/metrics")
-        await task
+        await cancelled([task])
     metrics = MetricsReader().read(text, ENGINES["vllm"], now=1.0)
     assert metrics.lora_running == {"sql-lora"}
     assert metrics.lora_max == 2
@@ -341,11 +349,11 @@ async def test_adapters_show_in_lora_requests_info_and_the_reader_sees_them():
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm-serve"])
 async def test_the_epps_reader_reads_each_pose_under_load(engine):
     async with running(engine=engine) as (server, url):
-        body = {"model": MODEL, "prompt": "hi", "max_tokens": 200}
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 5000}
         tasks = [asyncio.create_task(post(f"{url}/v1/completions", body)) for _ in range(3)]
-        await eventually(lambda: server.model.model.running == 2)
+        await eventually(lambda: len(server.model.model.waiting) == 1)
         _, text, _ = await get(f"{url}{ENGINES[engine].metrics_path}")
-        await asyncio.gather(*tasks)
+        await cancelled(tasks)
     metrics = MetricsReader().read(text, ENGINES[engine], now=1.0)
     assert (metrics.running, metrics.waiting) == (2, 1)
     assert 0 < metrics.kv_usage < 1
