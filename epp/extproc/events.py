@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.extproc.messages import ProcessingResponse
 from epp.flowcontrol.request import FlowRequest
@@ -26,12 +26,17 @@ class Release:
     """The dispatched request is over: return its credit, report real usage.
 
     `input_tokens` is None when the response reported no usage (flow control
-    then keeps its estimate); `output_tokens` is 0 then.
+    then keeps its estimate); `output_tokens` is 0 then. The response's size,
+    when its first body bytes came (None: no body) and whether it streamed
+    (SSE) are for metrics only.
     """
 
     request: FlowRequest
     input_tokens: int | None
     output_tokens: int
+    response_bytes: int = field(default=0, compare=False)
+    first_byte_at: float | None = field(default=None, compare=False)
+    streaming: bool = field(default=False, compare=False)
 
 
 @dataclass(slots=True)

@@ -88,11 +88,13 @@ class ExtProcStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_first_byte_at",
         "_held",
         "_new_request_id",
         "_priority_of",
         "_released",
         "_request_trailers",
+        "_response_bytes",
         "_response_copy",
         "_response_copy_size",
         "_restorer",
@@ -134,6 +136,8 @@ class ExtProcStream:
         self._response_copy: list[bytes] | None = []
         self._response_copy_size = 0
         self._held: list[bytes] | None = None
+        self._response_bytes = 0
+        self._first_byte_at: float | None = None
 
     # ---- input -------------------------------------------------------------
 
@@ -154,7 +158,7 @@ class ExtProcStream:
         if phase is Phase.UPSTREAM or phase is Phase.RESPONSE_BODY:
             if kind == "response_body":
                 body = message.response_body
-                return self._on_response_body(body.body, body.end_of_stream)
+                return self._on_response_body(body.body, body.end_of_stream, now)
             if kind == "response_headers" and phase is Phase.UPSTREAM:
                 return self._on_response_headers(message.response_headers)
             if kind == "response_trailers":
@@ -309,8 +313,12 @@ class ExtProcStream:
             self.phase = Phase.RESPONSE_BODY
         return replies
 
-    def _on_response_body(self, chunk: bytes, end_of_stream: bool) -> list[Event]:
+    def _on_response_body(self, chunk: bytes, end_of_stream: bool, now: float) -> list[Event]:
         self.phase = Phase.RESPONSE_BODY
+        if chunk:
+            if self._first_byte_at is None:
+                self._first_byte_at = now
+            self._response_bytes += len(chunk)
         if self._sse is not None:
             self._sse.feed(chunk)
         else:
@@ -374,9 +382,18 @@ class ExtProcStream:
             return []
         self._released = True
         usage = self.usage
-        if usage is None:
-            return [Release(self.request, None, 0)]
-        return [Release(self.request, usage.input_tokens, usage.output_tokens)]
+        input_tokens = usage.input_tokens if usage is not None else None
+        output_tokens = usage.output_tokens if usage is not None else 0
+        return [
+            Release(
+                self.request,
+                input_tokens,
+                output_tokens,
+                self._response_bytes,
+                self._first_byte_at,
+                self._sse is not None,
+            )
+        ]
 
     def _too_large(self) -> list[Event]:
         limit = self._settings.max_body_bytes

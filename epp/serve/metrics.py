@@ -13,8 +13,10 @@ Per request (label children cached per label tuple):
   control, `request_error_total{error_code}` when it is answered with an error
   (the code is the dropped reason, or `bad-request`, `request-too-large`...;
   labels are empty when the body was never parsed), `request_duration_seconds`,
-  `request_input_tokens`, `request_output_tokens`, `request_ntpot_seconds` at
-  its end, `request_running` while it runs (twin: `model_name` only);
+  `request_input_tokens`, `request_output_tokens`, `request_ntpot_seconds`,
+  `response_size_bytes` at its end, `request_ttft_seconds{streaming}` (to the
+  first response body bytes) and `request_streaming_tpot_seconds` (no twins),
+  `request_running` while it runs (twin: `model_name` only);
 - `request_processing_duration_seconds` (no twin): from the end of the body to
   the flow-control outcome, queue wait included, as the reference measures;
 - flow control: `flow_control_request_queue_duration_seconds{fairness_id,
@@ -103,6 +105,27 @@ INPUT_TOKEN_BUCKETS = (
     131072, 262144, 524288, 1048576,
 )  # fmt: skip
 OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+RESPONSE_SIZE_BUCKETS = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32778,
+    65536,
+)
+TTFT_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
 NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 PROCESSING_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -408,6 +431,29 @@ class EppMetrics:
             models,
             buckets=NTPOT_BUCKETS,
         )
+        self.response_size = Family(
+            histogram,
+            "response_size_bytes",
+            "Response body size in bytes.",
+            REQUEST,
+            "inference_objective_response_sizes",
+            models,
+            buckets=RESPONSE_SIZE_BUCKETS,
+        )
+        self.ttft = Family(
+            histogram,
+            "request_ttft_seconds",
+            "From the end of the request body to the first response body bytes.",
+            (*REQUEST, "streaming"),
+            buckets=TTFT_BUCKETS,
+        )
+        self.streaming_tpot = Family(
+            histogram,
+            "request_streaming_tpot_seconds",
+            "Time per output token after the first, of streamed responses.",
+            REQUEST,
+            buckets=NTPOT_BUCKETS,
+        )
         self.running = Family(
             gauge,
             "request_running",
@@ -481,6 +527,7 @@ class EppMetrics:
             _Families([
                 self.request_total, self.request_errors, self.request_duration,
                 self.request_size, self.input_tokens, self.output_tokens, self.ntpot,
+                self.response_size, self.ttft, self.streaming_tpot,
                 self.running, self.processing, self.queue_duration, self.flow_control_total,
                 self.queue_size, self.queue_bytes, self.attempts, self.scheduler_e2e, info,
             ])
@@ -550,13 +597,24 @@ class EppMetrics:
         if isinstance(event, Rejected):
             self.request_errors.add((*labels, event.reason))
             return
-        duration = max(0.0, self._clock() - event.request.arrival)
+        now = self._clock()
+        arrival = event.request.arrival
+        duration = max(0.0, now - arrival)
         self.request_duration.observe(labels, duration)
+        if event.response_bytes:
+            self.response_size.observe(labels, event.response_bytes)
         if event.input_tokens:
             self.input_tokens.observe(labels, event.input_tokens)
         if event.output_tokens:
             self.output_tokens.observe(labels, event.output_tokens)
             self.ntpot.observe(labels, duration / event.output_tokens)
+        first = event.first_byte_at
+        if first is not None:
+            streaming = "true" if event.streaming else "false"
+            self.ttft.observe((*labels, streaming), max(0.0, first - arrival))
+            if event.streaming and event.output_tokens > 1:
+                tpot = max(0.0, now - first) / (event.output_tokens - 1)
+                self.streaming_tpot.observe(labels, tpot)
 
     def on_complete(self, request: FlowRequest) -> None:
         """A dispatched request gave its endpoint back (however it ended)."""

@@ -270,6 +270,16 @@ def test_streamed_response_is_echoed_chunk_by_chunk_and_usage_read_from_sse():
     assert events[1] == Release(stream.request, 11, 3)
 
 
+def test_the_release_tells_the_response_size_and_first_body_time():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "text/event-stream"}), 1.0)
+    stream.receive(response_body(b""), 2.0)
+    stream.receive(response_body(b"data: {}\n\n"), 3.0)
+    (release,) = stream.receive(response_body(b"data: [DONE]\n\n", end_of_stream=True), 4.0)[1:]
+    assert (release.response_bytes, release.first_byte_at, release.streaming) == (24, 3.0, True)
+
+
 def test_json_response_usage_is_reported_at_end():
     stream = machine()
     dispatch(stream)

@@ -91,6 +91,21 @@ def test_a_release_records_duration_tokens_and_ntpot_under_both_names(metrics):
     assert value(metrics, "llm_d_epp_request_ntpot_seconds_sum", **R) == 2.0 / 4
 
 
+def test_a_streamed_release_records_size_ttft_and_tpot(metrics):
+    release = Release(request(), 10, 5, response_bytes=700, first_byte_at=1.5, streaming=True)
+    metrics.on_stream_event(release)
+    assert value(metrics, "llm_d_epp_response_size_bytes_sum", **R) == 700
+    assert value(metrics, "inference_objective_response_sizes_sum", **M) == 700
+    assert value(metrics, "llm_d_epp_request_ttft_seconds_sum", **R, streaming="true") == 0.5
+    assert value(metrics, "llm_d_epp_request_streaming_tpot_seconds_sum", **R) == 1.5 / 4
+
+
+def test_a_response_without_body_has_no_ttft(metrics):
+    metrics.on_stream_event(Release(request(), 10, 5))
+    assert value(metrics, "llm_d_epp_request_ttft_seconds_count", **R, streaming="false") is None
+    assert value(metrics, "llm_d_epp_response_size_bytes_count", **R) is None
+
+
 def test_running_requests_go_down_at_completion(metrics):
     flow_request = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
     metrics.on_outcome(flow_request, 2.0)
