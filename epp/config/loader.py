@@ -37,7 +37,14 @@ from epp.flowcontrol.config import (
     GateKind,
     Ordering,
 )
-from epp.scheduling.config import SchedulingConfig, ScorerConfig
+from epp.scheduling.config import (
+    MAX_SCORE_PICKER,
+    SINGLE_PROFILE_HANDLER,
+    ProfileConfig,
+    SchedulingConfig,
+    ScorerConfig,
+)
+from epp.scheduling.spec import PluginSpec
 
 API_VERSION = "llm-d.ai/v1alpha1"
 KIND = "EndpointPickerConfig"
@@ -168,6 +175,10 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
                 f"unknown plugin type {plugin_type!r}; `epp plugins` lists the known ones",
             )
             continue
+        if registered.reason is not None:
+            reader.unsupported = True
+            reader.fail(f"{path}.type", str(Unsupported(plugin_type, registered.reason)))
+            continue
         name = reader.string(fields.get("name", plugin_type), f"{path}.name")
         where = f"{path}.parameters"
         errors_before = len(reader.errors)
@@ -188,47 +199,143 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
         except ParameterError as error:
             reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
             continue
+        if isinstance(built, PluginSpec):
+            built = replace(built, name=name)
         plugins[name] = _Plugin(plugin_type, registered.kind, parameters, built, path)
     return plugins
 
 
+_IN_PROFILES = (Kind.FILTER, Kind.SCORER, Kind.PICKER)
+
+
 def _profile(
-    reader: _Reader, profiles: list[Any], plugins: dict[str, _Plugin]
-) -> tuple[tuple[ScorerConfig, ...], str]:
-    if len(profiles) > 1:
-        reader.fail("schedulingProfiles", f"exactly one profile is supported, got {len(profiles)}")
-    profile = reader.mapping(profiles[0], "schedulingProfiles[0]", {"name", "plugins"})
-    reader.string(profile.get("name"), "schedulingProfiles[0].name")
+    reader: _Reader,
+    value: Any,
+    path: str,
+    plugins: dict[str, _Plugin],
+    default_picker: PluginSpec,
+) -> ProfileConfig | None:
+    fields = reader.mapping(value, path, {"name", "plugins"})
+    name = reader.string(fields.get("name"), f"{path}.name")
+    filters: list[PluginSpec] = []
     scorers: list[ScorerConfig] = []
-    picker = SchedulingConfig().picker
-    pickers = 0
-    entries = reader.sequence(profile.get("plugins"), "schedulingProfiles[0].plugins")
-    for index, entry in enumerate(entries):
-        path = f"schedulingProfiles[0].plugins[{index}]"
-        fields = reader.mapping(entry, path, {"pluginRef", "weight"})
-        ref = reader.string(fields.get("pluginRef"), f"{path}.pluginRef")
+    picker: PluginSpec | None = None
+    for index, entry in enumerate(reader.sequence(fields.get("plugins"), f"{path}.plugins")):
+        where = f"{path}.plugins[{index}]"
+        entry_fields = reader.mapping(entry, where, {"pluginRef", "weight"})
+        ref = reader.string(entry_fields.get("pluginRef"), f"{where}.pluginRef")
         if ref is None:
             continue
         plugin = plugins.get(ref)
         if plugin is None:
-            reader.fail(f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
+            reader.fail(f"{where}.pluginRef", f"no plugin named {ref!r} in plugins")
             continue
         if plugin.kind is Kind.SCORER:
-            weight = reader.number(fields.get("weight"), f"{path}.weight", 1.0)
-            scorers.append(ScorerConfig(plugin.type, weight))
+            weight = reader.number(entry_fields.get("weight"), f"{where}.weight", 1.0)
+            scorers.append(ScorerConfig(plugin.value, weight))
             continue
-        if "weight" in fields:
-            reader.fail(f"{path}.weight", f"only scorers take a weight, {ref!r} is a {plugin.type}")
-        if plugin.kind is Kind.PICKER:
-            picker = plugin.type
-            pickers += 1
-            if pickers > 1:
-                reader.fail(f"{path}.pluginRef", "a profile has at most one picker")
-        elif plugin.kind not in (Kind.PROFILE_HANDLER, Kind.FILTER):
+        if "weight" in entry_fields:
             reader.fail(
-                f"{path}.pluginRef", f"{plugin.type} does not belong in a scheduling profile"
+                f"{where}.weight", f"only scorers take a weight, {ref!r} is a {plugin.type}"
             )
-    return tuple(scorers), picker
+        if plugin.kind is Kind.PICKER:
+            if picker is not None:
+                reader.fail(f"{where}.pluginRef", "a profile has at most one picker")
+            picker = plugin.value
+        elif plugin.kind is Kind.FILTER:
+            if isinstance(plugin.value, PluginSpec):
+                filters.append(plugin.value)
+        elif plugin.kind is not Kind.PROFILE_HANDLER:
+            reader.fail(
+                f"{where}.pluginRef", f"{plugin.type} ({plugin.kind}) does not belong in a profile"
+            )
+    if name is None:
+        return None
+    return ProfileConfig(name, tuple(filters), tuple(scorers), picker or default_picker)
+
+
+def _profiles(
+    reader: _Reader, value: Any, plugins: dict[str, _Plugin]
+) -> tuple[ProfileConfig, ...] | None:
+    """The profiles, as the reference fills them in: without any, one
+    `default` profile of every declared filter, scorer and picker (None when
+    there is none either: epp's default profile); a profile without a
+    picker gets the first declared one, else max-score-picker."""
+    declared_pickers = [p.value for p in plugins.values() if p.kind is Kind.PICKER]
+    default_picker = declared_pickers[0] if declared_pickers else MAX_SCORE_PICKER
+    entries = reader.sequence(value, "schedulingProfiles")
+    if not entries:
+        members = [p for p in plugins.values() if p.kind in _IN_PROFILES]
+        if not members:
+            return None
+        return (
+            ProfileConfig(
+                "default",
+                tuple(
+                    p.value
+                    for p in members
+                    if p.kind is Kind.FILTER and isinstance(p.value, PluginSpec)
+                ),
+                tuple(ScorerConfig(p.value) for p in members if p.kind is Kind.SCORER),
+                default_picker,
+            ),
+        )
+    profiles: list[ProfileConfig] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        profile = _profile(reader, entry, f"schedulingProfiles[{index}]", plugins, default_picker)
+        if profile is None:
+            continue
+        if profile.name in seen:
+            reader.fail(f"schedulingProfiles[{index}].name", f"duplicate profile {profile.name!r}")
+            continue
+        seen.add(profile.name)
+        profiles.append(profile)
+    return tuple(profiles)
+
+
+def _handler(
+    reader: _Reader, plugins: dict[str, _Plugin], profiles: tuple[ProfileConfig, ...]
+) -> PluginSpec:
+    """The one profile handler, checked against the profiles; deciders
+    resolved to their plugins."""
+    handlers = [(name, p) for name, p in plugins.items() if p.kind is Kind.PROFILE_HANDLER]
+    if len(handlers) > 1:
+        names = ", ".join(name for name, _ in handlers)
+        reader.fail("plugins", f"only one profile handler is allowed, got {names}")
+    if not handlers:
+        if len(profiles) > 1:
+            reader.fail("plugins", "several scheduling profiles need a profile handler")
+        return SINGLE_PROFILE_HANDLER
+    _, handler = handlers[0]
+    spec = handler.value
+    names = [profile.name for profile in profiles]
+    if handler.type in ("single-profile-handler", "data-parallel-profile-handler"):
+        if len(profiles) > 1:
+            reader.fail(
+                f"{handler.path}.type",
+                f"{handler.type} runs exactly one profile, got {len(profiles)}",
+            )
+        return spec
+    arguments = dict(spec.arguments)
+    if arguments.get("decode", "decode") not in names:
+        reader.fail(
+            f"{handler.path}.parameters.profiles.decode",
+            f"no scheduling profile named {arguments.get('decode', 'decode')!r}",
+        )
+    for role in ("prefill_decider", "encode_decider"):
+        ref = arguments.get(role)
+        if ref is None:
+            continue
+        where = f"{handler.path}.parameters.deciders.{role.split('_')[0]}"
+        decider = plugins.get(ref)
+        if decider is None:
+            reader.fail(where, f"no plugin named {ref!r} in plugins")
+        elif decider.kind is not Kind.DECIDER:
+            reader.fail(where, f"{ref!r} is a {decider.type}, not a decider")
+        else:
+            arguments[role] = decider.value
+    return replace(spec, arguments=tuple(sorted(arguments.items())))
 
 
 def _declared(reader: _Reader, plugins: dict[str, _Plugin], plugin_type: str) -> _Plugin:
@@ -257,19 +364,19 @@ def _prefix_blocks(producer: _Plugin, defaults: SchedulingConfig) -> tuple[int, 
 
 
 def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> SchedulingConfig:
-    """Scorers and picker from the profile (defaults without one); the
-    prefix index from the declared approx-prefix-cache-producer; the
-    saturation filter's thresholds."""
+    """Profiles and handler (defaults without any); the prefix index from
+    the declared approx-prefix-cache-producer; the saturation filter's
+    thresholds."""
     defaults = SchedulingConfig()
-    profiles = reader.sequence(value, "schedulingProfiles")
-    scorers, picker = _profile(reader, profiles, plugins) if profiles else (None, defaults.picker)
+    profiles = _profiles(reader, value, plugins) or defaults.profiles
+    handler = _handler(reader, plugins, profiles)
     block_chars, max_blocks, lru_capacity = _prefix_blocks(
         _declared(reader, plugins, PREFIX_PRODUCER), defaults
     )
     saturation = _declared(reader, plugins, SATURATION_FILTER).parameters
     return SchedulingConfig(
-        scorers=defaults.scorers if scorers is None else scorers,
-        picker=picker,
+        profiles=profiles,
+        handler=handler,
         prefix_block_chars=block_chars,
         prefix_max_blocks=max_blocks,
         prefix_lru_capacity=lru_capacity,

@@ -1,40 +1,75 @@
-"""Configuration of the scheduler: which scorers, their weights, the picker."""
+"""Configuration of the scheduler: profiles (filters, weighted scorers, a
+picker), the profile handler, the prefix index and the saturation filter.
+
+Plugins are `PluginSpec`s (see `spec`): the configuration file's loader
+makes them from the registry; the defaults below are the reference EPP's
+default profile (queue 2, KV cache 2, prefix 3, max-score picker).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.scheduling.pickers import max_score_picker
+from epp.scheduling.profiles import single_profile_handler
+from epp.scheduling.scorers import kv_cache_scorer, prefix_cache_scorer, queue_scorer
+from epp.scheduling.spec import PluginSpec, spec
+
 
 @dataclass(slots=True, frozen=True)
 class ScorerConfig:
-    """A scorer by its plugin name (the reference EPP's names, e.g.
-    `queue-scorer`) with its weight; unset weights are 1.0."""
+    """A scorer with its weight (unset weights are 1.0)."""
 
-    name: str
+    plugin: PluginSpec
     weight: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return self.plugin.name
 
 
 DEFAULT_SCORERS = (
-    ScorerConfig("queue-scorer", 2.0),
-    ScorerConfig("kv-cache-utilization-scorer", 2.0),
-    ScorerConfig("prefix-cache-scorer", 3.0),
+    ScorerConfig(PluginSpec("queue-scorer", queue_scorer), 2.0),
+    ScorerConfig(PluginSpec("kv-cache-utilization-scorer", kv_cache_scorer), 2.0),
+    ScorerConfig(
+        spec(
+            "prefix-cache-scorer",
+            prefix_cache_scorer,
+            match_length_weight=0.0,
+            match_length_scale_tokens=8192,
+        ),
+        3.0,
+    ),
 )
+MAX_SCORE_PICKER = PluginSpec("max-score-picker", max_score_picker)
+SINGLE_PROFILE_HANDLER = PluginSpec("single-profile-handler", single_profile_handler)
+
+
+@dataclass(slots=True, frozen=True)
+class ProfileConfig:
+    """One scheduling profile: filters in order, then the weighted sum of
+    the scorers, then the picker."""
+
+    name: str = "default"
+    filters: tuple[PluginSpec, ...] = ()
+    scorers: tuple[ScorerConfig, ...] = DEFAULT_SCORERS
+    picker: PluginSpec = MAX_SCORE_PICKER
 
 
 @dataclass(slots=True, frozen=True)
 class SchedulingConfig:
-    """Scorers and picker (`max-score-picker`, `weighted-random-picker`,
-    `random-picker`). Prefix-cache blocks are `prefix_block_chars` characters
-    (16 tokens x 4 characters, as the reference EPP), at most
+    """Profiles and the handler that runs them. Prefix-cache blocks are
+    `prefix_block_chars` characters (16 tokens x 4 characters), at most
     `prefix_max_blocks` per prompt, at most `prefix_lru_capacity` hashes per
     endpoint (in two generations, see `prefix`).
 
-    Before scoring, endpoints whose metrics are older than `metrics_staleness`
-    seconds, or whose waiting queue reaches `saturation_queue_depth` or KV-cache
-    usage `saturation_kv_cache`, are dropped, unless that would drop them all."""
+    Before the profiles run, endpoints whose metrics are older than
+    `metrics_staleness` seconds, or whose waiting queue reaches
+    `saturation_queue_depth` or KV-cache usage `saturation_kv_cache`, are
+    dropped, unless that would drop them all."""
 
-    scorers: tuple[ScorerConfig, ...] = DEFAULT_SCORERS
-    picker: str = "max-score-picker"
+    profiles: tuple[ProfileConfig, ...] = (ProfileConfig(),)
+    handler: PluginSpec = SINGLE_PROFILE_HANDLER
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250

@@ -10,6 +10,8 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from epp.scheduling.spec import BuildContext
+
 
 class Picker(Protocol):
     def pick(self, scores: Sequence[float]) -> int:
@@ -71,16 +73,16 @@ class RandomPicker:
         return self._rng.randrange(len(scores))
 
 
-PICKERS = {
-    "max-score-picker": MaxScorePicker,
-    "weighted-random-picker": WeightedRandomPicker,
-    "random-picker": RandomPicker,
-}
+# -- factories (the registry's picker types build through these) --
 
 
-def build_picker(name: str, rng: random.Random) -> Picker:
-    """The picker called `name` (the reference EPP's plugin names)."""
-    try:
-        return PICKERS[name](rng)
-    except KeyError:
-        raise ValueError(f"unknown picker {name!r}; known: {', '.join(PICKERS)}") from None
+def max_score_picker(context: BuildContext) -> MaxScorePicker:
+    return MaxScorePicker(context.rng)
+
+
+def weighted_random_picker(context: BuildContext) -> WeightedRandomPicker:
+    return WeightedRandomPicker(context.rng)
+
+
+def random_picker(context: BuildContext) -> RandomPicker:
+    return RandomPicker(context.rng)

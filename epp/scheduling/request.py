@@ -18,6 +18,14 @@ class InferenceRequest:
     affinity. `subset` holds the endpoint IPs of Envoy's subset hint, or None
     when Envoy sent no hint (every endpoint is a candidate).
 
+    `input_tokens` is the prompt's estimated token count and `multimodal`
+    whether it carries images, audio or video (for the disaggregation
+    deciders). The scheduler writes what the model server must be told
+    besides the endpoint into `routing` (header name to value, e.g.
+    `x-prefiller-host-port`), and sets `destination` when the request must
+    go to another address than the endpoint it was placed on (data-parallel
+    ranks behind one primary port).
+
     `prefix_hashes` is the scheduler's cache of the prompt's block hashes, as
     (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
     A caller that models prompts at block level (the simulator) fills it
@@ -30,6 +38,10 @@ class InferenceRequest:
     stream: bool = False
     max_tokens: int | None = None
     subset: frozenset[str] | None = None
+    input_tokens: int = 0
+    multimodal: bool = False
+    routing: dict[str, str] | None = None
+    destination: str | None = None
     prefix_hashes: tuple[int, int, tuple[int, ...]] | None = field(
         default=None, repr=False, compare=False
     )

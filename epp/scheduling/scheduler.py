@@ -1,4 +1,5 @@
-"""The scheduler: filter, score, pick. It is the flow-control core's `Placer`.
+"""The scheduler: filter, score, pick, per profile. It is the flow-control
+core's `Placer`.
 
 For each request it takes the current pool snapshot and narrows it:
 1. Envoy's subset hint, if any (no match: the request ends with
@@ -12,9 +13,15 @@ For each request it takes the current pool snapshot and narrows it:
 3. endpoints with an in-flight credit left in the concurrency gate, if one
    is given (none: the request waits at the head of its queue until a
    completion frees a credit).
-Then every configured scorer rates the candidates in [0, 1], the weighted
-scores are summed, the picker chooses, and the scorers are told where the
-request went (the prefix scorer records the prompt's blocks there).
+The profile handler (`profiles`) then runs one or more profiles. A profile
+(`ProfileRunner`) applies its filters to those candidates (to the
+fresh-and-unsaturated ones first, then the reachable ones, then all: a
+label filter must not fall back to endpoints it excludes; when it excludes
+every endpoint the request ends with `rejected-no-endpoints`); every
+scorer rates the candidates in [0, 1], the weighted scores are summed, the
+picker chooses, and the scorers are told where the request went (the
+prefix scorer records the prompt's blocks there). Each configured plugin is
+built once and shared by the profiles that name it.
 
 Step 3 is applied lazily: the candidates of step 2 are scored first, and
 only if the chosen endpoint has no credit left are all full endpoints
@@ -31,12 +38,13 @@ from collections.abc import Callable, Sequence
 from epp.flowcontrol.gate import ConcurrencyGate, Placement
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.config import ProfileConfig, SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import fresh_unsaturated, in_subset, reachable, with_room
-from epp.scheduling.pickers import build_picker
+from epp.scheduling.profiles import ProfileHandler, SingleProfileHandler
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer, build_scorer
+from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
+from epp.scheduling.spec import BuildContext
 
 
 class Scheduler:
@@ -50,22 +58,19 @@ class Scheduler:
 
     __slots__ = (
         "_clock",
-        "_concurrency",
         "_config",
-        "_dense",
-        "_dense_pair",
-        "_dense_weights",
+        "_handler",
         "_healthy",
         "_healthy_until",
         "_healthy_version",
         "_known",
-        "_learning",
         "_membership",
-        "_picker",
+        "_plugins",
         "_pool",
-        "_positions",
-        "_positions_of",
-        "_sparse",
+        "_runners",
+        "_single",
+        "endpoints_now",
+        "healthy_now",
         "scorers",
     )
 
@@ -80,10 +85,131 @@ class Scheduler:
         self._config = config
         self._pool = pool
         self._clock = clock
+        context = BuildContext(config, rng, concurrency)
+        self._runners = {
+            profile.name: ProfileRunner(self, profile, context, concurrency)
+            for profile in config.profiles
+        }
+        self._handler: ProfileHandler = context.build(config.handler)
+        self._single = (
+            next(iter(self._runners.values()))
+            if isinstance(self._handler, SingleProfileHandler)
+            else None
+        )
+        self._plugins = tuple(context.built.values())
+        self.scorers = next(iter(self._runners.values())).scorers if self._runners else ()
+        self._membership = -1
+        self._known: frozenset[str] = frozenset()
+        self._healthy: list[Endpoint] = []
+        self._healthy_version = -1
+        self._healthy_until = float("-inf")
+        self.healthy_now: Sequence[Endpoint] = ()
+        self.endpoints_now: Sequence[Endpoint] = ()
+
+    def has_endpoints(self) -> bool:
+        return bool(self._pool().endpoints)
+
+    def place(self, request: FlowRequest) -> Placement:
+        payload = request.payload
+        chosen = self.choose(payload if payload is not None else InferenceRequest("", ""))
+        if isinstance(chosen, Endpoint):
+            return chosen.address
+        return chosen
+
+    def choose(self, request: InferenceRequest) -> Endpoint | Outcome | None:
+        """The endpoint for `request`, an Outcome that ends it, or None to wait."""
+        pool = self._pool()
+        if pool.membership != self._membership:
+            self._forget_departed(pool)
+        endpoints: Sequence[Endpoint] = pool.endpoints
+        healthy: Sequence[Endpoint] = self._healthy
+        if pool.version != self._healthy_version or self._clock() > self._healthy_until:
+            healthy = self._fresh_unsaturated(pool)
+        if request.subset is not None:
+            endpoints = in_subset(endpoints, request.subset)
+            if not endpoints:
+                return Outcome.REJECTED_NO_ENDPOINTS
+            healthy = in_subset(healthy, request.subset)
+        if not endpoints:
+            return None
+        self.healthy_now = healthy
+        self.endpoints_now = endpoints
+        single = self._single
+        if single is not None:
+            return single.choose(request, True)
+        return self._handler.choose(request, self._runners)
+
+    def total_scores(
+        self, request: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> list[float]:
+        """The first profile's weighted sum of scores, one per candidate."""
+        return next(iter(self._runners.values())).total_scores(request, candidates)
+
+    def _fresh_unsaturated(self, pool: PoolSnapshot) -> list[Endpoint]:
+        """The pool's endpoints with fresh, unsaturated metrics, recomputed
+        only when the snapshot changes or one of them turns stale."""
+        now = self._clock()
+        if pool.version != self._healthy_version or now > self._healthy_until:
+            config = self._config
+            self._healthy, self._healthy_until = fresh_unsaturated(
+                pool.endpoints,
+                now,
+                config.metrics_staleness,
+                config.saturation_queue_depth,
+                config.saturation_kv_cache,
+            )
+            self._healthy_version = pool.version
+        return self._healthy
+
+    def _forget_departed(self, pool: PoolSnapshot) -> None:
+        current = frozenset(endpoint.address for endpoint in pool.endpoints)
+        for address in self._known - current:
+            for plugin in self._plugins:
+                forget = getattr(plugin, "forget", None)
+                if forget is not None:
+                    forget(address)
+        self._known = current
+        self._membership = pool.membership
+
+
+class ProfileRunner:
+    """One scheduling profile over the scheduler's current candidates:
+    filters, weighted scorers, picker (see the module docstring)."""
+
+    __slots__ = (
+        "_concurrency",
+        "_dense",
+        "_dense_pair",
+        "_dense_weights",
+        "_filters",
+        "_learning",
+        "_picker",
+        "_positions",
+        "_positions_of",
+        "_source",
+        "_sparse",
+        "name",
+        "scorers",
+    )
+
+    def __init__(
+        self,
+        source: Scheduler,
+        profile: ProfileConfig,
+        context: BuildContext,
+        concurrency: ConcurrencyGate | None,
+    ) -> None:
+        self._source = source
+        self.name = profile.name
         self._concurrency = concurrency
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
-            (scorer.weight, build_scorer(scorer.name, config)) for scorer in config.scorers
+            (scorer.weight, context.build(scorer.plugin)) for scorer in profile.scorers
         )
+        filters = [context.build(plugin).filter for plugin in profile.filters]
+        filters.extend(
+            scorer.filter for _, scorer in self.scorers if callable(getattr(scorer, "filter", None))
+        )
+        self._filters = tuple(filters)
         self._sparse = tuple(
             (weight, scorer.sparse_scores)
             for weight, scorer in self.scorers
@@ -110,43 +236,34 @@ class Scheduler:
         )
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
-        self._picker = build_picker(config.picker, rng)
-        self._membership = -1
-        self._known: frozenset[str] = frozenset()
-        self._healthy: list[Endpoint] = []
-        self._healthy_version = -1
-        self._healthy_until = float("-inf")
+        self._picker = context.build(profile.picker)
 
-    def has_endpoints(self) -> bool:
-        return bool(self._pool().endpoints)
-
-    def place(self, request: FlowRequest) -> Placement:
-        payload = request.payload
-        chosen = self.choose(payload if payload is not None else InferenceRequest("", ""))
-        if isinstance(chosen, Endpoint):
-            return chosen.address
-        return chosen
-
-    def choose(self, request: InferenceRequest) -> Endpoint | Outcome | None:
-        """The endpoint for `request`, an Outcome that ends it, or None to wait."""
-        pool = self._pool()
-        if pool.membership != self._membership:
-            self._forget_departed(pool)
-        endpoints: Sequence[Endpoint] = pool.endpoints
-        healthy: Sequence[Endpoint] = self._healthy
-        if pool.version != self._healthy_version or self._clock() > self._healthy_until:
-            healthy = self._fresh_unsaturated(pool)
-        if request.subset is not None:
-            endpoints = in_subset(endpoints, request.subset)
+    def _filtered(
+        self, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        for keep in self._filters:
             if not endpoints:
-                return Outcome.REJECTED_NO_ENDPOINTS
-            healthy = in_subset(healthy, request.subset)
-        candidates = healthy or reachable(endpoints) or endpoints
-        if not candidates:
-            return None
+                break
+            endpoints = keep(request, endpoints)
+        return endpoints
+
+    def choose(self, request: InferenceRequest, take_credit: bool) -> Endpoint | Outcome | None:
+        source = self._source
+        endpoints = source.endpoints_now
+        candidates = source.healthy_now
+        if self._filters:
+            candidates = self._filtered(request, candidates)
+            if not candidates:
+                candidates = self._filtered(request, reachable(endpoints)) or self._filtered(
+                    request, endpoints
+                )
+                if not candidates:
+                    return Outcome.REJECTED_NO_ENDPOINTS
+        else:
+            candidates = candidates or reachable(endpoints) or endpoints
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
         gate = self._concurrency
-        if gate is not None and not gate.has_room(chosen.address):
+        if take_credit and gate is not None and not gate.has_room(chosen.address):
             candidates = with_room(candidates, gate)
             if not candidates:
                 return None
@@ -184,30 +301,6 @@ class Scheduler:
             self._positions = {endpoint.address: index for index, endpoint in enumerate(candidates)}
             self._positions_of = candidates
         return self._positions
-
-    def _fresh_unsaturated(self, pool: PoolSnapshot) -> list[Endpoint]:
-        """The pool's endpoints with fresh, unsaturated metrics, recomputed
-        only when the snapshot changes or one of them turns stale."""
-        now = self._clock()
-        if pool.version != self._healthy_version or now > self._healthy_until:
-            config = self._config
-            self._healthy, self._healthy_until = fresh_unsaturated(
-                pool.endpoints,
-                now,
-                config.metrics_staleness,
-                config.saturation_queue_depth,
-                config.saturation_kv_cache,
-            )
-            self._healthy_version = pool.version
-        return self._healthy
-
-    def _forget_departed(self, pool: PoolSnapshot) -> None:
-        current = frozenset(endpoint.address for endpoint in pool.endpoints)
-        for address in self._known - current:
-            for _, scorer in self.scorers:
-                scorer.forget(address)
-        self._known = current
-        self._membership = pool.membership
 
 
 def weighted_sum(

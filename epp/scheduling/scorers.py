@@ -17,10 +17,10 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.prefix import PrefixIndex, block_hashes
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.spec import BuildContext
 
 
 class Scorer(Protocol):
@@ -233,6 +233,11 @@ class LoraAffinityScorer(StatelessScorer):
 NO_SCORES: Mapping[str, float] = MappingProxyType({})
 
 
+CHARS_PER_TOKEN = 4
+"""Characters per token where a token count is estimated from text, as the
+reference's approximate prefix cache does."""
+
+
 class PrefixCacheScorer:
     """Matched leading prompt blocks / all prompt blocks (see `prefix`).
 
@@ -240,15 +245,31 @@ class PrefixCacheScorer:
     are cached on the request, so placing it again does not rehash it.
     """
 
-    __slots__ = ("_addresses", "_index", "block_chars", "max_blocks")
+    __slots__ = (
+        "_addresses",
+        "_index",
+        "block_chars",
+        "match_length_scale_tokens",
+        "match_length_weight",
+        "max_blocks",
+    )
 
-    def __init__(self, block_chars: int, max_blocks: int, lru_capacity: int) -> None:
+    def __init__(
+        self,
+        block_chars: int,
+        max_blocks: int,
+        lru_capacity: int,
+        match_length_weight: float = 0.0,
+        match_length_scale_tokens: int = 8192,
+    ) -> None:
         if block_chars <= 0 or max_blocks <= 0:
             raise ValueError(
                 f"prefix blocks need positive size and count, got {block_chars} x {max_blocks}"
             )
         self.block_chars = block_chars
         self.max_blocks = max_blocks
+        self.match_length_weight = match_length_weight
+        self.match_length_scale_tokens = match_length_scale_tokens
         self._index = PrefixIndex(lru_capacity)
         self._addresses = PerCandidates(attrgetter("address"))
 
@@ -268,7 +289,25 @@ class PrefixCacheScorer:
         if not matched:
             return NO_SCORES
         scale = 1.0 / len(hashes)
-        return {address: count * scale for address, count in matched.items()}
+        weight = self.match_length_weight
+        if weight == 0.0:
+            return {address: count * scale for address, count in matched.items()}
+        # The reference's match-length term: (matched tokens / scale tokens)^2, capped at 1.
+        per_block = self.block_chars / CHARS_PER_TOKEN / self.match_length_scale_tokens
+        return {
+            address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
+            for address, count in matched.items()
+        }
+
+    def share_index(self, other: PrefixCacheScorer) -> None:
+        """Read and record into `other`'s index from now on."""
+        self._index = other._index
+
+    def matched_blocks(self, request: InferenceRequest, address: str) -> int:
+        """How many leading blocks of the prompt `address` holds."""
+        hashes = self.hashes(request)
+        matched = self._index.matches(hashes) if hashes else None
+        return matched.get(address, 0) if matched else 0
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         scores = self.sparse_scores(request)
@@ -283,27 +322,208 @@ class PrefixCacheScorer:
         self._index.remove_endpoint(address)
 
 
-SCORER_NAMES = (
-    "queue-scorer",
-    "kv-cache-utilization-scorer",
-    "prefix-cache-scorer",
-    "lora-affinity-scorer",
-    "running-requests-size-scorer",
-)
+class LoadAwareScorer(StatelessScorer):
+    """An empty waiting queue scores 0.5; a queue of q scores
+    0.5 x (1 - q / threshold), 0 from `threshold` on (the reference's
+    load-aware-scorer)."""
+
+    __slots__ = ("threshold",)
+
+    def __init__(self, threshold: float = 128) -> None:
+        self.threshold = float(threshold)
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        threshold = self.threshold
+        return [
+            0.5 if waiting == 0 else 0.5 * (1.0 - min(waiting, threshold) / threshold)
+            for waiting in (endpoint.metrics.waiting for endpoint in endpoints)
+        ]
 
 
-def build_scorer(name: str, config: SchedulingConfig) -> Scorer:
-    """The scorer called `name` (the reference EPP's plugin names)."""
-    if name == "queue-scorer":
-        return QueueScorer()
-    if name == "kv-cache-utilization-scorer":
-        return KVCacheScorer()
-    if name == "prefix-cache-scorer":
-        return PrefixCacheScorer(
-            config.prefix_block_chars, config.prefix_max_blocks, config.prefix_lru_capacity
-        )
-    if name == "lora-affinity-scorer":
-        return LoraAffinityScorer()
-    if name == "running-requests-size-scorer":
-        return RunningRequestsScorer()
-    raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")
+class ActiveRequestScorer(StatelessScorer):
+    """Fewer requests in flight from this EPP is better: a count at or
+    below `idle_threshold` scores 1, others (max - count) / max x
+    `max_busy_score`. Counts are the concurrency gate's, exact between
+    scrapes (the reference reads its inflight-load-producer)."""
+
+    __slots__ = ("_in_flight", "idle_threshold", "max_busy_score")
+
+    def __init__(
+        self, in_flight: Callable[[str], int], idle_threshold: int = 0, max_busy_score: float = 1.0
+    ) -> None:
+        self._in_flight = in_flight
+        self.idle_threshold = idle_threshold
+        self.max_busy_score = max_busy_score
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        counts = [self._in_flight(endpoint.address) for endpoint in endpoints]
+        highest = max(counts, default=0)
+        idle, busy = self.idle_threshold, self.max_busy_score
+        return [1.0 if count <= idle else (highest - count) / highest * busy for count in counts]
+
+
+class ContextLengthAwareScorer(StatelessScorer):
+    """Prefers endpoints whose label (`min-max` tokens) fits the prompt:
+    inside the range 0.3 + 0.7 x (0.7 x width score + 0.3 x headroom), the
+    narrower and roomier the better; outside 0.3 / (1 + distance / 1000);
+    no label 0.5, a malformed one 0. With `filtering`, it also drops
+    endpoints whose range excludes the prompt (unlabelled ones stay)."""
+
+    __slots__ = ("filtering", "label")
+
+    def __init__(self, label: str, filtering: bool = False) -> None:
+        self.label = label
+        self.filtering = filtering
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        tokens = request.input_tokens
+        return [self._score(tokens, endpoint.labels.get(self.label)) for endpoint in endpoints]
+
+    def filter(
+        self, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        if not self.filtering:
+            return endpoints
+        tokens = request.input_tokens
+        kept = []
+        for endpoint in endpoints:
+            text = endpoint.labels.get(self.label)
+            if text is None:
+                kept.append(endpoint)
+                continue
+            bounds = context_range(text)
+            if bounds is not None and bounds[0] <= tokens <= bounds[1]:
+                kept.append(endpoint)
+        return kept
+
+    @staticmethod
+    def _score(tokens: int, text: str | None) -> float:
+        if text is None:
+            return 0.5
+        bounds = context_range(text)
+        if bounds is None:
+            return 0.0
+        low, high = bounds
+        if low <= tokens <= high:
+            width = high - low
+            if width == 0:
+                return 1.0
+            raw = 0.7 / (1.0 + width / 10000.0) + 0.3 * (high - tokens) / width
+            return 0.3 + raw * 0.7
+        distance = tokens - high if tokens > high else low - tokens
+        return 0.3 / (1.0 + distance / 1000.0)
+
+
+def context_range(text: str) -> tuple[int, int] | None:
+    """(min, max) from a `min-max` label value, or None when malformed."""
+    low, sep, high = text.partition("-")
+    try:
+        bounds = int(low.strip()), int(high.strip())
+    except ValueError:
+        return None
+    return bounds if sep and bounds[0] <= bounds[1] else None
+
+
+class NoHitLruScorer:
+    """On a request no endpoint has a cached prefix of (a cold request),
+    spreads the cold requests: endpoints never sent one score highest, then
+    the least recently sent one; on a warm request every endpoint scores
+    0.5. Remembers at most `size` endpoints."""
+
+    __slots__ = ("_prefix", "_recent", "_warm", "size")
+
+    def __init__(self, prefix: PrefixCacheScorer | None, size: int = 1024) -> None:
+        self._prefix = prefix
+        self._recent: dict[str, None] = {}
+        """Endpoints sent a cold request, least recent first."""
+        self._warm = False
+        self.size = size
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        prefix = self._prefix
+        self._warm = prefix is not None and bool(prefix.sparse_scores(request))
+        count = len(endpoints)
+        if self._warm:
+            return [0.5] * count
+        if count == 1:
+            return [1.0]
+        recent = self._recent
+        never = [endpoint for endpoint in endpoints if endpoint.address not in recent]
+        rank = {endpoint.address: index for index, endpoint in enumerate(never)}
+        used = [address for address in recent if address not in rank]
+        for position, address in enumerate(used):
+            rank[address] = len(never) + position
+        scale = 1.0 / (count - 1)
+        return [max(0.0, 1.0 - rank.get(endpoint.address, 0) * scale) for endpoint in endpoints]
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        if self._warm:
+            return
+        recent = self._recent
+        recent.pop(endpoint.address, None)
+        recent[endpoint.address] = None
+        if len(recent) > self.size:
+            del recent[next(iter(recent))]
+
+    def forget(self, address: str) -> None:
+        self._recent.pop(address, None)
+
+
+# -- factories (the registry's scheduling plugin types build through these) --
+
+
+def queue_scorer(context: BuildContext) -> QueueScorer:
+    return QueueScorer()
+
+
+def kv_cache_scorer(context: BuildContext) -> KVCacheScorer:
+    return KVCacheScorer()
+
+
+def running_requests_scorer(context: BuildContext) -> RunningRequestsScorer:
+    return RunningRequestsScorer()
+
+
+def lora_affinity_scorer(context: BuildContext) -> LoraAffinityScorer:
+    return LoraAffinityScorer()
+
+
+def prefix_cache_scorer(
+    context: BuildContext, match_length_weight: float = 0.0, match_length_scale_tokens: int = 8192
+) -> PrefixCacheScorer:
+    """One prefix index per scheduler: every prefix-cache scorer of the
+    configuration reads the same one (the reference's producer)."""
+    existing = context.first(PrefixCacheScorer)
+    config = context.config
+    scorer = PrefixCacheScorer(
+        config.prefix_block_chars,
+        config.prefix_max_blocks,
+        config.prefix_lru_capacity,
+        match_length_weight,
+        match_length_scale_tokens,
+    )
+    if existing is not None:
+        scorer.share_index(existing)
+    return scorer
+
+
+def load_aware_scorer(context: BuildContext, threshold: int = 128) -> LoadAwareScorer:
+    return LoadAwareScorer(threshold)
+
+
+def active_request_scorer(
+    context: BuildContext, idle_threshold: int = 0, max_busy_score: float = 1.0
+) -> ActiveRequestScorer:
+    gate = context.gate
+    in_flight = gate.in_flight_at if gate is not None else (lambda address: 0)
+    return ActiveRequestScorer(in_flight, idle_threshold, max_busy_score)
+
+
+def context_length_scorer(
+    context: BuildContext, label: str, filtering: bool = False
+) -> ContextLengthAwareScorer:
+    return ContextLengthAwareScorer(label, filtering)
+
+
+def no_hit_lru_scorer(context: BuildContext, size: int = 1024) -> NoHitLruScorer:
+    return NoHitLruScorer(context.first(PrefixCacheScorer), size)

@@ -4,7 +4,21 @@ plugin's README under `pkg/epp/framework/plugins/scheduling/`)."""
 
 from __future__ import annotations
 
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+from collections.abc import Mapping
+from typing import Any
+
+from epp.config.plugin import (
+    Kind,
+    Param,
+    ParameterError,
+    ParamType,
+    PluginType,
+    Stability,
+    configured,
+    pending,
+)
+from epp.scheduling import filters, pickers, profiles, scorers
+from epp.scheduling.spec import PluginSpec, spec
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -22,6 +36,75 @@ _PRECISE = (
     "needs vLLM KV-cache events over ZMQ and a real tokenizer (precise prefix cache); "
     "planned in a later issue"
 )
+
+
+def _made(make: Any, **arguments: Any) -> PluginSpec:
+    """A spec whose name the loader fills in (the plugin's configured name)."""
+    return spec("", make, **arguments)
+
+
+def _selector(parameters: Mapping[str, Any]) -> PluginSpec:
+    expressions = []
+    for index, requirement in enumerate(parameters["matchExpressions"]):
+        operator, values = requirement["operator"], requirement["values"]
+        if operator in ("In", "NotIn") and not values:
+            raise ParameterError(f"matchExpressions[{index}].values", f"{operator} needs values")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise ParameterError(f"matchExpressions[{index}].values", f"{operator} takes none")
+        expressions.append((requirement["key"], operator, frozenset(values)))
+    return _made(
+        filters.label_selector_filter,
+        match_labels=tuple(sorted((parameters["matchLabels"] or {}).items())),
+        expressions=tuple(expressions),
+    )
+
+
+def _by_label(parameters: Mapping[str, Any]) -> PluginSpec:
+    if not parameters["validValues"] and not parameters["allowsNoLabel"]:
+        raise ParameterError("validValues", "required unless allowsNoLabel is true")
+    return _made(
+        filters.by_label_filter,
+        label=parameters["label"],
+        valid_values=frozenset(parameters["validValues"]),
+        allows_no_label=parameters["allowsNoLabel"],
+    )
+
+
+def _picker(make: Any) -> Any:
+    def factory(parameters: Mapping[str, Any]) -> PluginSpec:
+        if parameters["maxNumOfEndpoints"] != 1:
+            raise ParameterError(
+                "maxNumOfEndpoints", "epp sends one endpoint per request; only 1 is supported"
+            )
+        return _made(make)
+
+    return factory
+
+
+def _prefix_scorer(parameters: Mapping[str, Any]) -> PluginSpec:
+    weight = parameters["matchLengthWeight"]
+    scale = parameters["matchLengthScaleTokens"]
+    if weight > 0 and scale <= 0:
+        raise ParameterError("matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
+    return _made(
+        scorers.prefix_cache_scorer, match_length_weight=weight, match_length_scale_tokens=scale
+    )
+
+
+def _disagg(parameters: Mapping[str, Any]) -> PluginSpec:
+    if parameters["stageOrder"] not in ("", "decode-first"):
+        raise ParameterError("stageOrder", "only decode-first is supported by epp")
+    names = parameters["profiles"]
+    deciders = parameters["deciders"]
+    return _made(
+        profiles.disagg_profile_handler,
+        decode=names["decode"],
+        prefill=names["prefill"],
+        encode=names["encode"],
+        prefill_decider=deciders["prefill"] or None,
+        encode_decider=deciders["encode"] or None,
+    )
+
 
 _SESSION_PARAMETERS = (
     Param(
@@ -89,33 +172,33 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.FILTER,
         "keeps decode-capable pods (llm-d.ai/role decode, prefill-decode, "
         "encode-prefill-decode, both) and unlabelled pods",
-        factory=pending("decode-filter", PART3),
+        factory=lambda p: _made(filters.decode_filter),
     ),
     PluginType(
         "prefill-filter",
         Kind.FILTER,
         "keeps pods whose llm-d.ai/role can prefill (prefill, encode-prefill, ...)",
-        factory=pending("prefill-filter", PART3),
+        factory=lambda p: _made(filters.prefill_filter),
     ),
     PluginType(
         "encode-filter",
         Kind.FILTER,
         "keeps pods whose llm-d.ai/role can encode (encode, encode-prefill, ...)",
-        factory=pending("encode-filter", PART3),
+        factory=lambda p: _made(filters.encode_filter),
     ),
     PluginType(
         "label-selector-filter",
         Kind.FILTER,
         "keeps pods whose labels match a Kubernetes label selector",
         _LABEL_SELECTOR,
-        factory=pending("label-selector-filter", PART3),
+        factory=_selector,
     ),
     PluginType(
         "by-label-selector",
         Kind.FILTER,
         "deprecated name of label-selector-filter",
         _LABEL_SELECTOR,
-        factory=pending("by-label-selector", PART3),
+        factory=_selector,
         deprecated_for="label-selector-filter",
     ),
     PluginType(
@@ -127,7 +210,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("validValues", T.STRINGS, ()),
             Param("allowsNoLabel", T.BOOL, False),
         ),
-        factory=pending("by-label", PART3),
+        factory=_by_label,
         deprecated_for="label-selector-filter",
     ),
     PluginType(
@@ -243,13 +326,13 @@ ENTRIES: tuple[PluginType, ...] = (
         "queue-scorer",
         Kind.SCORER,
         "shorter waiting queue scores higher (min-max over the candidates)",
-        factory=configured("queue-scorer"),
+        factory=lambda p: _made(scorers.queue_scorer),
     ),
     PluginType(
         "kv-cache-utilization-scorer",
         Kind.SCORER,
         "more free KV cache scores higher: 1 - usage",
-        factory=configured("kv-cache-utilization-scorer"),
+        factory=lambda p: _made(scorers.kv_cache_scorer),
     ),
     PluginType(
         "prefix-cache-scorer",
@@ -260,26 +343,28 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("matchLengthScaleTokens", T.INT, 8192, "tokens that normalise the match length"),
             Param("prefixMatchInfoProducerName", T.STRING, ""),
         ),
-        factory=configured("prefix-cache-scorer"),
+        factory=_prefix_scorer,
     ),
     PluginType(
         "lora-affinity-scorer",
         Kind.SCORER,
         "adapter active 1.0, free slot 0.8, adapter waiting 0.6, else 0",
-        factory=configured("lora-affinity-scorer"),
+        factory=lambda p: _made(scorers.lora_affinity_scorer),
     ),
     PluginType(
         "running-requests-size-scorer",
         Kind.SCORER,
         "fewer running requests scores higher (min-max over the candidates)",
-        factory=configured("running-requests-size-scorer"),
+        factory=lambda p: _made(scorers.running_requests_scorer),
     ),
     PluginType(
         "load-aware-scorer",
         Kind.SCORER,
         "empty queue 0.5, else 0.5 - 0.5 x queue / threshold (down to 0)",
         (Param("threshold", T.INT, 128, "queue depth at which the score reaches 0"),),
-        factory=pending("load-aware-scorer", PART3),
+        factory=lambda p: _made(
+            scorers.load_aware_scorer, threshold=p["threshold"] if p["threshold"] > 0 else 128
+        ),
     ),
     PluginType(
         "active-request-scorer",
@@ -291,7 +376,11 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("requestTimeout", T.STRING, "", "deprecated and ignored"),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=pending("active-request-scorer", PART3),
+        factory=lambda p: _made(
+            scorers.active_request_scorer,
+            idle_threshold=p["idleThreshold"],
+            max_busy_score=p["maxBusyScore"],
+        ),
     ),
     PluginType(
         "token-load-scorer",
@@ -313,7 +402,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("prefixMatchInfoProducerName", T.STRING, ""),
             Param("lruSize", T.INT, 1024, "pods tracked", 1),
         ),
-        factory=pending("no-hit-lru-scorer", PART3),
+        factory=lambda p: _made(scorers.no_hit_lru_scorer, size=p["lruSize"]),
     ),
     PluginType(
         "session-affinity-scorer",
@@ -331,7 +420,9 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("label", T.STRING, "llm-d.ai/context-length-range", "pod label with min-max"),
             Param("enableFiltering", T.BOOL, False, "also drop out-of-range pods"),
         ),
-        factory=pending("context-length-aware", PART3),
+        factory=lambda p: _made(
+            scorers.context_length_scorer, label=p["label"], filtering=p["enableFiltering"]
+        ),
     ),
     PluginType(
         "header-label-affinity-scorer",
@@ -403,28 +494,28 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.PICKER,
         "highest total score, ties broken at random",
         _PICKER_PARAMETERS,
-        factory=configured("max-score-picker"),
+        factory=_picker(pickers.max_score_picker),
     ),
     PluginType(
         "random-picker",
         Kind.PICKER,
         "uniformly at random, ignoring scores",
         _PICKER_PARAMETERS,
-        factory=configured("random-picker"),
+        factory=_picker(pickers.random_picker),
     ),
     PluginType(
         "weighted-random-picker",
         Kind.PICKER,
         "chance proportional to total score (A-Res sampling)",
         _PICKER_PARAMETERS,
-        factory=configured("weighted-random-picker"),
+        factory=_picker(pickers.weighted_random_picker),
     ),
     # -- profile handlers and deciders ----------------------------------------
     PluginType(
         "single-profile-handler",
         Kind.PROFILE_HANDLER,
         "runs the one scheduling profile",
-        factory=configured("single-profile-handler"),
+        factory=lambda p: _made(profiles.single_profile_handler),
     ),
     PluginType(
         "disagg-profile-handler",
@@ -447,7 +538,7 @@ ENTRIES: tuple[PluginType, ...] = (
             ),
             Param("stageOrder", T.STRING, ""),
         ),
-        factory=pending("disagg-profile-handler", PART3),
+        factory=_disagg,
     ),
     PluginType(
         "pd-profile-handler",
@@ -469,7 +560,9 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.PROFILE_HANDLER,
         "one profile; the chosen rank's port becomes the pod's primary port",
         (Param("primaryPort", T.INT, 8000, "the pod's primary service port", 1, 65535),),
-        factory=pending("data-parallel-profile-handler", PART3),
+        factory=lambda p: _made(
+            profiles.data_parallel_profile_handler, primary_port=p["primaryPort"]
+        ),
     ),
     PluginType(
         "header-profile-handler",
@@ -486,7 +579,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "always-disagg-pd-decider",
         Kind.DECIDER,
         "always runs the prefill stage",
-        factory=pending("always-disagg-pd-decider", PART3),
+        factory=lambda p: _made(profiles.always_disagg_pd_decider),
     ),
     PluginType(
         "prefix-based-pd-decider",
@@ -498,13 +591,17 @@ ENTRIES: tuple[PluginType, ...] = (
             ),
             Param("promptTokens", T.INT, 0, "shortest prompt that may disaggregate", 0),
         ),
-        factory=pending("prefix-based-pd-decider", PART3),
+        factory=lambda p: _made(
+            profiles.prefix_based_pd_decider,
+            non_cached_tokens=p["nonCachedTokens"],
+            prompt_tokens=p["promptTokens"],
+        ),
     ),
     PluginType(
         "always-disagg-multimodal-decider",
         Kind.DECIDER,
         "runs the encode stage for every request with multimodal content",
-        factory=pending("always-disagg-multimodal-decider", PART3),
+        factory=lambda p: _made(profiles.always_disagg_multimodal_decider),
     ),
     PluginType(
         "disagg-headers-handler",

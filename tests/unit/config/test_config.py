@@ -7,7 +7,6 @@ import pytest
 
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
-from epp.scheduling.config import ScorerConfig
 
 ROOT = Path(__file__).parents[3]
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -141,11 +140,12 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
             ],
         )
     ).scheduling
-    assert scheduling.scorers == (
-        ScorerConfig("queue-scorer", 1.0),
-        ScorerConfig("prefix-cache-scorer", 5.0),
-    )
-    assert scheduling.picker == "weighted-random-picker"
+    (profile,) = scheduling.profiles
+    assert [(scorer.name, scorer.weight) for scorer in profile.scorers] == [
+        ("queue-scorer", 1.0),
+        ("prefix", 5.0),
+    ]
+    assert profile.picker.name == "weighted-random-picker"
     assert scheduling.prefix_block_chars == 32
     assert scheduling.prefix_max_blocks == 2048
 
@@ -257,7 +257,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
         ),
         (
             config(schedulingProfiles=[{"name": "a"}, {"name": "b"}]),
-            "schedulingProfiles: exactly one profile",
+            "plugins: several scheduling profiles need a profile handler",
         ),
         ("just text", "<document>: must be a mapping, got str"),
     ],

@@ -121,10 +121,14 @@ def test_types_that_need_what_epp_cannot_run_are_refused_with_a_reason(name: str
 
 
 def test_every_supported_type_builds_from_its_defaults() -> None:
+    from epp.config.fieldreader import FieldReader
+    from epp.config.plugin import read_parameters
+
     for entry in REGISTRY:
         if entry.supported and not any(param.required for param in entry.parameters):
-            document = {**HEAD, "plugins": [{"type": entry.name}]}
-            parse_config(document)
+            reader = FieldReader()
+            entry.build(read_parameters(reader, entry.parameters, None, "p"))
+            assert reader.errors == [], entry.name
 
 
 def test_a_refused_type_in_a_config_names_type_and_reason() -> None:
@@ -165,7 +169,7 @@ def test_name_defaults_to_the_type() -> None:
             "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "random-picker"}]}],
         }
     )
-    assert config.scheduling.picker == "random-picker"
+    assert config.scheduling.profiles[0].picker.name == "random-picker"
 
 
 def test_param_bounds_can_be_exclusive() -> None:

@@ -1,13 +1,10 @@
 import random
 from collections import Counter
 
-import pytest
-
 from epp.scheduling.pickers import (
     MaxScorePicker,
     RandomPicker,
     WeightedRandomPicker,
-    build_picker,
 )
 
 
@@ -47,8 +44,3 @@ def test_weighted_random_picks_uniformly_when_every_score_is_zero():
 def test_random_picker_ignores_scores():
     picker = RandomPicker(random.Random(5))
     assert {picker.pick([0.0, 9.0, 0.0]) for _ in range(200)} == {0, 1, 2}
-
-
-def test_an_unknown_picker_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown picker 'best'"):
-        build_picker("best", random.Random())

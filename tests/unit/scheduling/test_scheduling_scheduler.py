@@ -1,14 +1,14 @@
 import random
 
-import pytest
-
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.scheduling.config import SchedulingConfig, ScorerConfig
+from epp.scheduling.config import ProfileConfig, SchedulingConfig, ScorerConfig
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scorers import kv_cache_scorer, queue_scorer
+from epp.scheduling.spec import PluginSpec
 
 NOW = 100.0
 PROMPT = "You are a helpful assistant. " * 20
@@ -150,7 +150,14 @@ def test_a_request_without_payload_is_placed():
 
 def test_scores_are_weighted_and_summed():
     config = SchedulingConfig(
-        scorers=(ScorerConfig("queue-scorer", 2.0), ScorerConfig("kv-cache-utilization-scorer"))
+        profiles=(
+            ProfileConfig(
+                scorers=(
+                    ScorerConfig(PluginSpec("queue", queue_scorer), 2.0),
+                    ScorerConfig(PluginSpec("kv", kv_cache_scorer)),
+                )
+            ),
+        )
     )
     pool = pool_of(endpoint(1, waiting=0, kv_usage=0.5), endpoint(2, waiting=4, kv_usage=0.0))
     placer = scheduler(pool, config=config)
@@ -167,8 +174,3 @@ def test_prefixes_of_an_endpoint_that_left_are_forgotten():
     placer.place(flow_request(prompt="x" * 10))
     prefix = placer.scorers[2][1]
     assert prefix.score(InferenceRequest("m", "m", prompt=PROMPT), first.endpoints) == [0.0, 0.0]
-
-
-def test_an_unknown_picker_in_the_config_fails_at_construction():
-    with pytest.raises(ValueError, match="unknown picker"):
-        scheduler(pool_of(), config=SchedulingConfig(picker="nope"))

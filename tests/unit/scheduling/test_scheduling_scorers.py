@@ -1,8 +1,6 @@
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import (
@@ -11,7 +9,6 @@ from epp.scheduling.scorers import (
     PrefixCacheScorer,
     QueueScorer,
     RunningRequestsScorer,
-    build_scorer,
     lower_is_better,
 )
 
@@ -110,11 +107,6 @@ def test_a_forgotten_endpoint_loses_its_prefixes():
     scorer.picked(request, pool[0])
     scorer.forget(pool[0].address)
     assert scorer.score(request, pool) == [0.0]
-
-
-def test_an_unknown_scorer_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown scorer 'nope'"):
-        build_scorer("nope", SchedulingConfig())
 
 
 @settings(max_examples=200, deadline=None)

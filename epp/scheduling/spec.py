@@ -1,0 +1,54 @@
+"""How a configured scheduling plugin becomes a live one.
+
+The configuration holds `PluginSpec`s: the plugin's configured name, the
+function of this package that makes it, and its keyword arguments. Specs
+are plain values (equal when configured alike), so a reloaded configuration
+that did not change builds nothing new. A `Scheduler` builds each named
+plugin once (`BuildContext.build`), so a plugin referenced by two profiles is
+one instance with one state, as in the reference EPP.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class PluginSpec:
+    """A plugin as configured: `make(context, **arguments)` builds it."""
+
+    name: str
+    make: Callable[..., Any]
+    arguments: tuple[tuple[str, Any], ...] = ()
+
+
+def spec(name: str, make: Callable[..., Any], **arguments: Any) -> PluginSpec:
+    return PluginSpec(name, make, tuple(sorted(arguments.items())))
+
+
+@dataclass(slots=True)
+class BuildContext:
+    """What plugins may need when they are built: the scheduling
+    configuration (prefix-block parameters, ...), the scheduler's random
+    source, the concurrency gate (its in-flight counts), and the plugins
+    built so far, by name."""
+
+    config: Any
+    rng: random.Random
+    gate: Any = None
+    built: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, plugin: PluginSpec) -> Any:
+        """The plugin called `plugin.name`, built on first use."""
+        instance = self.built.get(plugin.name)
+        if instance is None:
+            instance = plugin.make(self, **dict(plugin.arguments))
+            self.built[plugin.name] = instance
+        return instance
+
+    def first(self, kind: type) -> Any:
+        """The first built plugin that is a `kind`, or None."""
+        return next((p for p in self.built.values() if isinstance(p, kind)), None)
