@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from epp.config.datalayer import DEFAULT_SOURCES, DataLayerConfig, DataSourceConfig
 from epp.config.fieldreader import FieldReader
 from epp.config.plugin import Configured, Kind, ParameterError, Unsupported, read_parameters
 from epp.config.registry import REGISTRY
@@ -47,7 +48,29 @@ from epp.scheduling.config import (
 from epp.scheduling.spec import PluginSpec
 
 API_VERSION = "llm-d.ai/v1alpha1"
+LEGACY_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+API_VERSIONS = (API_VERSION, LEGACY_API_VERSION)
 KIND = "EndpointPickerConfig"
+TOP_LEVEL_FIELDS = frozenset(
+    {
+        "apiVersion",
+        "kind",
+        "featureGates",
+        "plugins",
+        "schedulingProfiles",
+        "dataLayer",
+        "flowControl",
+        "requestHandler",
+        "saturationDetector",
+        "parser",
+    }
+)
+FEATURE_GATES = {"flowControl": False, "haPopulateNonLeaderDatastore": True}
+"""The reference's registered feature gates and their defaults."""
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
+DOCUMENT_FAIRNESS = Fairness.GLOBAL_STRICT
+"""A configuration file that names no fairness policy gets the reference's
+default; epp's own default (no file at all) is VTC."""
 
 FAIRNESS_PLUGINS = {f"{policy.value}-fairness-policy": policy for policy in Fairness}
 ORDERING_PLUGINS = {f"{policy.value}-ordering-policy": policy for policy in Ordering}
@@ -69,12 +92,32 @@ class ConfigError(ValueError):
 
 
 @dataclass(slots=True, frozen=True)
+class FlowPlugins:
+    """The flow-control plugins a configuration names, as their factories
+    made them (None: epp's gate, see `flowcontrol.config.GateConfig`)."""
+
+    saturation_detector: Any = None
+    usage_limit: Any = None
+    eviction: tuple[Any, Any] | None = None
+    """(filter, ordering) when `enableEviction` is set."""
+    admitters: tuple[Any, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class EppConfig:
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     plugins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """(name, type) of each declared plugin, for checks made where the config
     is used; not part of what the config means."""
+    feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
+    data_layer: DataLayerConfig = field(default_factory=DataLayerConfig)
+    parsers: tuple[str, ...] = DEFAULT_PARSERS
+    """Parser plugin types, in the order they are tried."""
+    flow_plugins: FlowPlugins = field(default_factory=FlowPlugins)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """What loading noticed without refusing (logged by `epp serve`, printed
+    by `epp validate`)."""
 
 
 class _Reader(FieldReader):
@@ -83,6 +126,22 @@ class _Reader(FieldReader):
     def __init__(self) -> None:
         super().__init__()
         self.unsupported = False
+        self.warnings: list[str] = []
+        self.refused: set[str] = set()
+        """Names of declared plugins refused as unsupported: references to
+        them are not reported again."""
+
+    def missing(self, path: str, name: str) -> None:
+        """A reference to an undeclared plugin (quiet when it was refused)."""
+        if name not in self.refused:
+            self.fail(path, f"no plugin named {name!r} in plugins")
+
+    def warn(self, path: str, message: str) -> None:
+        self.warnings.append(f"{path}: {message}" if path else message)
+
+    def quantity(self, value: Any, path: str, default: int) -> int:
+        """A count written as an integer or a Kubernetes quantity ("5k")."""
+        return self.size(value, path, default)
 
     def integer(self, value: Any, path: str, default: int, minimum: int | None = 0) -> int:
         if value is None:
@@ -178,6 +237,8 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
         if registered.reason is not None:
             reader.unsupported = True
             reader.fail(f"{path}.type", str(Unsupported(plugin_type, registered.reason)))
+            name = fields.get("name", plugin_type)
+            reader.refused.add(name if isinstance(name, str) else plugin_type)
             continue
         name = reader.string(fields.get("name", plugin_type), f"{path}.name")
         where = f"{path}.parameters"
@@ -195,6 +256,7 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
         except Unsupported as refusal:
             reader.unsupported = True
             reader.fail(f"{path}.type", str(refusal))
+            reader.refused.add(name)
             continue
         except ParameterError as error:
             reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
@@ -228,7 +290,7 @@ def _profile(
             continue
         plugin = plugins.get(ref)
         if plugin is None:
-            reader.fail(f"{where}.pluginRef", f"no plugin named {ref!r} in plugins")
+            reader.missing(f"{where}.pluginRef", ref)
             continue
         if plugin.kind is Kind.SCORER:
             weight = reader.number(entry_fields.get("weight"), f"{where}.weight", 1.0)
@@ -330,7 +392,7 @@ def _handler(
         where = f"{handler.path}.parameters.deciders.{role.split('_')[0]}"
         decider = plugins.get(ref)
         if decider is None:
-            reader.fail(where, f"no plugin named {ref!r} in plugins")
+            reader.missing(where, ref)
         elif decider.kind is not Kind.DECIDER:
             reader.fail(where, f"{ref!r} is a {decider.type}, not a decider")
         else:
@@ -404,7 +466,8 @@ def _policy_type(
         if registered is not None and registered.supported:
             parameters = read_parameters(reader, registered.parameters, None, path)
             return _Plugin(registered.name, registered.kind, parameters, None)
-    reader.fail(path, f"no plugin named {ref!r} and no such policy")
+    if ref not in reader.refused:
+        reader.fail(path, f"no plugin named {ref!r} and no such policy")
     return None
 
 
@@ -419,7 +482,7 @@ def _band(
     fields = reader.mapping(value, path, BAND_FIELDS | extra)
     band = replace(
         template,
-        max_requests=reader.integer(
+        max_requests=reader.quantity(
             fields.get("maxRequests"), f"{path}.maxRequests", template.max_requests
         ),
         max_bytes=reader.size(fields.get("maxBytes"), f"{path}.maxBytes", template.max_bytes),
@@ -509,25 +572,44 @@ FLOW_CONTROL_FIELDS = frozenset(
         "maxRequests",
         "maxBytes",
         "defaultRequestTTL",
-        "flowIdleTimeout",
+        "noEndpointRequestTTL",
         "defaultPriorityBand",
+        "defaultNegativePriorityBand",
         "priorityBands",
+        "usageLimitPolicyPluginRef",
+        "saturationDetector",
+        "enableEviction",
+        "flowIdleTimeout",
         "gate",
     }
 )
+EVICTION_PLUGINS = ("sheddable-eviction-filter", "priority-then-time-eviction-order-policy")
+"""What `enableEviction` turns on, as in the reference."""
 
 
-def _flow_control(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> FlowControlConfig:
+def _flow_control(
+    reader: _Reader, value: Any, plugins: dict[str, _Plugin], template: BandConfig
+) -> FlowControlConfig:
     defaults = FlowControlConfig()
     fields = reader.mapping(value, "flowControl", FLOW_CONTROL_FIELDS)
     default_band, _ = _band(
         reader,
         fields.get("defaultPriorityBand"),
         "flowControl.defaultPriorityBand",
-        defaults.default_band,
+        template,
         plugins,
         frozenset(),
     )
+    negative_band = None
+    if "defaultNegativePriorityBand" in fields:
+        negative_band, _ = _band(
+            reader,
+            fields["defaultNegativePriorityBand"],
+            "flowControl.defaultNegativePriorityBand",
+            default_band,
+            plugins,
+            frozenset(),
+        )
     bands: list[BandConfig] = []
     seen: set[int] = set()
     for index, entry in enumerate(
@@ -546,16 +628,25 @@ def _flow_control(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> F
             continue
         seen.add(priority)
         bands.append(replace(band, priority=priority))
+    default_ttl = reader.duration(
+        fields.get("defaultRequestTTL"), "flowControl.defaultRequestTTL", defaults.default_ttl
+    )
+    no_endpoint_ttl = reader.duration(
+        fields.get("noEndpointRequestTTL"), "flowControl.noEndpointRequestTTL", default_ttl
+    )
+    if no_endpoint_ttl != default_ttl:
+        reader.warn(
+            "flowControl.noEndpointRequestTTL",
+            "epp applies defaultRequestTTL while the pool has no endpoints too",
+        )
     return FlowControlConfig(
-        max_requests=reader.integer(
+        max_requests=reader.quantity(
             fields.get("maxRequests"), "flowControl.maxRequests", defaults.max_requests
         ),
         max_bytes=reader.size(fields.get("maxBytes"), "flowControl.maxBytes", defaults.max_bytes),
-        default_ttl=reader.duration(
-            fields.get("defaultRequestTTL"), "flowControl.defaultRequestTTL", defaults.default_ttl
-        )
-        or 0.0,
+        default_ttl=default_ttl or 0.0,
         default_band=default_band,
+        default_negative_band=negative_band,
         bands=tuple(sorted(bands, key=lambda band: -band.priority)),
         flow_idle_timeout=reader.duration(
             fields.get("flowIdleTimeout"), "flowControl.flowIdleTimeout", defaults.flow_idle_timeout
@@ -563,6 +654,232 @@ def _flow_control(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> F
         or 0.0,
         gate=_gate(reader, fields.get("gate")),
     )
+
+
+def _plugin_of_kind(
+    reader: _Reader, ref: Any, path: str, plugins: dict[str, _Plugin], kind: Kind
+) -> Any:
+    """What the factory made of the plugin `ref` names (a declared plugin,
+    or a registered type used with its defaults, as the reference allows for
+    its default plugins); None after reporting why it cannot be used."""
+    name = reader.string(ref, path)
+    if name is None or name in reader.refused:
+        return None
+    plugin = plugins.get(name)
+    if plugin is None:
+        registered = REGISTRY.get(name)
+        if registered is None:
+            reader.missing(path, name)
+            return None
+        plugin = _build_default(reader, registered.name, path)
+        if plugin is None:
+            return None
+    if plugin.kind is not kind:
+        reader.fail(path, f"{name!r} is a {plugin.type} ({plugin.kind}), not a {kind}")
+        return None
+    return plugin.value
+
+
+def _build_default(reader: _Reader, plugin_type: str, path: str) -> _Plugin | None:
+    registered = REGISTRY.get(plugin_type)
+    assert registered is not None, plugin_type
+    parameters = read_parameters(reader, registered.parameters, None, path)
+    try:
+        value = registered.build(parameters)
+    except (Unsupported, ParameterError) as error:
+        reader.unsupported = reader.unsupported or isinstance(error, Unsupported)
+        reader.fail(path, str(error))
+        return None
+    if isinstance(value, PluginSpec):
+        value = replace(value, name=plugin_type)
+    return _Plugin(plugin_type, registered.kind, parameters, value, path)
+
+
+def _flow_plugins(
+    reader: _Reader, value: Any, legacy_detector: Any, plugins: dict[str, _Plugin]
+) -> FlowPlugins:
+    """The flow-control plugins `flowControl` names (the deprecated
+    top-level `saturationDetector` when `flowControl` names none)."""
+    fields = value if isinstance(value, Mapping) else {}
+    detector = None
+    section = fields.get("saturationDetector")
+    where = "flowControl.saturationDetector"
+    if section is None and legacy_detector is not None:
+        section, where = legacy_detector, "saturationDetector"
+        reader.warn(where, "deprecated; use flowControl.saturationDetector")
+    if section is not None:
+        ref = reader.mapping(section, where, {"pluginRef"}).get("pluginRef")
+        if ref:
+            detector = _plugin_of_kind(
+                reader, ref, f"{where}.pluginRef", plugins, Kind.SATURATION_DETECTOR
+            )
+    usage_limit = None
+    if fields.get("usageLimitPolicyPluginRef"):
+        usage_limit = _plugin_of_kind(
+            reader,
+            fields["usageLimitPolicyPluginRef"],
+            "flowControl.usageLimitPolicyPluginRef",
+            plugins,
+            Kind.USAGE_LIMIT,
+        )
+    eviction = None
+    enable = fields.get("enableEviction", False)
+    if not isinstance(enable, bool):
+        reader.fail("flowControl.enableEviction", f"must be bool, got {enable!r}")
+    elif enable:
+        built = [
+            _build_default(reader, name, "flowControl.enableEviction") for name in EVICTION_PLUGINS
+        ]
+        if all(plugin is not None for plugin in built):
+            eviction = (built[0].value, built[1].value)  # type: ignore[union-attr]
+    admitters = tuple(p.value for p in plugins.values() if p.kind is Kind.ADMITTER)
+    return FlowPlugins(detector, usage_limit, eviction, admitters)
+
+
+def _feature_gates(reader: _Reader, value: Any) -> dict[str, bool]:
+    """The reference's gates: `name` or `name=bool`; unknown names are errors."""
+    gates = dict(FEATURE_GATES)
+    for index, entry in enumerate(reader.sequence(value, "featureGates")):
+        path = f"featureGates[{index}]"
+        text = reader.string(entry, path)
+        if text is None:
+            continue
+        name, sep, raw = text.partition("=")
+        if name not in FEATURE_GATES:
+            known = ", ".join(FEATURE_GATES)
+            reader.fail(path, f"unknown feature gate {name!r}; known: {known}")
+            continue
+        enabled = True
+        if sep:
+            flag = raw.strip().lower()
+            if flag not in _GO_BOOLS:
+                reader.fail(path, f"{raw!r} is not a valid value for the feature gate {name}")
+                continue
+            enabled = _GO_BOOLS[flag]
+        gates[name] = enabled
+    return gates
+
+
+_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
+"""strconv.ParseBool's spellings, lower-cased as the reference does."""
+
+
+def _data_layer(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> DataLayerConfig:
+    fields = reader.mapping(
+        value,
+        "dataLayer",
+        {
+            "sources",
+            "discovery",
+            "injectDefaults",
+            "peerDiscovery",
+            "crossReplicaSyncerPluginRef",
+            "crossReplicaSyncInterval",
+        },
+    )
+    sources: list[DataSourceConfig] = []
+    for index, entry in enumerate(reader.sequence(fields.get("sources"), "dataLayer.sources")):
+        path = f"dataLayer.sources[{index}]"
+        source_fields = reader.mapping(entry, path, {"pluginRef", "extractors"})
+        source = _referenced(reader, source_fields.get("pluginRef"), f"{path}.pluginRef", plugins)
+        extractors = []
+        for position, item in enumerate(
+            reader.sequence(source_fields.get("extractors"), f"{path}.extractors")
+        ):
+            where = f"{path}.extractors[{position}]"
+            ref = reader.mapping(item, where, {"pluginRef"}).get("pluginRef")
+            extractor = _referenced(reader, ref, f"{where}.pluginRef", plugins)
+            if extractor is not None:
+                extractors.append((ref, extractor.value))
+        if source is None:
+            continue
+        if source.kind is not Kind.DATA_SOURCE:
+            reader.fail(f"{path}.pluginRef", f"{source.type} is not a data source")
+            continue
+        sources.append(
+            DataSourceConfig(
+                source_fields["pluginRef"], source.type, source.value, tuple(extractors)
+            )
+        )
+    discovery = None
+    if fields.get("discovery") is not None:
+        ref = reader.mapping(fields["discovery"], "dataLayer.discovery", {"pluginRef"}).get(
+            "pluginRef"
+        )
+        found = _referenced(reader, ref, "dataLayer.discovery.pluginRef", plugins)
+        if found is not None:
+            if found.kind is not Kind.DISCOVERY:
+                reader.fail(
+                    "dataLayer.discovery.pluginRef", f"{found.type} is not a discovery plugin"
+                )
+            else:
+                discovery = (ref, found.value)
+    for unsupported in ("peerDiscovery", "crossReplicaSyncerPluginRef"):
+        if fields.get(unsupported):
+            reader.unsupported = True
+            reader.fail(
+                f"dataLayer.{unsupported}", "not supported by epp: one EPP replica owns its state"
+            )
+    if fields.get("crossReplicaSyncInterval") is not None:
+        reader.duration(
+            fields["crossReplicaSyncInterval"], "dataLayer.crossReplicaSyncInterval", None
+        )
+    inject = fields.get("injectDefaults", True)
+    if not isinstance(inject, bool):
+        reader.fail("dataLayer.injectDefaults", f"must be bool, got {inject!r}")
+        inject = True
+    if inject and not any(source.type == "metrics-data-source" for source in sources):
+        sources.extend(DEFAULT_SOURCES)
+    return DataLayerConfig(tuple(sources), discovery)
+
+
+def _referenced(
+    reader: _Reader, ref: Any, path: str, plugins: dict[str, _Plugin]
+) -> _Plugin | None:
+    name = reader.string(ref, path)
+    if name is None:
+        return None
+    plugin = plugins.get(name)
+    if plugin is None:
+        reader.missing(path, name)
+    return plugin
+
+
+def _parsers(
+    reader: _Reader, value: Any, legacy: Any, plugins: dict[str, _Plugin]
+) -> tuple[str, ...]:
+    """Parser types in order: `requestHandler.parsers`, else the deprecated
+    top-level `parser`, else the reference's four."""
+    fields = reader.mapping(value, "requestHandler", {"parsers"})
+    entries = [
+        (f"requestHandler.parsers[{index}]", entry)
+        for index, entry in enumerate(
+            reader.sequence(fields.get("parsers"), "requestHandler.parsers")
+        )
+    ]
+    if not entries and legacy is not None:
+        reader.warn("parser", "deprecated; use requestHandler.parsers")
+        entries = [("parser", legacy)]
+    if not entries:
+        return DEFAULT_PARSERS
+    types: list[str] = []
+    for path, entry in entries:
+        ref = reader.mapping(entry, path, {"pluginRef"}).get("pluginRef")
+        name = reader.string(ref, f"{path}.pluginRef")
+        if name is None:
+            continue
+        plugin = plugins.get(name)
+        if plugin is None and name in REGISTRY:
+            plugin = _build_default(reader, name, f"{path}.pluginRef")
+            if plugin is None:
+                continue
+        if plugin is None:
+            reader.missing(f"{path}.pluginRef", name)
+        elif plugin.kind is not Kind.PARSER:
+            reader.fail(f"{path}.pluginRef", f"{plugin.type} is not a parser")
+        else:
+            types.append(plugin.type)
+    return tuple(types)
 
 
 def is_config(obj: Any) -> bool:
@@ -577,18 +894,42 @@ def parse_config(document: Any) -> EppConfig:
     if not isinstance(document, Mapping):
         raise ConfigError([f"<document>: must be a mapping, got {type(document).__name__}"])
     reader = _Reader()
-    fields = reader.mapping(
-        document, "", {"apiVersion", "kind", "plugins", "schedulingProfiles", "flowControl"}
-    )
-    if fields.get("apiVersion") != API_VERSION:
-        reader.fail("apiVersion", f"must be {API_VERSION!r}, got {fields.get('apiVersion')!r}")
+    fields = reader.mapping(document, "", TOP_LEVEL_FIELDS)
+    version = fields.get("apiVersion")
+    if version not in API_VERSIONS:
+        reader.fail(
+            "apiVersion",
+            f"must be {API_VERSION!r} (or the older {LEGACY_API_VERSION!r}), got {version!r}",
+        )
+    elif version == LEGACY_API_VERSION:
+        reader.warn("apiVersion", f"{LEGACY_API_VERSION} is deprecated; use {API_VERSION}")
     if fields.get("kind") != KIND:
         reader.fail("kind", f"must be {KIND!r}, got {fields.get('kind')!r}")
+    feature_gates = _feature_gates(reader, fields.get("featureGates"))
+    flow_fields = fields.get("flowControl")
+    if (
+        not feature_gates["flowControl"]
+        and isinstance(flow_fields, Mapping)
+        and set(flow_fields) - {"saturationDetector"}
+    ):
+        reader.warn(
+            "flowControl",
+            "the reference ignores these settings without featureGates: [flowControl]; "
+            "epp's flow control always runs and applies them",
+        )
     plugins = _plugins(reader, fields.get("plugins"))
+    template = replace(FlowControlConfig().default_band, fairness=DOCUMENT_FAIRNESS)
     config = EppConfig(
-        flow_control=_flow_control(reader, fields.get("flowControl"), plugins),
+        flow_control=_flow_control(reader, fields.get("flowControl"), plugins, template),
         scheduling=_scheduling(reader, fields.get("schedulingProfiles"), plugins),
         plugins=tuple((name, plugin.type) for name, plugin in plugins.items()),
+        feature_gates=feature_gates,
+        data_layer=_data_layer(reader, fields.get("dataLayer"), plugins),
+        parsers=_parsers(reader, fields.get("requestHandler"), fields.get("parser"), plugins),
+        flow_plugins=_flow_plugins(
+            reader, fields.get("flowControl"), fields.get("saturationDetector"), plugins
+        ),
+        warnings=tuple(reader.warnings),
     )
     if reader.errors:
         raise ConfigError(

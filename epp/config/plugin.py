@@ -87,6 +87,8 @@ class Param:
     choices: tuple[str, ...] = ()
     required: bool = False
     fields: tuple[Param, ...] = ()
+    nullable: bool = False
+    """An object that stays None when absent (else its fields' defaults)."""
 
 
 Parameters = Mapping[str, Any]
@@ -171,7 +173,12 @@ def read_parameters(
 
 
 def _default(param: Param) -> Any:
-    if param.type is ParamType.OBJECT and param.default is None and param.fields:
+    if (
+        param.type is ParamType.OBJECT
+        and param.default is None
+        and param.fields
+        and not param.nullable
+    ):
         return {field.name: _default(field) for field in param.fields}
     return param.default
 

@@ -29,13 +29,16 @@ def manifest_errors(manifest: Manifest) -> list[str]:
     return document_check(manifest)[0]
 
 
-def document_check(manifest: Manifest) -> tuple[list[str], bool]:
-    """The problems of one document, and whether one is an unsupported plugin."""
+def document_check(manifest: Manifest, out: TextIO | None = None) -> tuple[list[str], bool]:
+    """The problems of one document, and whether one is an unsupported
+    plugin; a configuration's warnings go to `out`."""
     if is_config(manifest.object):
         try:
-            parse_config(manifest.object)
+            config = parse_config(manifest.object)
         except ConfigError as error:
             return error.errors, error.unsupported
+        for warning in config.warnings if out is not None else ():
+            print(f"{manifest.where}: warning: {warning}", file=out)
         return [], False
     try:
         decode(manifest.object)
@@ -60,7 +63,7 @@ def validate(paths: list[str], out: TextIO) -> int:
             continue
         for manifest in manifests:
             documents += 1
-            found, refused = document_check(manifest)
+            found, refused = document_check(manifest, out)
             unsupported = unsupported or refused
             for error in found:
                 errors += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epp.config.units import parse_duration
+from epp.scheduling.profiles import DATA_PARALLEL_HEADER, ENCODERS_HEADER, PREFILLER_HEADER
 
 OBJECTIVE = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
 FAIRNESS_ID = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
@@ -18,6 +19,10 @@ TTFT_SLO_MS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 
 CONTROL_HEADERS = (*OBJECTIVE, *FAIRNESS_ID, *TTL, *TTFT_SLO_MS)
 """Read by the EPP and removed before the request goes upstream."""
+
+ROUTING_HEADERS = (PREFILLER_HEADER, ENCODERS_HEADER, DATA_PARALLEL_HEADER)
+"""What the scheduler tells the model server's sidecar besides the endpoint
+(`epp.scheduling.profiles` sets them); a client's own values are removed."""
 
 REQUEST_ID = "x-request-id"
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"

@@ -73,6 +73,8 @@ class ParsedBody:
     max_tokens: int | None
     input_tokens: int
     body: bytes
+    multimodal: bool = False
+    """Whether a message carries an image, audio or video part."""
 
 
 def api_for_path(path: str) -> Api:
@@ -121,7 +123,26 @@ def parse_body(
         target = rewrite_to
         document["model"] = target
         body = orjson.dumps(document)
-    return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body)
+    messages = document.get("messages") if api is not Api.RESPONSES else document.get("input")
+    multimodal = isinstance(messages, list) and has_media(messages)
+    return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body, multimodal)
+
+
+MEDIA_PARTS = frozenset(
+    {"image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "input_video"}
+)
+"""Content part types that carry media (OpenAI, vLLM and Anthropic names)."""
+
+
+def has_media(messages: list[Any]) -> bool:
+    """Whether any message's content list has a media part."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in MEDIA_PARTS:
+                    return True
+    return False
 
 
 def _read_request_prompt(api: Api, document: dict[str, Any]) -> tuple[str, int]:

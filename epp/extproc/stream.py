@@ -277,19 +277,32 @@ class ExtProcStream:
                 stream=parsed.stream,
                 max_tokens=parsed.max_tokens,
                 subset=self._subset,
+                input_tokens=parsed.input_tokens,
+                multimodal=parsed.multimodal,
             ),
         )
         self.phase = Phase.ADMITTING
         return [AdmissionNeeded(self.request)]
 
     def _forward(self, request: FlowRequest) -> list[Event]:
-        endpoint = h.format_endpoint(request.endpoint or "")
+        payload = request.payload
+        destination = payload.destination if payload is not None else None
+        endpoint = h.format_endpoint(destination or request.endpoint or "")
         body = self._upstream_body
         self._upstream_body = b""
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]
         if h.REQUEST_ID not in self.headers:
             set_headers.append((h.REQUEST_ID, request.request_id))
         remove = [name for name in h.CONTROL_HEADERS if name in self.headers]
+        routing = payload.routing if payload is not None else None
+        if routing:
+            set_headers.extend(routing.items())
+        # A client must not choose the sidecar's prefill or encode pods.
+        remove.extend(
+            name
+            for name in h.ROUTING_HEADERS
+            if name in self.headers and not (routing and name in routing)
+        )
         replies: list[Event] = [messages.routed_headers_reply(endpoint, set_headers, remove)]
         replies.extend(messages.body_chunks(body, not self._request_trailers))
         if self._request_trailers:

@@ -74,6 +74,8 @@ class FlowControlConfig:
     max_bytes: int = 0
     default_ttl: float = 60.0
     default_band: BandConfig = field(default_factory=lambda: BandConfig(priority=0))
+    default_negative_band: BandConfig | None = None
+    """The template for negative (sheddable) priorities; None: `default_band`."""
     bands: tuple[BandConfig, ...] = ()
     flow_idle_timeout: float = 300.0
     gate: GateConfig = field(default_factory=GateConfig)
@@ -83,7 +85,10 @@ class FlowControlConfig:
         for band in self.bands:
             if band.priority == priority:
                 return band
-        return replace(self.default_band, priority=priority)
+        template = self.default_band
+        if priority < 0 and self.default_negative_band is not None:
+            template = self.default_negative_band
+        return replace(template, priority=priority)
 
 
 def effective_ttl(*ttls: float | None) -> float | None:

@@ -38,10 +38,10 @@ class InferenceRequest:
     stream: bool = False
     max_tokens: int | None = None
     subset: frozenset[str] | None = None
+    prefix_hashes: tuple[int, int, tuple[int, ...]] | None = field(
+        default=None, repr=False, compare=False
+    )
     input_tokens: int = 0
     multimodal: bool = False
     routing: dict[str, str] | None = None
     destination: str | None = None
-    prefix_hashes: tuple[int, int, tuple[int, ...]] | None = field(
-        default=None, repr=False, compare=False
-    )

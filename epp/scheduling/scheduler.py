@@ -71,6 +71,7 @@ class Scheduler:
         "_single",
         "endpoints_now",
         "healthy_now",
+        "picks",
         "scorers",
     )
 
@@ -105,6 +106,8 @@ class Scheduler:
         self._healthy_until = float("-inf")
         self.healthy_now: Sequence[Endpoint] = ()
         self.endpoints_now: Sequence[Endpoint] = ()
+        self.picks: list[tuple[ProfileRunner, Endpoint]] = []
+        """The profiles' choices for the request being placed."""
 
     def has_endpoints(self) -> bool:
         return bool(self._pool().endpoints)
@@ -136,8 +139,18 @@ class Scheduler:
         self.endpoints_now = endpoints
         single = self._single
         if single is not None:
-            return single.choose(request, True)
-        return self._handler.choose(request, self._runners)
+            chosen = single.choose(request, True)
+            if isinstance(chosen, Endpoint):
+                single.learn(request, chosen)
+            return chosen
+        picks = self.picks
+        picks.clear()
+        chosen = self._handler.choose(request, self._runners)
+        # Scorers learn only once every profile has chosen, so a decider
+        # reading the prefix index sees it as it was before this request.
+        for runner, endpoint in picks:
+            runner.learn(request, endpoint)
+        return chosen
 
     def total_scores(
         self, request: InferenceRequest, candidates: Sequence[Endpoint]
@@ -268,9 +281,14 @@ class ProfileRunner:
             if not candidates:
                 return None
             chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
+        if source._single is None:
+            source.picks.append((self, chosen))
+        return chosen
+
+    def learn(self, request: InferenceRequest, chosen: Endpoint) -> None:
+        """Tell the scorers where the request went."""
         for picked in self._learning:
             picked(request, chosen)
-        return chosen
 
     def total_scores(
         self, request: InferenceRequest, candidates: Sequence[Endpoint]

@@ -268,14 +268,18 @@ class EppServer:
         options = self.options
         if options.config_text is not None:
             try:
-                return parse_config(yaml.safe_load(options.config_text))
+                config = parse_config(yaml.safe_load(options.config_text))
             except yaml.YAMLError as error:
                 raise ConfigError([f"cannot read: {error}"], "--config-text") from None
             except ConfigError as error:
-                raise ConfigError(error.errors, "--config-text") from None
-        if options.config_file is None:
+                raise ConfigError(error.errors, "--config-text", error.unsupported) from None
+        elif options.config_file is None:
             return EppConfig()
-        return load_config(options.config_file)
+        else:
+            config = load_config(options.config_file)
+        for warning in config.warnings:
+            log.warning("configuration: %s", warning)
+        return config
 
     def _build_core(self, config: EppConfig) -> None:
         seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)

@@ -163,6 +163,10 @@ class EppPolicy:
             request.output_tokens,
             None,
             self._blocks.of(request),
+            prompt_tokens,
+            False,  # multimodal
+            None,  # routing
+            None,  # destination
             request,
         )
         # All positional: calling a class with a keyword builds a dict.

@@ -4,7 +4,8 @@ reference's parameter names, types and defaults
 
 from __future__ import annotations
 
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, pending
+from epp.config.datalayer import core_metrics, metrics_source
+from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -34,7 +35,7 @@ ENTRIES: tuple[PluginType, ...] = (
                 True,
             ),
         ),
-        factory=pending("metrics-data-source", PART3),
+        factory=metrics_source,
     ),
     PluginType(
         "core-metrics-extractor",
@@ -49,13 +50,13 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("engineConfigs", T.ANY, (), "custom engines: name and metric specs"),
             Param("customMetrics", T.ANY, (), "extra metrics to read"),
         ),
-        factory=pending("core-metrics-extractor", PART3),
+        factory=core_metrics,
     ),
     PluginType(
         "endpoint-notification-source",
         Kind.DATA_SOURCE,
         "tells extractors when pods are added or removed",
-        factory=pending("endpoint-notification-source", PART3),
+        factory=configured("endpoint-notification-source"),
     ),
     PluginType(
         "k8s-notification-source",

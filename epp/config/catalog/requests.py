@@ -4,7 +4,21 @@ defaults (`pkg/epp/framework/plugins/requesthandling/` and `requestcontrol/`).""
 
 from __future__ import annotations
 
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+from collections.abc import Mapping
+from typing import Any
+
+from epp.config.plugin import (
+    Configured,
+    Kind,
+    Param,
+    ParameterError,
+    ParamType,
+    PluginType,
+    Stability,
+    Unsupported,
+    configured,
+    pending,
+)
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -28,10 +42,34 @@ _TOKEN_PRODUCER_PARAMETERS = (
             Param("timeout", T.DURATION, 5.0),
             Param("mmTimeout", T.DURATION, 30.0),
         ),
+        nullable=True,
     ),
     Param("estimate", T.ANY, None, "tokenizer-free estimate (the default backend)"),
     Param("udsTokenizerConfig", T.ANY, None, "deprecated tokenizer sidecar"),
 )
+
+
+def _token_producer(parameters: Mapping[str, Any]) -> Configured:
+    if parameters["vllm"] is not None or parameters["udsTokenizerConfig"] is not None:
+        raise Unsupported(
+            "token-producer",
+            "its vllm (and udsTokenizerConfig) backend tokenizes through a model server's "
+            "/render endpoint, which epp does not call; without one it estimates tokens as "
+            "epp always does",
+        )
+    return Configured("token-producer", dict(parameters))
+
+
+def _inflight_load(parameters: Mapping[str, Any]) -> Configured:
+    if parameters["addEstimatedOutputTokens"] or parameters["syncCrossReplicaState"]:
+        raise ParameterError(
+            "addEstimatedOutputTokens"
+            if parameters["addEstimatedOutputTokens"]
+            else "syncCrossReplicaState",
+            "not supported: epp counts requests in flight per endpoint (its concurrency gate)",
+        )
+    return Configured("inflight-load-producer", dict(parameters))
+
 
 ENTRIES: tuple[PluginType, ...] = (
     # -- parsers --------------------------------------------------------------
@@ -101,16 +139,17 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "token-producer",
         Kind.PRODUCER,
-        "counts the prompt's tokens (estimate backend; vLLM /render is not called)",
+        "counts the prompt's tokens: epp always estimates them (characters / 4), the "
+        "reference's estimate backend; a vllm backend is refused",
         _TOKEN_PRODUCER_PARAMETERS,
-        factory=pending("token-producer", PART3),
+        factory=_token_producer,
     ),
     PluginType(
         "tokenizer",
         Kind.PRODUCER,
         "deprecated name of token-producer",
         _TOKEN_PRODUCER_PARAMETERS,
-        factory=pending("tokenizer", PART3),
+        factory=_token_producer,
         deprecated_for="token-producer",
     ),
     PluginType(
@@ -124,7 +163,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("prefixMatchInfoProducerName", T.STRING, ""),
             Param("syncCrossReplicaState", T.BOOL, None, "share counts between EPP replicas"),
         ),
-        factory=pending("inflight-load-producer", PART3),
+        factory=_inflight_load,
     ),
     PluginType(
         "session-id-producer",

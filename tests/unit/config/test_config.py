@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ def test_default_file_is_the_defaults() -> None:
     assert load_config(ROOT / "config" / "epp" / "default.yaml") == EppConfig()
 
 
-def test_empty_document_is_the_defaults() -> None:
-    assert parse_config(config()) == EppConfig()
+def test_empty_document_is_the_defaults_but_for_the_references_fairness() -> None:
+    parsed = parse_config(config())
+    assert parsed.flow_control.default_band.fairness is Fairness.GLOBAL_STRICT
+    assert EppConfig().flow_control.default_band.fairness is Fairness.VTC
+    assert replace(parsed, flow_control=EppConfig().flow_control) == EppConfig()
 
 
 def test_flow_control_fields_are_read() -> None:
@@ -54,7 +58,13 @@ def test_flow_control_fields_are_read() -> None:
             }
         )
     ).flow_control
-    template = BandConfig(priority=0, max_requests=50, ttl=10.0, ordering=Ordering.EDF)
+    template = BandConfig(
+        priority=0,
+        max_requests=50,
+        ttl=10.0,
+        ordering=Ordering.EDF,
+        fairness=Fairness.GLOBAL_STRICT,
+    )
     assert parsed == FlowControlConfig(
         max_requests=100,
         max_bytes=10 << 20,
@@ -62,7 +72,7 @@ def test_flow_control_fields_are_read() -> None:
         flow_idle_timeout=60.0,
         default_band=template,
         bands=(
-            BandConfig(priority=10, max_requests=50, ttl=2.0, ordering=Ordering.EDF),
+            replace(template, priority=10, ttl=2.0),
             BandConfig(
                 priority=-5,
                 max_requests=50,
@@ -154,13 +164,13 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
     ("document", "error"),
     [
         (config(extra=1), "extra: unknown field"),
-        ({"kind": "EndpointPickerConfig"}, "apiVersion: must be 'llm-d.ai/v1alpha1', got None"),
+        ({"kind": "EndpointPickerConfig"}, "apiVersion: must be 'llm-d.ai/v1alpha1'"),
         (config(kind="Other"), "kind: must be 'EndpointPickerConfig'"),
         (config(flowControl={"maxRequest": 1}), "flowControl.maxRequest: unknown field"),
-        (config(flowControl={"maxRequests": -1}), "flowControl.maxRequests: must be at least 0"),
+        (config(flowControl={"maxRequests": -1}), "flowControl.maxRequests: must not be negative"),
         (
             config(flowControl={"maxRequests": "many"}),
-            "flowControl.maxRequests: must be an integer",
+            "flowControl.maxRequests: must be a byte count or quantity",
         ),
         (config(flowControl={"maxBytes": "1GB"}), "flowControl.maxBytes: must be a byte count"),
         (

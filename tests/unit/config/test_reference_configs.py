@@ -1,0 +1,41 @@
+"""Every sample configuration of the reference EPP (copied into
+tests/data/reference_configs, source in its README) either loads, or is
+refused naming each plugin type epp cannot run, and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epp.cli import main
+
+SAMPLES = Path(__file__).parents[2] / "data" / "reference_configs"
+LOADING = {
+    "dp-epp-config.yaml",
+    "epp-config.yaml",
+    "epp-estimate-prefix-cache-config.yaml",
+    "pd-epp-config.yaml",
+    "sim-e-p-d-epp-config.yaml",
+    "sim-e-pd-epp-config.yaml",
+    "sim-epp-config.yaml",
+    "sim-pd-epp-config.yaml",
+}
+
+
+def test_the_fixtures_are_all_there() -> None:
+    assert len(list(SAMPLES.glob("*.yaml"))) == 19
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda path: path.name)
+def test_a_reference_sample_loads_or_is_refused_by_plugin(path: Path, capsys) -> None:
+    status = main(["validate", str(path)])
+    lines = capsys.readouterr().out.splitlines()
+    errors = [line for line in lines[:-1] if ": warning: " not in line]
+    if path.name in LOADING:
+        assert status == 0, lines
+        return
+    assert status == 2, lines
+    assert errors
+    for line in errors:
+        assert ".type: plugin type '" in line and "' is not supported by epp: " in line, line

@@ -1,0 +1,275 @@
+"""Profiles and profile handlers, configured as the reference's sample
+configurations configure them (through the loader and the registry)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from epp.config.loader import parse_config
+from epp.flowcontrol.outcome import Outcome
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.scheduling.filters import ROLE_LABEL
+from epp.scheduling.profiles import DATA_PARALLEL_HEADER, ENCODERS_HEADER, PREFILLER_HEADER
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+
+NOW = 100.0
+HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 40
+
+
+def pod(index: int, role: str | None = None, waiting: float = 0, **labels: str) -> Endpoint:
+    if role is not None:
+        labels[ROLE_LABEL] = role
+    metrics = EndpointMetrics(waiting=waiting, updated_at=NOW)
+    return Endpoint(f"pod-{index}", f"10.0.0.{index}:8000", labels, metrics)
+
+
+def scheduler_for(document: dict[str, Any], *pods: Endpoint, gate=None) -> Scheduler:
+    config = parse_config({**HEAD, **document}).scheduling
+    pool = PoolSnapshot(endpoints=pods, version=1, membership=1)
+    return Scheduler(config, lambda: pool, lambda: NOW, random.Random(7), gate)
+
+
+def request(prompt: str = LONG_PROMPT, multimodal: bool = False) -> InferenceRequest:
+    return InferenceRequest(
+        "m", "m", prompt=prompt, input_tokens=len(prompt) // 4, multimodal=multimodal
+    )
+
+
+PD = {
+    "plugins": [
+        {"type": "prefix-cache-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "pd"}}},
+        {"type": "prefix-based-pd-decider", "name": "pd", "parameters": {"nonCachedTokens": 16}},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "prefill",
+            "plugins": [
+                {"pluginRef": "prefill-filter"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                {"pluginRef": "queue-scorer"},
+            ],
+        },
+        {
+            "name": "decode",
+            "plugins": [
+                {"pluginRef": "decode-filter"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                {"pluginRef": "queue-scorer"},
+            ],
+        },
+    ],
+}
+
+
+def test_single_profile_decode_filter_keeps_decode_pods_and_unlabelled_ones() -> None:
+    document = {
+        "plugins": [{"type": "decode-filter"}, {"type": "queue-scorer"}],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}],
+            }
+        ],
+    }
+    placer = scheduler_for(document, pod(1, "prefill"), pod(2, "decode", waiting=3), pod(3))
+    chosen = {placer.choose(request(f"{n}" * 80)).address for n in range(20)}
+    assert chosen <= {"10.0.0.2:8000", "10.0.0.3:8000"}
+    assert "10.0.0.3:8000" in chosen
+
+
+def test_a_filter_that_keeps_no_pod_ends_the_request_with_no_endpoints() -> None:
+    document = {
+        "plugins": [{"type": "prefill-filter"}],
+        "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "prefill-filter"}]}],
+    }
+    placer = scheduler_for(document, pod(1, "decode"), pod(2))
+    assert placer.choose(request()) is Outcome.REJECTED_NO_ENDPOINTS
+
+
+def test_a_filter_does_not_fall_back_to_pods_it_excludes_when_its_pods_are_saturated() -> None:
+    document = {
+        "plugins": [{"type": "decode-filter"}],
+        "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "decode-filter"}]}],
+    }
+    placer = scheduler_for(document, pod(1, "prefill"), pod(2, "decode", waiting=50))
+    assert placer.choose(request()).address == "10.0.0.2:8000"
+
+
+def test_disagg_sends_a_long_uncached_prompt_to_a_prefill_pod_in_the_header() -> None:
+    placer = scheduler_for(PD, pod(1, "prefill"), pod(2, "decode"))
+    wanted = request()
+    chosen = placer.choose(wanted)
+    assert chosen.address == "10.0.0.2:8000"
+    assert wanted.routing == {PREFILLER_HEADER: "10.0.0.1:8000"}
+
+
+def test_disagg_keeps_a_cached_prompt_on_the_decode_pod() -> None:
+    placer = scheduler_for(PD, pod(1, "prefill"), pod(2, "decode"))
+    placer.choose(request())
+    again = request()
+    assert placer.choose(again).address == "10.0.0.2:8000"
+    assert again.routing is None
+
+
+def test_disagg_keeps_a_short_prompt_on_the_decode_pod() -> None:
+    placer = scheduler_for(PD, pod(1, "prefill"), pod(2, "decode"))
+    short = request("hello there")
+    assert placer.choose(short).address == "10.0.0.2:8000"
+    assert short.routing is None
+
+
+def test_disagg_without_prefill_pods_decodes_alone() -> None:
+    placer = scheduler_for(PD, pod(2, "decode"), pod(3, "decode"))
+    wanted = request()
+    assert placer.choose(wanted).address in {"10.0.0.2:8000", "10.0.0.3:8000"}
+    assert wanted.routing is None
+
+
+def test_encode_decider_sends_multimodal_requests_to_an_encoder() -> None:
+    document = {
+        "plugins": [
+            {"type": "encode-filter"},
+            {"type": "decode-filter"},
+            {"type": "always-disagg-multimodal-decider"},
+            {
+                "type": "disagg-profile-handler",
+                "parameters": {"deciders": {"encode": "always-disagg-multimodal-decider"}},
+            },
+        ],
+        "schedulingProfiles": [
+            {"name": "encode", "plugins": [{"pluginRef": "encode-filter"}]},
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}]},
+        ],
+    }
+    placer = scheduler_for(document, pod(1, "encode"), pod(2, "prefill-decode"))
+    image = request(multimodal=True)
+    assert placer.choose(image).address == "10.0.0.2:8000"
+    assert image.routing == {ENCODERS_HEADER: "10.0.0.1:8000"}
+    text = request()
+    placer.choose(text)
+    assert text.routing is None
+
+
+def test_always_disagg_pd_decider_always_prefills_elsewhere() -> None:
+    document = {
+        **PD,
+        "plugins": [
+            *PD["plugins"][:5],
+            {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "always"}}},
+            {"type": "always-disagg-pd-decider", "name": "always"},
+        ],
+    }
+    placer = scheduler_for(document, pod(1, "prefill"), pod(2, "decode"))
+    short = request("hi")
+    placer.choose(short)
+    assert short.routing == {PREFILLER_HEADER: "10.0.0.1:8000"}
+
+
+def test_data_parallel_routes_to_the_primary_port_and_names_the_rank() -> None:
+    document = {
+        "plugins": [
+            {"type": "queue-scorer"},
+            {"type": "data-parallel-profile-handler", "parameters": {"primaryPort": 8000}},
+        ],
+    }
+    rank = Endpoint("pod-1-rank1", "10.0.0.1:8001", {}, EndpointMetrics(updated_at=NOW))
+    placer = scheduler_for(document, rank)
+    wanted = request()
+    assert placer.choose(wanted) is rank
+    assert wanted.destination == "10.0.0.1:8000"
+    assert wanted.routing == {DATA_PARALLEL_HEADER: "10.0.0.1:8001"}
+
+
+@pytest.mark.parametrize(
+    ("document", "error"),
+    [
+        (
+            {"schedulingProfiles": [{"name": "a"}, {"name": "b"}]},
+            "plugins: several scheduling profiles need a profile handler",
+        ),
+        (
+            {
+                "plugins": [{"type": "single-profile-handler"}],
+                "schedulingProfiles": [{"name": "a"}, {"name": "b"}],
+            },
+            "plugins[0].type: single-profile-handler runs exactly one profile, got 2",
+        ),
+        (
+            {
+                "plugins": [{"type": "disagg-profile-handler"}],
+                "schedulingProfiles": [{"name": "prefill"}],
+            },
+            "plugins[0].parameters.profiles.decode: no scheduling profile named 'decode'",
+        ),
+        (
+            {
+                "plugins": [
+                    {
+                        "type": "disagg-profile-handler",
+                        "parameters": {"deciders": {"prefill": "x"}},
+                    },
+                    {"type": "queue-scorer", "name": "x"},
+                ],
+                "schedulingProfiles": [{"name": "decode"}],
+            },
+            "plugins[0].parameters.deciders.prefill: 'x' is a queue-scorer, not a decider",
+        ),
+        (
+            {
+                "plugins": [
+                    {"type": "single-profile-handler"},
+                    {"type": "data-parallel-profile-handler"},
+                ]
+            },
+            "plugins: only one profile handler is allowed",
+        ),
+    ],
+)
+def test_handler_rules_of_the_reference(document: dict[str, Any], error: str) -> None:
+    from epp.config.loader import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**HEAD, **document})
+    assert any(found.startswith(error) for found in raised.value.errors), raised.value.errors
+
+
+def test_without_profiles_one_default_profile_holds_every_declared_filter_scorer_and_picker() -> (
+    None
+):
+    config = parse_config(
+        {
+            **HEAD,
+            "plugins": [
+                {"type": "decode-filter"},
+                {"type": "queue-scorer"},
+                {"type": "random-picker"},
+                {"type": "single-profile-handler"},
+            ],
+        }
+    ).scheduling
+    (profile,) = config.profiles
+    assert profile.name == "default"
+    assert [f.name for f in profile.filters] == ["decode-filter"]
+    assert [(s.name, s.weight) for s in profile.scorers] == [("queue-scorer", 1.0)]
+    assert profile.picker.name == "random-picker"
+
+
+def test_a_profile_without_a_picker_gets_max_score() -> None:
+    config = parse_config(
+        {
+            **HEAD,
+            "plugins": [{"type": "queue-scorer"}],
+            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        }
+    ).scheduling
+    assert config.profiles[0].picker.name == "max-score-picker"
