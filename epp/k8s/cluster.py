@@ -6,7 +6,8 @@ two things it does not own: the ObjectiveRegistry (made by `registry_factory`
 once the pool is first seen, since a registry needs its pool) and an endpoint
 sink (the datalayer's EndpointStore). `ready` is set after the first complete
 list of all three kinds; ext_proc serves on every replica, and only the
-leader of the pool's Lease writes status.
+leader of the pool's Lease writes status (and, told through
+`leadership_listeners`, the server reports ready only there).
 
 Pool-less (`--endpoint-selector` with `--endpoint-target-ports`, as the
 reference's standalone mode): no InferencePool and no InferenceObjectives are
@@ -130,6 +131,8 @@ class ClusterMode:
             field_selector=f"metadata.name={settings.pool_name}",
         )
         self.pod_reflector: Reflector | None = None
+        self.leadership_listeners: list[Callable[[bool], None]] = []
+        """Told of every change of this replica's leadership (with leader election)."""
         self.elector: LeaderElector | None = None
         if settings.leader_election:
             self.elector = LeaderElector(
@@ -138,8 +141,13 @@ class ClusterMode:
                 settings.namespace,
                 settings.identity,
                 settings.lease,
-                on_change=self.status.set_enabled,
+                on_change=self._leader_changed,
             )
+
+    def _leader_changed(self, leading: bool) -> None:
+        self.status.set_enabled(leading)
+        for listener in self.leadership_listeners:
+            listener(leading)
 
     @property
     def is_leader(self) -> bool:

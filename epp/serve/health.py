@@ -1,9 +1,13 @@
 """gRPC health for kubelet probes and Envoy.
 
 Services: "liveness" is SERVING for the whole life of the process (the event
-loop answers); "readiness", "" (the server as a whole) and the ext_proc
-service turn SERVING once the EPP has its objectives and endpoints (files
-loaded, or the cluster synced) and NOT_SERVING when it starts shutting down.
+loop answers); "readiness", "" (the server as a whole), the ext_proc service
+and "inference-extension" (the service the reference's Helm chart probes
+with one replica) turn SERVING once the EPP has its objectives and endpoints
+(files loaded, or the cluster synced) and NOT_SERVING when it starts
+shutting down. With leader election (`leader_gated`), they are SERVING only
+on the holder of the pool's Lease, as in the reference, so that a Service in
+front of several replicas sends traffic to the leader only.
 
 The health port is a grpc.aio server with grpc-health-checking's servicer
 (Check and Watch); the ext_proc port (epp.transport.grpc_h2) answers Check from the
@@ -22,7 +26,10 @@ from epp.transport.grpc_h2 import Call, Status
 LIVENESS = "liveness"
 READINESS = "readiness"
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
-READY_SERVICES = ("", READINESS, EXT_PROC)
+CHART_PROBE = "inference-extension"
+"""The service name the reference chart's probes ask for with one replica
+(the reference answers any name then)."""
+READY_SERVICES = ("", READINESS, EXT_PROC, CHART_PROBE)
 CHECK_METHOD = "/grpc.health.v1.Health/Check"
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -32,11 +39,14 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class Health:
     """The EPP's health states; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, leader_gated: bool = False) -> None:
         self.servicer = health_aio.HealthServicer()
         self.statuses: dict[str, int] = {}
         self.ready = False
         self._closing = False
+        self._synced = False
+        self._leader_gated = leader_gated
+        self._leading = not leader_gated
 
     async def start(self) -> None:
         await self._set(LIVENESS, SERVING)
@@ -50,11 +60,24 @@ class Health:
         return HealthCheck(self.statuses, call)
 
     async def set_ready(self) -> None:
+        """The inputs are loaded (or synced)."""
+        self._synced = True
+        await self._publish()
+
+    async def set_leading(self, leading: bool) -> None:
+        """This replica gained or lost the pool's Lease (ignored unless leader_gated)."""
+        self._leading = leading or not self._leader_gated
+        await self._publish()
+
+    async def _publish(self) -> None:
         if self._closing:
             return
-        self.ready = True
+        ready = self._synced and self._leading
+        if ready == self.ready and self.statuses.get(READINESS) is not None:
+            return
+        self.ready = ready
         for service in READY_SERVICES:
-            await self._set(service, SERVING)
+            await self._set(service, SERVING if ready else NOT_SERVING)
 
     async def shutting_down(self) -> None:
         """Readiness goes NOT_SERVING for good; liveness stays SERVING."""

@@ -206,8 +206,8 @@ class ServeOptions:
         False,
         Flag(
             _X,
-            "Enables leader election for high availability: only the holder of the pool's "
-            "Lease writes objective status (every replica serves ext_proc).",
+            "Enables leader election for high availability: readiness passes only on the "
+            "holder of the pool's Lease, which alone writes objective status.",
             Kind.BOOL,
         ),
     )

@@ -191,7 +191,8 @@ class EppServer:
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.health = Health()
+        self.health = Health(leader_gated=options.cluster and options.ha_enable_leader_election)
+        self._health_updates: set[asyncio.Task[None]] = set()
         self.ports: dict[str, int] = {}
         self.registry: ObjectiveRegistry | None = None
         self.watcher = FileWatcher(options.file_watch_interval)
@@ -444,6 +445,14 @@ class EppServer:
         async def ready_when_synced() -> None:
             await mode.ready.wait()
             await self.health.set_ready()
+
+        def leadership(leading: bool) -> None:
+            task = asyncio.get_running_loop().create_task(self.health.set_leading(leading))
+            self._health_updates.add(task)
+            task.add_done_callback(self._health_updates.discard)
+
+        mode.leadership_listeners.append(leadership)
+        leadership(mode.is_leader)
 
         self._mode = mode
         self._ready_task = asyncio.create_task(ready_when_synced(), name="cluster readiness")

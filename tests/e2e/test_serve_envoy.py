@@ -232,7 +232,14 @@ async def test_invalid_objectives_change_is_refused_and_the_last_good_state_stay
 
 @pytest.mark.parametrize("port", ["grpc_health", "grpc"])
 @pytest.mark.parametrize(
-    "service", ["", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"]
+    "service",
+    [
+        "",
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+        "inference-extension",
+    ],
 )
 async def test_health_is_serving_once_loaded(stack, port, service):
     status = await health_status_at(stack.epp.ports[port], service, tls=port == "grpc")

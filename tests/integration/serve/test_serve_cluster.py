@@ -4,8 +4,12 @@ endpoints and objectives give priorities."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+
 from grpc_health.v1 import health_pb2
 
+from epp.k8s.leader import lease_name, micro_time
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, objective, pod, pool
 from tests.support.serving import serving
@@ -42,3 +46,51 @@ async def test_pool_less_mode_serves_the_selected_pods(tmp_path, monkeypatch):
             await eventually(lambda: server.health.ready, timeout=5)
             assert sorted(server.store.addresses()) == ["10.0.0.1:8000", "10.0.0.1:8001"]
             assert server.metrics.pool_name == "router-epp"
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def held_lease(holder: str) -> dict:
+    now = micro_time(datetime.datetime.now(datetime.UTC))
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": lease_name("default", "pool-a"), "namespace": "default"},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 3600,
+            "acquireTime": now,
+            "renewTime": now,
+        },
+    }
+
+
+async def test_with_leader_election_only_the_leader_is_ready(tmp_path):
+    async with KubeEmulator() as kube:
+        kube.apply(pool())
+        kube.apply(held_lease("another-replica"))
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        async with serving(
+            pool_name="pool-a", kubeconfig=kubeconfig, ha_enable_leader_election=True
+        ) as server:
+            await eventually(lambda: server._mode is not None and server._mode.ready.is_set())
+            await asyncio.sleep(0.2)
+            port = server.ports["grpc_health"]
+            assert await health_status_at(port, "readiness") == NOT_SERVING
+            assert await health_status_at(port, "") == NOT_SERVING
+            assert await health_status_at(port, "liveness") == SERVING
+
+
+async def test_with_leader_election_the_leader_is_ready(tmp_path):
+    async with KubeEmulator() as kube:
+        kube.apply(pool())
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        async with serving(
+            pool_name="pool-a", kubeconfig=kubeconfig, ha_enable_leader_election=True
+        ) as server:
+            await eventually(lambda: server.health.ready, timeout=5)
+            assert server._mode is not None and server._mode.is_leader
+            port = server.ports["grpc_health"]
+            assert await health_status_at(port, "readiness") == SERVING
