@@ -98,10 +98,14 @@ def chart_flags(flags: tuple[str, ...], config_file: str, port: int = 0) -> list
     return [substitutions.get(flag, flag) for flag in flags]
 
 
+CHART_PROBE_SERVICE = "inference-extension"
+"""What the chart's liveness and readiness probes ask the health port with one replica."""
+
+
 async def wait_ready(epp: RunningEpp) -> None:
-    """Until readiness is SERVING (the cluster state is synced)."""
+    """Until the chart's readiness probe passes (the cluster state is synced)."""
     async with asyncio.timeout(10):
-        while await health_status_at(epp.ports["grpc_health"]) != SERVING:
+        while await health_status_at(epp.ports["grpc_health"], CHART_PROBE_SERVICE) != SERVING:
             await asyncio.sleep(0.05)
 
 
