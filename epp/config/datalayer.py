@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ENGINES = ("vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm")
+from epp.datalayer.engines import ENGINES as ENGINE_TABLES
+
+ENGINES = tuple(ENGINE_TABLES)
 """The engines the core-metrics-extractor knows without `engineConfigs`."""
 
 
@@ -96,6 +98,7 @@ def metrics_source(parameters: Mapping[str, Any]) -> MetricsSourceSettings:
 def core_metrics(parameters: Mapping[str, Any]) -> CoreMetricsSettings:
     """The `core-metrics-extractor` factory."""
     from epp.config.plugin import ParameterError
+    from epp.datalayer.engines import engine_from_config
 
     engines = parameters["engineConfigs"] or ()
     if not isinstance(engines, list | tuple):
@@ -107,6 +110,12 @@ def core_metrics(parameters: Mapping[str, Any]) -> CoreMetricsSettings:
     if default not in ENGINES and default not in names:
         known = ", ".join([*ENGINES, *sorted(n for n in names if isinstance(n, str))])
         raise ParameterError("defaultEngine", f"unknown engine {default!r}; known: {known}")
+    for index, engine in enumerate(engines):
+        try:
+            engine_from_config(engine)
+        except ValueError as error:
+            field, _, message = str(error).partition(": ")
+            raise ParameterError(f"engineConfigs[{index}].{field}", message) from None
     custom = parameters["customMetrics"] or ()
     if not isinstance(custom, list | tuple):
         raise ParameterError("customMetrics", "must be a list")

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -174,15 +175,83 @@ ENGINES: dict[str, EngineMetricNames] = {
 }
 
 
+ENGINE_CONFIG_FIELDS = frozenset(
+    {
+        "name",
+        "queuedRequestsSpec",
+        "runningRequestsSpec",
+        "kvUsageSpec",
+        "loraSpec",
+        "cacheInfoSpec",
+        "cacheBlockSizeLabelName",
+        "cacheNumBlocksLabelName",
+        "cacheBlockSizeSpec",
+        "cacheNumBlocksSpec",
+        "customMetrics",
+    }
+)
+"""The fields of one of the reference's `engineConfigs` entries."""
+
+
+def engine_from_config(config: Mapping[str, Any]) -> EngineMetricNames:
+    """An engine table from one `engineConfigs` entry of core-metrics-extractor
+    (metric specs as `name{label=value}`; an empty spec reads nothing).
+    ValueError names the field at fault."""
+    unknown = sorted(set(config) - ENGINE_CONFIG_FIELDS)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown field")
+
+    def spec(field: str) -> Series | None:
+        value = config.get(field) or ""
+        if not isinstance(value, str):
+            raise ValueError(f"{field}: must be a metric spec, got {value!r}")
+        try:
+            return parse_series(value) if value else None
+        except ValueError as error:
+            raise ValueError(f"{field}: {error}") from None
+
+    def one(field: str) -> tuple[Series, ...]:
+        found = spec(field)
+        return (found,) if found is not None else ()
+
+    lora, cache = spec("loraSpec"), spec("cacheInfoSpec")
+    return EngineMetricNames(
+        waiting=one("queuedRequestsSpec"),
+        running=one("runningRequestsSpec"),
+        kv_usage=one("kvUsageSpec"),
+        lora_info=lora.name if lora else None,
+        cache_info=cache.name if cache else None,
+        block_size_label=config.get("cacheBlockSizeLabelName") or "block_size",
+        num_blocks_label=config.get("cacheNumBlocksLabelName") or "num_gpu_blocks",
+        block_size_gauge=spec("cacheBlockSizeSpec"),
+        num_blocks_gauge=spec("cacheNumBlocksSpec"),
+    )
+
+
 @dataclass(slots=True)
 class EngineLookup:
     """An endpoint's engine table from its labels (see the module docstring).
-    `engines` holds the built-in tables plus any configured ones."""
+    `engines` holds the built-in tables plus any configured ones (one of the
+    same name replaces the built-in)."""
 
     default_engine: str = DEFAULT_ENGINE
     label_key: str = ENGINE_LABEL
     engines: Mapping[str, EngineMetricNames] = field(default_factory=lambda: ENGINES)
     _warned: set[str] = field(default_factory=set, repr=False)
+
+    @classmethod
+    def from_configs(
+        cls, default_engine: str, label_key: str, configs: Iterable[Mapping[str, Any]]
+    ) -> EngineLookup:
+        """The built-in engines plus `engineConfigs` entries."""
+        engines = dict(ENGINES)
+        for config in configs:
+            name = config.get("name")
+            try:
+                engines[str(name)] = engine_from_config(config)
+            except ValueError as error:
+                raise ValueError(f"engine {name!r}: {error}") from None
+        return cls(default_engine, label_key, engines)
 
     def __post_init__(self) -> None:
         if self.default_engine not in self.engines:

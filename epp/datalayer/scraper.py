@@ -5,12 +5,12 @@ path (default the endpoint's engine's: `/metrics`, trtllm-serve's
 `/prometheus/metrics`) and TLS verification (off by default, as the
 reference's `insecureSkipVerify: true`); the engine comes from the
 endpoint's labels (`EngineLookup`). One asyncio task per endpoint reads its
-page every `interval` seconds (a read that takes longer delays only that
-endpoint's next read), with `timeout` seconds per read and at most
-`max_page_bytes` per page. A read that fails (connection error, timeout,
-non-200 status, a JSON or oversized page, a page without any of the
-engine's series) marks the endpoint failing, hence stale, and keeps it in
-the pool; a page of the engine that lacks a load series reads as idle.
+page every `interval` seconds (the source's own, else the scraper's; a read
+that takes longer delays only that endpoint's next read), with `timeout`
+seconds per read and at most `max_page_bytes` per page. A read that fails
+(connection error, timeout, non-200 status, a JSON or oversized page, a
+page without any of the engine's series) marks the endpoint failing, hence
+stale, and keeps it in the pool; a page of the engine that lacks a load series reads as idle.
 Tasks follow the store's membership.
 
 After reads that changed what a gate or scorer would see (a value moved,
@@ -57,7 +57,7 @@ class ScrapeError(Exception):
 class MetricsSource:
     """Where the model servers' metrics pages are (the reference's
     `metrics-data-source` parameters). None means: the endpoint's port, its
-    engine's path."""
+    engine's path, the scraper's interval (`--refresh-metrics-interval`)."""
 
     scheme: str = "http"
     path: str | None = None
@@ -67,8 +67,11 @@ class MetricsSource:
     client_cert_path: str | None = None
     client_key_path: str | None = None
     max_page_bytes: int = MAX_PAGE_BYTES
+    interval: float | None = None
 
     def __post_init__(self) -> None:
+        if self.interval is not None and not self.interval > 0:
+            raise ValueError(f"metrics interval must be positive, got {self.interval}")
         if self.scheme not in ("http", "https"):
             raise ValueError(f"metrics scheme must be http or https, got {self.scheme!r}")
         if self.path is not None and not self.path.startswith("/"):
@@ -155,6 +158,8 @@ class MetricsScraper:
             raise ValueError(f"interval and timeout must be positive, got {interval}, {timeout}")
         self.store = store
         self.interval = interval
+        if source is not None and source.interval is not None:
+            self.interval = source.interval
         self.timeout = timeout
         self.staleness = staleness
         self._on_change = Coalesced(on_change) if on_change is not None else None

@@ -51,6 +51,9 @@ class StackSettings:
     model: str = "model"
     engine: str = "vllm"
     """The engine the model servers pose as (vllm, sglang, trtllm-serve)."""
+    label_engine: bool = True
+    """Label each endpoint with the engine; otherwise the EPP's configuration
+    must name it (core-metrics-extractor's defaultEngine)."""
     scrape_interval_s: float = 0.05
     server_processes: int = 1
     """The servers are split over this many processes (one per server lets a test kill one)."""
@@ -173,7 +176,9 @@ class LiveStack:
                     "name": address,
                     "address": host,
                     "port": port,
-                    "labels": {ENGINE_LABEL: self.settings.engine},
+                    "labels": {ENGINE_LABEL: self.settings.engine}
+                    if self.settings.label_engine
+                    else {},
                 }
             )
         return {"endpoints": entries}

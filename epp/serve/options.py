@@ -24,13 +24,9 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epp.config.units import parse_byte_size, parse_duration
-from epp.datalayer.engines import DEFAULT_ENGINE
-
-if TYPE_CHECKING:
-    from epp.datalayer.scraper import MetricsSource
 
 
 class Group(Enum):
@@ -175,13 +171,6 @@ ENGINE_METRICS_FLAG = (
     "deprecated in the reference (which refuses it); model-server metric names "
     "come from the engine of each pod"
 )
-
-
-def _metrics_source() -> MetricsSource:
-    """The default MetricsSource, imported when needed (the scraper brings aiohttp)."""
-    from epp.datalayer.scraper import MetricsSource
-
-    return MetricsSource()
 
 
 _X = Group.EXT_PROC
@@ -603,12 +592,6 @@ class ServeOptions:
             metavar="NAME",
         ),
     )
-
-    # -- not flags: set from the configuration ------------------------------------------------
-    metrics_source: MetricsSource = field(default_factory=_metrics_source)
-    """Where model servers' metrics pages are; by default each engine's path."""
-    default_engine: str = DEFAULT_ENGINE
-    """The engine of endpoints without an engine label (all of them in file mode)."""
 
     # -- derived ------------------------------------------------------------------------------
 

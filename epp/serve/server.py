@@ -58,6 +58,7 @@ from epp import defaults
 from epp.api.manifests import ManifestError, load_objectives, load_pool
 from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
+from epp.config.datalayer import CoreMetricsSettings, DataLayerConfig, MetricsSourceSettings
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.config.plugin import Stability
 from epp.config.registry import REGISTRY
@@ -67,7 +68,7 @@ from epp.datalayer.endpoints import (
     parse_static_endpoints,
 )
 from epp.datalayer.engines import EngineLookup
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
@@ -124,6 +125,41 @@ def read_endpoints(value: str) -> list[EndpointSpec]:
     if not entries.strip(", "):
         return []
     return parse_static_endpoints(entries)
+
+
+def scrape_settings(data_layer: DataLayerConfig) -> tuple[MetricsSource, EngineLookup] | None:
+    """The scraper's source and engine lookup from the configuration's
+    metrics-data-source and its core-metrics-extractor (None: no metrics
+    source). The reference's default path `/metrics` means each engine's
+    own (trtllm-serve's Prometheus text is at `/prometheus/metrics`)."""
+    sources = data_layer.metrics_sources()
+    if not sources:
+        return None
+    if len(sources) > 1:
+        names = ", ".join(source.name for source in sources)
+        raise StartupError(f"epp reads one metrics-data-source; the configuration has {names}")
+    settings: MetricsSourceSettings = sources[0].settings
+    source = MetricsSource(
+        scheme=settings.scheme,
+        path=None if settings.path == "/metrics" else settings.path,
+        port=settings.port,
+        verify_tls=not settings.insecure_skip_verify,
+        ca_cert_path=settings.ca_cert_path or None,
+        client_cert_path=settings.client_cert_path or None,
+        client_key_path=settings.client_key_path or None,
+        interval=settings.interval,
+    )
+    extractors = [s for _, s in sources[0].extractors if isinstance(s, CoreMetricsSettings)]
+    core = extractors[0] if extractors else CoreMetricsSettings()
+    if core.custom_metrics:
+        log.warning("core-metrics-extractor: customMetrics are not read by epp")
+    try:
+        engines = EngineLookup.from_configs(
+            core.default_engine, core.engine_label_key, core.engine_configs
+        )
+    except ValueError as error:
+        raise StartupError(f"core-metrics-extractor: {error}") from None
+    return source, engines
 
 
 def synthesized_pool(name: str, namespace: str) -> InferencePool:
@@ -342,6 +378,9 @@ class EppServer:
         if new.flow_control.gate != old.flow_control.gate:
             log.warning("%s: gate changes apply at the next restart", self.options.config_file)
             new = replace(new, flow_control=replace(new.flow_control, gate=old.flow_control.gate))
+        if new.data_layer != old.data_layer:
+            log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
+            new = replace(new, data_layer=old.data_layer)
         self.core.reconfigure(new.flow_control)
         if new.scheduling != old.scheduling:
             self.scheduler = Scheduler(
@@ -402,17 +441,21 @@ class EppServer:
             await self._start_cluster_mode()
         else:
             await self.health.set_ready()
-        scraper = MetricsScraper(
-            self.store,
-            self.admission.poke,
-            interval=options.refresh_metrics_interval,
-            timeout=SCRAPE_TIMEOUT,
-            staleness=self.config.flow_control.gate.metrics_staleness,
-            source=options.metrics_source,
-            engines=EngineLookup(default_engine=options.default_engine),
-        )
-        await self._stack.enter_async_context(scraper)
-        self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
+        scraping = scrape_settings(self.config.data_layer)
+        if scraping is None:
+            log.warning("no metrics-data-source: model-server metrics are not read")
+        else:
+            scraper = MetricsScraper(
+                self.store,
+                self.admission.poke,
+                interval=options.refresh_metrics_interval,
+                timeout=SCRAPE_TIMEOUT,
+                staleness=self.config.flow_control.gate.metrics_staleness,
+                source=scraping[0],
+                engines=scraping[1],
+            )
+            await self._stack.enter_async_context(scraper)
+            self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)

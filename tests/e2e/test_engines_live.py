@@ -61,9 +61,34 @@ async def chat_through_envoy(session: aiohttp.ClientSession, url: str, model: st
         return await response.read()
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm-serve"])
-async def test_the_epp_scrapes_schedules_on_and_reads_usage_from_each_engine(engine):
-    settings = StackSettings(servers=SERVERS, params=PARAMS, engine=engine)
+def engine_config(tmp_path, engine: str) -> str:
+    """An EndpointPickerConfig naming `engine` as the default (file mode's way)."""
+    path = tmp_path / "engine.yaml"
+    path.write_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- type: metrics-data-source\n"
+        "- type: core-metrics-extractor\n"
+        f"  parameters: {{defaultEngine: {engine}}}\n"
+        "dataLayer:\n  sources:\n  - pluginRef: metrics-data-source\n"
+        "    extractors: [{pluginRef: core-metrics-extractor}]\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("engine", "named_by"),
+    [("vllm", "label"), ("sglang", "label"), ("trtllm-serve", "label"), ("sglang", "config")],
+)
+async def test_the_epp_scrapes_schedules_on_and_reads_usage_from_each_engine(
+    tmp_path, engine, named_by
+):
+    settings = StackSettings(
+        servers=SERVERS,
+        params=PARAMS,
+        engine=engine,
+        label_engine=named_by == "label",
+        epp_config=engine_config(tmp_path, engine) if named_by == "config" else None,
+    )
     async with live_stack(settings) as stack, aiohttp.ClientSession() as session:
         assert stack.envoy is not None
         epp = stack.epp_metrics_url
