@@ -340,7 +340,8 @@ class EppServer:
         if options.endpoints is None:
             raise StartupError(
                 "no endpoints: give --endpoints ip:port,... (or @FILE), or --pool-name "
-                "without --endpoints to take the pool's pods from Kubernetes"
+                "(or --endpoint-selector with --endpoint-target-ports) without --endpoints "
+                "to take the pods from Kubernetes"
             )
         self._pool = initial_pool(options)
         self.registry = ObjectiveRegistry(self._pool, publish=self.core.ensure_bands)
