@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
+
 GIB = 1 << 30
 
 
@@ -44,25 +46,33 @@ class GateKind(StrEnum):
 
     CONCURRENCY = "concurrency"
     UTILIZATION = "utilization"
+    ADAPTIVE = "adaptive"
 
 
 @dataclass(slots=True, frozen=True)
 class GateConfig:
     """The gate: any combination of kinds, all of which must be open.
 
-    `concurrency`: in-flight credits, `max_in_flight` for the pool and
-    `max_per_endpoint` for each endpoint (0 = unlimited).
+    `adaptive` (the default): per-endpoint in-flight limits learned from the
+    servers' own metrics, with headroom for higher bands
+    (`epp.flowcontrol.adaptive`); no number to tune.
+    `concurrency`: fixed in-flight credits, `max_in_flight` for the pool and
+    `max_per_endpoint` for each endpoint (0 = unlimited). With `adaptive`,
+    `max_per_endpoint` is the limit of an endpoint whose metrics cannot be
+    read (nothing to learn from).
     `utilization`: scraped waiting queue and KV-cache usage against the
     thresholds, metrics older than `metrics_staleness` count as saturated.
     The core reads none of this; the shells build the gates from it.
     """
 
-    kinds: frozenset[GateKind] = frozenset({GateKind.CONCURRENCY})
+    kinds: frozenset[GateKind] = frozenset({GateKind.ADAPTIVE})
     max_in_flight: int = 0
     max_per_endpoint: int = 32
     queue_depth_threshold: float = 5.0
     kv_cache_threshold: float = 0.8
     metrics_staleness: float = 0.2
+    usage_limits: UsageLimitPolicy = DEFAULT_USAGE_LIMITS
+    """The share of each endpoint's learned limit each band may use (adaptive)."""
 
 
 @dataclass(slots=True, frozen=True)

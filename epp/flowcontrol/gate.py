@@ -44,6 +44,18 @@ class Placer(Protocol):
         ...
 
 
+class Credits(Protocol):
+    """Per-endpoint in-flight credits, which the scheduler respects."""
+
+    def has_room(self, endpoint: str, priority: int = 0) -> bool:
+        """Whether a request of band `priority` may go to `endpoint` now."""
+        ...
+
+    def none_full(self) -> bool:
+        """True when no endpoint can lack room now (a shortcut; False is safe)."""
+        ...
+
+
 class OpenGate:
     """A gate that never closes."""
 
@@ -76,10 +88,16 @@ class ConcurrencyGate:
     def is_open(self, priority: int) -> bool:
         return self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
 
-    def has_room(self, endpoint: str) -> bool:
+    def has_room(self, endpoint: str, priority: int = 0) -> bool:
         return self.max_per_endpoint <= 0 or (
             self._per_endpoint.get(endpoint, 0) < self.max_per_endpoint
         )
+
+    def none_full(self) -> bool:
+        """While the whole pool holds fewer requests than one endpoint's
+        limit, none can be full."""
+        limit = self.max_per_endpoint
+        return limit <= 0 or self.in_flight < limit
 
     def in_flight_at(self, endpoint: str) -> int:
         return self._per_endpoint.get(endpoint, 0)

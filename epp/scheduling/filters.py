@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from epp.flowcontrol.gate import ConcurrencyGate
+from epp.flowcontrol.gate import Credits
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.spec import BuildContext
 
@@ -14,14 +14,14 @@ def in_subset(endpoints: Sequence[Endpoint], subset: frozenset[str]) -> list[End
     return [endpoint for endpoint in endpoints if endpoint.ip in subset]
 
 
-def with_room(endpoints: Sequence[Endpoint], gate: ConcurrencyGate) -> Sequence[Endpoint]:
-    """Only endpoints that still have an in-flight credit. While the whole
-    pool holds fewer requests than one endpoint's limit, none can be full."""
-    limit = gate.max_per_endpoint
-    if limit <= 0 or gate.in_flight < limit:
+def with_room(
+    endpoints: Sequence[Endpoint], credits: Credits, priority: int = 0
+) -> Sequence[Endpoint]:
+    """Only endpoints that still have an in-flight credit for band `priority`."""
+    if credits.none_full():
         return endpoints
-    has_room = gate.has_room
-    return [endpoint for endpoint in endpoints if has_room(endpoint.address)]
+    has_room = credits.has_room
+    return [endpoint for endpoint in endpoints if has_room(endpoint.address, priority)]
 
 
 def reachable(endpoints: Sequence[Endpoint]) -> list[Endpoint]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import GateConfig, GateKind
-from epp.flowcontrol.gate import AllGates, ConcurrencyGate, Gate, OpenGate
+from epp.flowcontrol.gate import AllGates, ConcurrencyGate, Credits, Gate, OpenGate
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import PoolSnapshot
 
@@ -109,15 +110,26 @@ class UtilizationGate:
 
 def build_gate(
     config: GateConfig, pool: Callable[[], PoolSnapshot], clock: Callable[[], float]
-) -> tuple[Gate, ConcurrencyGate | None]:
-    """The gate `config` asks for, and its concurrency part (None when the
-    concurrency kind is off), which the scheduler needs for per-endpoint
-    credits. No kinds at all gives a gate that never closes."""
+) -> tuple[Gate, Credits | None]:
+    """The gate `config` asks for, and its per-endpoint credits for the
+    scheduler (None when neither the adaptive nor the concurrency kind is
+    on; with both, the adaptive limits are the per-endpoint ones and the
+    concurrency kind adds its pool-wide `max_in_flight`). No kinds at all
+    gives a gate that never closes."""
     gates: list[Gate] = []
-    concurrency = None
+    credits: Credits | None = None
+    if GateKind.ADAPTIVE in config.kinds:
+        adaptive = AdaptiveGate(
+            pool, clock, usage=config.usage_limits, blind_limit=config.max_per_endpoint
+        )
+        gates.append(adaptive)
+        credits = adaptive
     if GateKind.CONCURRENCY in config.kinds:
-        concurrency = ConcurrencyGate(config.max_in_flight, config.max_per_endpoint)
+        concurrency = ConcurrencyGate(
+            config.max_in_flight, 0 if credits is not None else config.max_per_endpoint
+        )
         gates.append(concurrency)
+        credits = credits or concurrency
     if GateKind.UTILIZATION in config.kinds:
         gates.append(
             UtilizationGate(
@@ -131,5 +143,5 @@ def build_gate(
     if not gates:
         return OpenGate(), None
     if len(gates) == 1:
-        return gates[0], concurrency
-    return AllGates(gates), concurrency
+        return gates[0], credits
+    return AllGates(gates), credits

@@ -35,7 +35,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from epp.flowcontrol.gate import ConcurrencyGate, Placement
+from epp.flowcontrol.gate import Credits, Placement
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import ProfileConfig, SchedulingConfig
@@ -72,6 +72,7 @@ class Scheduler:
         "endpoints_now",
         "healthy_now",
         "picks",
+        "priority_now",
         "scorers",
     )
 
@@ -81,7 +82,7 @@ class Scheduler:
         pool: Callable[[], PoolSnapshot],
         clock: Callable[[], float],
         rng: random.Random,
-        concurrency: ConcurrencyGate | None = None,
+        concurrency: Credits | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
@@ -107,6 +108,8 @@ class Scheduler:
         self.healthy_now: Sequence[Endpoint] = ()
         self.endpoints_now: Sequence[Endpoint] = ()
         self.picks: list[tuple[ProfileRunner, Endpoint]] = []
+        self.priority_now = 0
+        """The band of the request being placed (the credits depend on it)."""
         """The profiles' choices for the request being placed."""
 
     def has_endpoints(self) -> bool:
@@ -114,13 +117,17 @@ class Scheduler:
 
     def place(self, request: FlowRequest) -> Placement:
         payload = request.payload
-        chosen = self.choose(payload if payload is not None else InferenceRequest("", ""))
+        chosen = self.choose(
+            payload if payload is not None else InferenceRequest("", ""), request.priority
+        )
         if isinstance(chosen, Endpoint):
             return chosen.address
         return chosen
 
-    def choose(self, request: InferenceRequest) -> Endpoint | Outcome | None:
-        """The endpoint for `request`, an Outcome that ends it, or None to wait."""
+    def choose(self, request: InferenceRequest, priority: int = 0) -> Endpoint | Outcome | None:
+        """The endpoint for `request` of band `priority`, an Outcome that
+        ends it, or None to wait."""
+        self.priority_now = priority
         pool = self._pool()
         if pool.membership != self._membership:
             self._forget_departed(pool)
@@ -210,7 +217,7 @@ class ProfileRunner:
         source: Scheduler,
         profile: ProfileConfig,
         context: BuildContext,
-        concurrency: ConcurrencyGate | None,
+        concurrency: Credits | None,
     ) -> None:
         self._source = source
         self.name = profile.name
@@ -276,11 +283,13 @@ class ProfileRunner:
             candidates = candidates or reachable(endpoints) or endpoints
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
         gate = self._concurrency
-        if take_credit and gate is not None and not gate.has_room(chosen.address):
-            candidates = with_room(candidates, gate)
-            if not candidates:
-                return None
-            chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
+        if take_credit and gate is not None:
+            priority = source.priority_now
+            if not gate.has_room(chosen.address, priority):
+                candidates = with_room(candidates, gate, priority)
+                if not candidates:
+                    return None
+                chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
         if source._single is None:
             source.picks.append((self, chosen))
         return chosen

@@ -44,6 +44,11 @@ and `epp_per_endpoint_metrics_age_seconds` (how old the EPP's view is), and
 `epp_model_server_scrape_failures_total{reason}` (`watch_scrapes`: failed
 reads of model servers' pages: timeout, connection, http-status,
 not-prometheus-text, too-large, unreadable).
+With the adaptive gate (`watch_limits`), per endpoint
+(`inference_pool`, `endpoint`; no twin, the reference learns no limit):
+`flow_control_endpoint_limit` (the learned in-flight limit),
+`flow_control_endpoint_headroom` (its slots only the top band may use) and
+`flow_control_endpoint_limit_adjustments_total` (how often it changed).
 
 Series are kept as plain numbers per canonical label tuple (`Family`; a
 histogram as a `Tally`) and written out under both names at scrape time, the
@@ -80,6 +85,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from epp.extproc.events import Rejected, Release
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.gate import Placement, Placer
 from epp.flowcontrol.outcome import Outcome
@@ -634,6 +640,10 @@ class EppMetrics:
         """Report the pool's saturation as the gate sees it, at scrape time."""
         self.registry.register(_SaturationCollector(self.pool_name, saturation))
 
+    def watch_limits(self, gate: AdaptiveGate) -> None:
+        """Report the adaptive gate's learned limits at scrape time."""
+        self.registry.register(_LimitsCollector(self.pool_name, gate))
+
     def watch_pool(
         self,
         snapshot: Callable[[], PoolSnapshot],
@@ -693,6 +703,39 @@ class _SaturationCollector(Collector):
         ):
             family.add_metric([self._pool_name, "effective"], value)
             yield family
+
+
+class _LimitsCollector(Collector):
+    def __init__(self, pool_name: str, gate: AdaptiveGate) -> None:
+        self._pool_name = pool_name
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["inference_pool", "endpoint"]
+        limit = GaugeMetricFamily(
+            "llm_d_epp_flow_control_endpoint_limit",
+            "The in-flight limit the adaptive gate learned for the endpoint.",
+            labels=labels,
+        )
+        headroom = GaugeMetricFamily(
+            "llm_d_epp_flow_control_endpoint_headroom",
+            "Slots of the endpoint's limit that only the top priority band may use.",
+            labels=labels,
+        )
+        adjustments = CounterMetricFamily(
+            "llm_d_epp_flow_control_endpoint_limit_adjustments",
+            "Changes of the endpoint's learned in-flight limit.",
+            labels=labels,
+        )
+        gate = self._gate
+        for address, count in gate.adjustments().items():
+            where = [self._pool_name, address]
+            limit.add_metric(where, gate.limit_of(address))
+            headroom.add_metric(where, gate.headroom_of(address))
+            adjustments.add_metric(where, count)
+        yield limit
+        yield headroom
+        yield adjustments
 
 
 class _PoolCollector(Collector):

@@ -72,9 +72,10 @@ from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.gate import ConcurrencyGate
+from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.scheduling.gates import build_gate, pool_saturation
 from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
@@ -175,14 +176,18 @@ def initial_pool(options: ServeOptions) -> InferencePool:
     return synthesized_pool(options.pool_name or "default", options.namespace)
 
 
-def saturation_of(gate: GateConfig, store: EndpointStore, credits: ConcurrencyGate | None) -> float:
+def saturation_of(gate: GateConfig, store: EndpointStore, credits: Credits | None) -> float:
     """The pool's saturation as the configured gate sees it (the largest of
-    its kinds): in-flight over credits, and/or scraped utilization."""
+    its kinds): in-flight over credits (learned or fixed), and/or scraped
+    utilization."""
     pool = store.snapshot()
     if not pool.endpoints:
         return 1.0
     values = [0.0]
-    if credits is not None:
+    if isinstance(credits, AdaptiveGate):
+        total = sum(credits.limit_of(endpoint.address) for endpoint in pool.endpoints)
+        values.append(credits.in_flight / total)
+    elif isinstance(credits, ConcurrencyGate):
         if credits.max_per_endpoint > 0:
             values.append(credits.in_flight / (credits.max_per_endpoint * len(pool.endpoints)))
         if credits.max_in_flight > 0:
@@ -264,6 +269,8 @@ class EppServer:
             lambda: saturation_of(self.config.flow_control.gate, self.store, self.credits),
         )
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
+        if isinstance(self.credits, AdaptiveGate):
+            self.metrics.watch_limits(self.credits)
         self.admission = AdmissionController(
             self.core,
             on_outcome=at_end_of_turn(self.metrics.on_outcome),

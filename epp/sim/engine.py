@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
-from epp.sim.scenario import Scenario
+from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
@@ -107,6 +107,10 @@ class Policy(Protocol):
         """Requests waiting in the policy's own queues, per band."""
         ...
 
+    def limits(self) -> dict[str, int]:
+        """The in-flight limit per endpoint address the policy learned (none: {})."""
+        ...
+
 
 class Simulation:
     """Runs one policy over one workload (see the module docstring).
@@ -129,7 +133,7 @@ class Simulation:
         pool = scenario.pool
         self.now = 0.0
         self.end_time = scenario.duration_s + scenario.drain_s
-        self.servers = [ModelServer(pool.params, self) for _ in range(pool.servers)]
+        self.servers = [ModelServer(params, self) for params in pool.server_params]
         self.addresses = [address_of(index) for index in range(pool.servers)]
         self.names = [f"server-{index}" for index in range(pool.servers)]
         roles = () if aggregated else pool.roles
@@ -177,6 +181,7 @@ class Simulation:
         self.waiting_samples: list[list[int]] = []
         self.service_samples: list[list[float]] = []
         self.queued_samples: list[dict[int, int]] = []
+        self.limit_samples: list[dict[str, int]] = []
 
     # -- what policies read -------------------------------------------------
 
@@ -374,7 +379,7 @@ class Simulation:
                 elif kind == TRANSFER:
                     self._transferred(data, when)  # type: ignore[arg-type]
                 else:
-                    self._pool_event(data, when)
+                    self._pool_event(data, when)  # type: ignore[arg-type]
             elif next_index < count:
                 request = requests[next_index]
                 next_index += 1
@@ -404,13 +409,19 @@ class Simulation:
         self.waiting_samples.append(list(self.waiting_by_tenant))
         self.service_samples.append(list(self.service_by_tenant))
         self.queued_samples.append(self.policy.queued_by_priority())
+        self.limit_samples.append(self.policy.limits())
 
-    def _pool_event(self, event: object, now: float) -> None:
-        index = event.server  # type: ignore[attr-defined]
-        if event.up == self.up[index]:  # type: ignore[attr-defined]
+    def _pool_event(self, event: ServerEvent, now: float) -> None:
+        index = event.server
+        if event.params is not None:
+            # The server keeps what it holds; the new speed and limits apply
+            # from its next step that changes the batch.
+            self.servers[index].params = event.params
+            return
+        if event.up == self.up[index]:
             return
         self._membership += 1
-        if event.up:  # type: ignore[attr-defined]
+        if event.up:
             self.up[index] = True
             self._metrics[index] = EndpointMetrics()
         else:

@@ -1,5 +1,6 @@
 """PNG plots of a scenario run (matplotlib, Agg backend): TTFT CDF per tier
-and policy, queued requests per band over time, service per tenant over time."""
+and policy, queued requests per band over time, service per tenant over time,
+and, when the EPP learned its limits, each server's limit over time."""
 
 from __future__ import annotations
 
@@ -68,6 +69,24 @@ def write_plots(run: ScenarioRun, directory: Path) -> list[Path]:
         axes.legend(fontsize="small")
     all_axes[-1, 0].set_xlabel("time (s)")
     written.append(_save(figure, directory / "service.png"))
+
+    learned = {name: sim for name, sim in run.runs.items() if any(sim.limit_samples)}
+    if learned:
+        figure, all_axes = plt.subplots(
+            len(learned), 1, figsize=(8, 3 * len(learned)), squeeze=False
+        )
+        for axes, (name, sim) in zip(all_axes[:, 0], learned.items(), strict=True):
+            for address, server in zip(sim.addresses, sim.names, strict=True):
+                axes.plot(
+                    sim.sample_times,
+                    [sample.get(address, np.nan) for sample in sim.limit_samples],
+                    label=server,
+                )
+            axes.set_title(name)
+            axes.set_ylabel("learned in-flight limit")
+            axes.legend(fontsize="small", ncol=2)
+        all_axes[-1, 0].set_xlabel("time (s)")
+        written.append(_save(figure, directory / "limits.png"))
     return written
 
 

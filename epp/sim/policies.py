@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from epp.api.models import InferenceObjective, InferencePool, PoolRef
 from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
 from epp.config.loader import EppConfig
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest
@@ -126,6 +127,7 @@ class EppPolicy:
         scenario = sim.scenario
         self.sim = sim
         gate, credits = build_gate(config.flow_control.gate, sim.snapshot, sim.clock)
+        self.adaptive = credits if isinstance(credits, AdaptiveGate) else None
         self.scheduler = Scheduler(
             config.scheduling, sim.snapshot, sim.clock, random.Random(seed), credits
         )
@@ -234,6 +236,9 @@ class EppPolicy:
     def queued_by_priority(self) -> dict[int, int]:
         return {band.priority: band.count for band in self.core.bands()}
 
+    def limits(self) -> dict[str, int]:
+        return self.adaptive.limits() if self.adaptive is not None else {}
+
     def _dispatch(self, now: float) -> None:
         self._deliver(self.core.dispatch(now), now)
 
@@ -277,6 +282,9 @@ class RoundRobinPolicy:
         return float("inf")
 
     def queued_by_priority(self) -> dict[int, int]:
+        return {}
+
+    def limits(self) -> dict[str, int]:
         return {}
 
 

@@ -28,6 +28,12 @@ one request in flight per tenant).
 
 Isolation of a tier = its p99 TTFT / its p99 TTFT when its tenants run alone
 under the same policy.
+
+Learned limits (the adaptive gate; absent for other gates and baselines):
+each server's limit at the end of the load (`learned_limits`), and
+`limit_settled_s`, the first sample time from which every server's limit
+stays within 10% (at least one slot) of its final value until the end of
+the load.
 """
 
 from __future__ import annotations
@@ -131,6 +137,31 @@ def band_fairness(sim: Simulation, members: list[int], bound: float) -> dict[str
     }
 
 
+def limit_settling(sim: Simulation) -> dict[str, Any]:
+    """The learned limits at the end of the load and when they settled."""
+    duration = sim.scenario.duration_s
+    samples = [
+        (when, limits)
+        for when, limits in zip(sim.sample_times, sim.limit_samples, strict=True)
+        if when <= duration and limits
+    ]
+    if not samples:
+        return {}
+    final = samples[-1][1]
+    settled = samples[0][0]
+    for when, limits in samples:
+        for address, value in final.items():
+            current = limits.get(address)
+            if current is None or abs(current - value) > max(1.0, 0.1 * value):
+                settled = when
+                break
+    names = dict(zip(sim.addresses, sim.names, strict=True))
+    return {
+        "learned_limits": {names[address]: value for address, value in sorted(final.items())},
+        "limit_settled_s": settled,
+    }
+
+
 def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
     sim = run.runs[name]
     scenario = run.scenario
@@ -191,6 +222,7 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
         "server_waiting_max": max(s.max_waiting_seen for s in servers),
         "server_waiting_limit": scenario.pool.params.max_waiting,
         "server_rejections": sum(s.rejected for s in servers),
+        **limit_settling(sim),
     }
 
 
@@ -266,6 +298,9 @@ def render_text(report: dict[str, Any]) -> str:
             f"server rejections {policy['server_rejections']}, disaggregated "
             f"{policy['disaggregated_share']:.1%} ({policy['prefill_fallbacks']} fell back)"
         )
+        if "learned_limits" in policy:
+            limits = " ".join(str(v) for v in policy["learned_limits"].values())
+            lines.append(f"  learned limits {limits}, settled at {policy['limit_settled_s']:.1f} s")
         lines.append(header)
         rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]
         rows += [(f"tenant {k}", v) for k, v in policy["tenants"].items()]

@@ -127,11 +127,15 @@ class Objective:
 
 @dataclass(slots=True, frozen=True)
 class ServerEvent:
-    """At `at_s`, server `server` (0-based) goes down (`up` False) or comes back."""
+    """At `at_s`, server `server` (0-based, numbered across the pool's groups
+    in order) goes down (`up` False), comes back (`up` True), or, with
+    `params` set, keeps running with new parameters (a server that slows
+    down, or restarts with another batch size, keeps what it holds)."""
 
     at_s: float
     server: int
     up: bool
+    params: ServerParams | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,15 +147,37 @@ class Variant:
 
 
 @dataclass(slots=True, frozen=True)
-class Pool:
-    """`roles[i]`: server i's `llm-d.ai/role` label ("" = none); empty when
-    no server has a role."""
+class ServerGroup:
+    """`servers` model servers with the same parameters."""
 
     servers: int
     params: ServerParams
+
+
+@dataclass(slots=True, frozen=True)
+class Pool:
+    """The model servers, in groups (one group for a uniform pool); servers
+    are numbered across the groups in order. `roles[i]`: server i's
+    `llm-d.ai/role` label ("" = none); empty when no server has a role."""
+
+    groups: tuple[ServerGroup, ...]
     scrape_interval_s: float = 0.05
     scrape_lag_s: float = 0.01
     roles: tuple[str, ...] = ()
+
+    @property
+    def servers(self) -> int:
+        return sum(group.servers for group in self.groups)
+
+    @property
+    def server_params(self) -> tuple[ServerParams, ...]:
+        """The parameters of each server, by its number."""
+        return tuple(group.params for group in self.groups for _ in range(group.servers))
+
+    @property
+    def params(self) -> ServerParams:
+        """The parameters of the first group (all of a uniform pool's)."""
+        return self.groups[0].params
 
 
 @dataclass(slots=True, frozen=True)
@@ -196,13 +222,9 @@ class Scenario:
         return 0
 
 
-POOL_KEYS = {
-    "servers",
-    "roles",
-    "scrape_interval_ms",
-    "scrape_lag_ms",
-    *(f.name for f in fields(ServerParams)),
-}
+PARAM_KEYS = {f.name for f in fields(ServerParams)}
+GROUP_KEYS = {"servers", *PARAM_KEYS}
+POOL_KEYS = {"groups", "roles", "scrape_interval_ms", "scrape_lag_ms", *GROUP_KEYS}
 TENANT_KEYS = {
     "name",
     "objective",
@@ -306,27 +328,51 @@ class _Reader(FieldReader):
         return candidate
 
 
-def _pool(reader: _Reader, value: Any) -> Pool:
-    raw = reader.mapping(value, "pool", POOL_KEYS)
-    if value is None:
-        reader.fail("pool", "is required")
-    defaults = ServerParams()
+def _params(
+    reader: _Reader, raw: Mapping[str, Any], path: str, defaults: ServerParams
+) -> ServerParams:
+    """Server parameters at `path`; keys not given keep `defaults`."""
     params: dict[str, Any] = {}
     for spec in fields(ServerParams):
         default = getattr(defaults, spec.name)
-        path = f"pool.{spec.name}"
+        where = f"{path}.{spec.name}"
         if isinstance(default, int):
             positive = spec.name in {"max_num_seqs", "kv_blocks", "block_size"}
-            params[spec.name] = reader.integer(raw.get(spec.name), path, default, positive)
+            params[spec.name] = reader.integer(raw.get(spec.name), where, default, positive)
         else:
-            params[spec.name] = reader.number(raw.get(spec.name), path, default)
+            params[spec.name] = reader.number(raw.get(spec.name), where, default)
     if params["decode_ms_per_token"] == 0:
-        reader.fail("pool.decode_ms_per_token", "must be positive, got 0")
-    servers = reader.integer(raw.get("servers"), "pool.servers", positive=True)
+        reader.fail(f"{path}.decode_ms_per_token", "must be positive, got 0")
+    return ServerParams(**params)
+
+
+def _pool(reader: _Reader, value: Any) -> Pool:
+    """A uniform pool (`servers` and server keys), or `groups` of servers,
+    each with its own keys over the pool's (`pool.decode_ms_per_token`
+    applies to every group that does not set its own)."""
+    raw = reader.mapping(value, "pool", POOL_KEYS)
+    if value is None:
+        reader.fail("pool", "is required")
+    shared = _params(reader, raw, "pool", ServerParams())
+    groups = []
+    if "groups" in raw:
+        if "servers" in raw:
+            reader.fail("pool.servers", "give servers per group when the pool has groups")
+        items = reader.sequence(raw["groups"], "pool.groups")
+        if not items:
+            reader.fail("pool.groups", "needs at least one group")
+        for index, item in enumerate(items):
+            path = f"pool.groups[{index}]"
+            entry = reader.mapping(item, path, GROUP_KEYS)
+            servers = reader.integer(entry.get("servers"), f"{path}.servers", positive=True)
+            groups.append(ServerGroup(servers, _params(reader, entry, path, shared)))
+    else:
+        servers = reader.integer(raw.get("servers"), "pool.servers", positive=True)
+        groups.append(ServerGroup(servers, shared))
+    total = sum(group.servers for group in groups)
     return Pool(
-        servers=servers,
-        roles=_roles(reader, raw.get("roles"), servers),
-        params=ServerParams(**params),
+        groups=tuple(groups),
+        roles=_roles(reader, raw.get("roles"), total),
         scrape_interval_s=reader.number(
             raw.get("scrape_interval_ms"), "pool.scrape_interval_ms", 50.0, positive=True
         )
@@ -495,20 +541,36 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
     )
 
 
-def _events(reader: _Reader, value: Any, servers: int) -> tuple[ServerEvent, ...]:
+EVENT_KINDS = ("server_down", "server_up", "server_change")
+
+
+def _events(reader: _Reader, value: Any, pool: Pool) -> tuple[ServerEvent, ...]:
+    """`server_down: N`, `server_up: N`, or `server_change: N` with `params:
+    {server keys}` (the keys not given keep the server's current values)."""
+    servers = pool.servers
     events = []
     for index, item in enumerate(reader.sequence(value, "events")):
         path = f"events[{index}]"
-        raw = reader.mapping(item, path, {"at_s", "server_down", "server_up"})
+        raw = reader.mapping(item, path, {"at_s", "params", *EVENT_KINDS})
         at = reader.number(raw.get("at_s"), f"{path}.at_s")
-        kinds = [key for key in ("server_down", "server_up") if key in raw]
+        kinds = [key for key in EVENT_KINDS if key in raw]
         if len(kinds) != 1:
-            reader.fail(path, "needs exactly one of server_down, server_up")
+            reader.fail(path, f"needs exactly one of {', '.join(EVENT_KINDS)}")
             continue
-        server = reader.integer(raw[kinds[0]], f"{path}.{kinds[0]}")
+        kind = kinds[0]
+        server = reader.integer(raw[kind], f"{path}.{kind}")
         if not 0 <= server < servers:
-            reader.fail(f"{path}.{kinds[0]}", f"must name a server in 0..{servers - 1}")
-        events.append(ServerEvent(at, server, kinds[0] == "server_up"))
+            reader.fail(f"{path}.{kind}", f"must name a server in 0..{servers - 1}")
+            continue
+        params = None
+        if kind == "server_change":
+            changes = reader.mapping(raw.get("params"), f"{path}.params", PARAM_KEYS)
+            if not changes:
+                reader.fail(f"{path}.params", "needs at least one server key")
+            params = _params(reader, changes, f"{path}.params", pool.server_params[server])
+        elif "params" in raw:
+            reader.fail(f"{path}.params", "only a server_change takes params")
+        events.append(ServerEvent(at, server, kind != "server_down", params))
     return tuple(sorted(events, key=lambda event: event.at_s))
 
 
@@ -593,7 +655,7 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
         pool=pool,
         objectives=tuple(objectives),
         tenants=tenants,
-        events=_events(reader, raw.get("events"), pool.servers),
+        events=_events(reader, raw.get("events"), pool),
         kv_transfer=_kv_transfer(reader, raw.get("kv_transfer")),
         epp_config=epp_config,
         epp_config_path=epp_path,

@@ -4,9 +4,38 @@ types and defaults (`pkg/epp/framework/plugins/flowcontrol/`)."""
 
 from __future__ import annotations
 
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+from epp.config.plugin import (
+    Kind,
+    Param,
+    ParameterError,
+    Parameters,
+    ParamType,
+    PluginType,
+    Stability,
+    configured,
+    pending,
+)
+from epp.flowcontrol.usagelimits import (
+    Domain,
+    PriorityHoldback,
+    SoftReflectiveCeiling,
+    StaticUsageLimit,
+)
 
 T = ParamType
+
+
+def _priority_holdback(parameters: Parameters) -> PriorityHoldback:
+    low, high = parameters["minCeiling"], parameters["maxCeiling"]
+    if low >= 1.0:
+        raise ParameterError("minCeiling", f"must be in [0.0, 1.0), got {low}")
+    if low >= high:
+        raise ParameterError(
+            "minCeiling", f"must be strictly less than maxCeiling ({high}), got {low}"
+        )
+    return PriorityHoldback(low, high, Domain(parameters["domain"]))
+
+
 ALPHA = Stability.ALPHA
 FLOW_CONTROL_ISSUE = "issue #19"
 
@@ -119,7 +148,7 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.USAGE_LIMIT,
         "one ceiling for every priority",
         (Param("threshold", T.FLOAT, 1.0, "the ceiling; 1.0 = no gating", 0, 1, True),),
-        factory=pending("static-usage-limit-policy", FLOW_CONTROL_ISSUE),
+        factory=lambda parameters: StaticUsageLimit(parameters["threshold"]),
     ),
     PluginType(
         "priority-holdback-policy",
@@ -131,14 +160,14 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("minCeiling", T.FLOAT, None, "ceiling of the lowest priority", 0, required=True),
             Param("maxCeiling", T.FLOAT, 1.0, "ceiling of the highest priority", 0, 1, True),
         ),
-        factory=pending("priority-holdback-policy", FLOW_CONTROL_ISSUE),
+        factory=_priority_holdback,
         stability=ALPHA,
     ),
     PluginType(
         "soft-reflective-ceiling-policy",
         Kind.USAGE_LIMIT,
         "lower bands alternate open and closed in proportion to saturation",
-        factory=pending("soft-reflective-ceiling-policy", FLOW_CONTROL_ISSUE),
+        factory=lambda parameters: SoftReflectiveCeiling(),
         stability=ALPHA,
     ),
     # -- eviction -------------------------------------------------------------

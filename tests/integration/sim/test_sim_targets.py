@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from epp.cli import main
+from epp.config.loader import load_config
 from epp.sim.report import build_report
 from epp.sim.runner import run_scenario
 from epp.sim.scenario import load_scenario
@@ -14,8 +15,9 @@ from epp.sim.scenario import load_scenario
 SCENARIOS = Path(__file__).resolve().parents[3] / "config" / "scenarios"
 
 
-def report_of(name, duration_s, **changes):
+def report_of(name, duration_s=None, **changes):
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    duration_s = duration_s or scenario.duration_s
     scenario = dataclasses.replace(scenario, duration_s=duration_s, **changes)
     return build_report(run_scenario(scenario))["policies"]
 
@@ -100,3 +102,57 @@ def test_prefix_heavy_ours_has_a_lower_median_ttft_than_round_robin(prefix_heavy
     ours = prefix_heavy["epp"]["objectives"]["standard"]
     theirs = prefix_heavy["round-robin"]["objectives"]["standard"]
     assert ours["ttft_p50_s"] < theirs["ttft_p50_s"]
+
+
+# -- the adaptive gate, with the shipped default configuration ---------------
+
+
+@pytest.fixture(scope="module", params=["adaptive-uniform", "adaptive-heterogeneous"])
+def adaptive(request):
+    """A shipped three-tier overload scenario, as shipped (default config)."""
+    return report_of(request.param, baselines=("round-robin",))
+
+
+def test_adaptive_keeps_the_top_tier_within_twice_its_unloaded_p99(adaptive):
+    assert adaptive["epp"]["objectives"]["premium"]["isolation_p99"] <= 2.0
+
+
+def test_adaptive_serves_at_least_95_percent_of_round_robins_tokens(adaptive):
+    assert adaptive["epp"]["tokens_per_s"] >= 0.95 * adaptive["round-robin"]["tokens_per_s"]
+
+
+def test_adaptive_keeps_the_queue_in_the_epp(adaptive):
+    assert adaptive["epp"]["server_waiting_max"] <= 2
+
+
+def test_adaptive_limits_settle_within_10_s_of_the_load(adaptive):
+    assert adaptive["epp"]["limit_settled_s"] <= 10.0
+
+
+def test_adaptive_learns_each_servers_batch_size():
+    uniform = report_of("adaptive-uniform", 30.0, baselines=(), isolation=False)
+    assert set(uniform["epp"]["learned_limits"].values()) == {16}
+    mixed = report_of("adaptive-heterogeneous", 30.0, baselines=(), isolation=False)
+    limits = mixed["epp"]["learned_limits"]
+    assert [limits[f"server-{i}"] for i in range(4)] == [8, 8, 32, 32]
+    assert 64 < limits["server-4"] < 256  # its KV cache holds fewer than it may batch
+
+
+def test_adaptive_follows_a_server_that_slows_down_and_shrinks():
+    policies = report_of("adaptive-slowdown", 60.0, baselines=(), isolation=False)
+    ours = policies["epp"]
+    assert ours["learned_limits"] == {
+        "server-0": 32,
+        "server-1": 12,
+        "server-2": 32,
+        "server-3": 32,
+    }
+    assert ours["limit_settled_s"] <= 40.0 + 10.0  # the change comes at 40 s
+
+
+def test_overload_keeps_the_top_tier_isolated_with_the_default_config_too():
+    default = load_config(SCENARIOS.parent / "epp" / "default.yaml")
+    policies = report_of(
+        "overload-three-tiers", 60.0, baselines=(), epp_config=default, epp_config_path=None
+    )
+    assert policies["epp"]["objectives"]["premium"]["isolation_p99"] <= 1.5

@@ -298,3 +298,35 @@ def test_load_config_of_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("flowControl: [\n")
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(path)
+
+
+def test_usage_limit_policies_build_from_the_reference_parameters():
+    from epp.config.registry import REGISTRY
+    from epp.flowcontrol.usagelimits import Domain, PriorityHoldback, StaticUsageLimit
+
+    holdback = REGISTRY.get("priority-holdback-policy")
+    built = holdback.build(
+        {"shape": "linear", "domain": "value", "minCeiling": 0.5, "maxCeiling": 1.0}
+    )
+    assert built == PriorityHoldback(0.5, 1.0, Domain.VALUE)
+    assert REGISTRY.get("static-usage-limit-policy").build({"threshold": 0.8}) == StaticUsageLimit(
+        0.8
+    )
+
+
+def test_a_holdback_whose_min_ceiling_is_not_below_its_max_is_an_error_naming_it():
+    document = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {
+                "type": "priority-holdback-policy",
+                "parameters": {"minCeiling": 0.9, "maxCeiling": 0.8},
+            }
+        ],
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document)
+    assert caught.value.errors == [
+        "plugins[0].parameters.minCeiling: must be strictly less than maxCeiling (0.8), got 0.9"
+    ]

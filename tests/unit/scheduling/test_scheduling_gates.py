@@ -1,5 +1,6 @@
 import pytest
 
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.gate import AllGates, ConcurrencyGate, OpenGate
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
@@ -71,11 +72,30 @@ def no_pool() -> PoolSnapshot:
     return PoolSnapshot()
 
 
-def test_the_default_config_builds_the_concurrency_gate():
-    gate, concurrency = build_gate(GateConfig(max_per_endpoint=4), no_pool, lambda: NOW)
+def test_the_default_config_builds_the_adaptive_gate():
+    gate, credits = build_gate(GateConfig(), no_pool, lambda: NOW)
+    assert isinstance(gate, AdaptiveGate)
+    assert gate is credits
+
+
+def test_the_concurrency_kind_builds_fixed_credits():
+    config = GateConfig(kinds=frozenset({GateKind.CONCURRENCY}), max_per_endpoint=4)
+    gate, concurrency = build_gate(config, no_pool, lambda: NOW)
     assert isinstance(gate, ConcurrencyGate)
     assert gate is concurrency
     assert concurrency.max_per_endpoint == 4
+
+
+def test_with_the_adaptive_kind_the_concurrency_kind_keeps_only_its_pool_limit():
+    config = GateConfig(
+        kinds=frozenset({GateKind.ADAPTIVE, GateKind.CONCURRENCY}),
+        max_in_flight=5,
+        max_per_endpoint=4,
+    )
+    gate, credits = build_gate(config, no_pool, lambda: NOW)
+    assert isinstance(credits, AdaptiveGate)
+    concurrency = next(g for g in gate.gates if isinstance(g, ConcurrencyGate))
+    assert (concurrency.max_in_flight, concurrency.max_per_endpoint) == (5, 0)
 
 
 def test_the_utilization_kind_alone_has_no_credits():
@@ -87,7 +107,9 @@ def test_the_utilization_kind_alone_has_no_credits():
 
 
 def test_both_kinds_combine_and_close_when_either_closes():
-    config = GateConfig(kinds=frozenset(GateKind), max_in_flight=5)
+    config = GateConfig(
+        kinds=frozenset({GateKind.CONCURRENCY, GateKind.UTILIZATION}), max_in_flight=5
+    )
     gate, concurrency = build_gate(config, no_pool, lambda: NOW)
     assert isinstance(gate, AllGates)
     assert concurrency in gate.gates

@@ -16,7 +16,10 @@ NOW = 50.0
 
 
 def controller_over(pool: PoolSnapshot, max_per_endpoint: int) -> FlowController:
-    gate_config = GateConfig(kinds=frozenset(GateKind), max_per_endpoint=max_per_endpoint)
+    gate_config = GateConfig(
+        kinds=frozenset({GateKind.CONCURRENCY, GateKind.UTILIZATION}),
+        max_per_endpoint=max_per_endpoint,
+    )
     gate, credits = build_gate(gate_config, lambda: pool, lambda: NOW)
     scheduler = Scheduler(SchedulingConfig(), lambda: pool, lambda: NOW, random.Random(1), credits)
     return FlowController(FlowControlConfig(gate=gate_config), gate, scheduler)

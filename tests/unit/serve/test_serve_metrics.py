@@ -9,10 +9,11 @@ import pytest
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
 from epp.extproc.events import Rejected, Release
+from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.scheduling.endpoint import EndpointMetrics
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 from epp.serve.metrics import (
     SCHEDULER_BUCKETS,
@@ -308,3 +309,28 @@ def test_the_build_is_reported():
     metrics = EppMetrics(POOL)
     assert label_values(metrics, "llm_d_epp_info", "build_ref") == {"epp"}
     assert label_values(metrics, "inference_extension_info", "build_ref") == {"epp"}
+
+
+def test_the_learned_limits_headroom_and_adjustments_are_exported_per_endpoint():
+    endpoint = "10.0.0.1:8000"
+    pool = PoolSnapshot(
+        (Endpoint("e", endpoint, metrics=EndpointMetrics(running=9, updated_at=1.0)),), 1, 1
+    )
+    gate = AdaptiveGate(lambda: pool, lambda: 1.0)
+    for priority in (10, 0):
+        gate.is_open(priority)
+    gate.has_room(endpoint, 0)  # reads the snapshot: the limit grows to 9
+    metrics = EppMetrics("pool")
+    metrics.watch_limits(gate)
+    samples = {
+        sample.name: (sample.labels, sample.value)
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name.startswith("llm_d_epp_flow_control_endpoint")
+    }
+    labels = {"inference_pool": "pool", "endpoint": endpoint}
+    assert samples == {
+        "llm_d_epp_flow_control_endpoint_limit": (labels, 9.0),
+        "llm_d_epp_flow_control_endpoint_headroom": (labels, 1.0),
+        "llm_d_epp_flow_control_endpoint_limit_adjustments_total": (labels, 1.0),
+    }

@@ -74,6 +74,9 @@ class Sidecar:
     def queued_by_priority(self):
         return {}
 
+    def limits(self):
+        return {}
+
 
 def scenario(**changes):
     document = {**SCENARIO, **changes}

@@ -18,6 +18,9 @@ SCENARIOS = [
         "burst",
         "server-failure",
         "prefix-heavy",
+        "adaptive-uniform",
+        "adaptive-heterogeneous",
+        "adaptive-slowdown",
     )
 ]
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)
@@ -75,3 +78,61 @@ def test_the_same_seed_draws_the_same_workload_and_another_seed_does_not():
     assert workload(parse_scenario(document, ROOT)) == first
     document["seed"] = 8
     assert workload(parse_scenario(document, ROOT)) != first
+
+
+HETEROGENEOUS = """
+name: mixed
+duration_s: 10
+pool:
+  decode_ms_per_token: 15
+  groups:
+    - {servers: 2, max_num_seqs: 8, decode_ms_per_token: 20}
+    - {servers: 1, max_num_seqs: 256}
+objectives: [{name: standard, priority: 0}]
+tenants: [{name: a, objective: standard, rate_rps: 1, prompt_tokens: 100, output_tokens: 10}]
+events: [{at_s: 5, server_change: 2, params: {max_num_seqs: 12}}]
+"""
+
+
+def test_a_pool_of_groups_numbers_its_servers_across_the_groups_in_order():
+    pool = parse_scenario(yaml.safe_load(HETEROGENEOUS), ROOT).pool
+    assert pool.servers == 3
+    assert [p.max_num_seqs for p in pool.server_params] == [8, 8, 256]
+
+
+def test_a_group_takes_the_pools_server_keys_it_does_not_set():
+    pool = parse_scenario(yaml.safe_load(HETEROGENEOUS), ROOT).pool
+    assert [p.decode_ms_per_token for p in pool.server_params] == [20, 20, 15]
+
+
+def test_a_server_change_keeps_the_servers_other_parameters():
+    event = parse_scenario(yaml.safe_load(HETEROGENEOUS), ROOT).events[0]
+    assert (event.server, event.params.max_num_seqs, event.params.decode_ms_per_token) == (
+        2,
+        12,
+        15,
+    )
+
+
+def test_servers_beside_groups_is_an_error():
+    document = yaml.safe_load(HETEROGENEOUS)
+    document["pool"]["servers"] = 4
+    assert errors_of(document) == ["pool.servers: give servers per group when the pool has groups"]
+
+
+def test_a_group_with_an_unknown_key_is_an_error_naming_its_path():
+    document = yaml.safe_load(HETEROGENEOUS)
+    document["pool"]["groups"][1]["colour"] = "red"
+    assert errors_of(document) == ["pool.groups[1].colour: unknown key"]
+
+
+def test_a_server_change_needs_params_and_only_it_takes_them():
+    document = yaml.safe_load(HETEROGENEOUS)
+    document["events"] = [
+        {"at_s": 1, "server_change": 0},
+        {"at_s": 2, "server_down": 0, "params": {"max_num_seqs": 4}},
+    ]
+    assert errors_of(document) == [
+        "events[0].params: needs at least one server key",
+        "events[1].params: only a server_change takes params",
+    ]

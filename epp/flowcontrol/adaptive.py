@@ -1,0 +1,479 @@
+"""Adaptive per-endpoint in-flight limits, with headroom for higher bands.
+
+No fixed number fits every pool: a server that batches 8 is flooded by 32
+credits, one that batches 256 is starved by them. So each endpoint's limit
+is learned from what the server itself reports at every scrape (requests
+running and waiting), and the in-flight credits (taken at dispatch, given
+back at completion) keep holding between scrapes, so nothing overshoots.
+
+Parts:
+- `LimitEstimator`: one endpoint's limit, fed each fresh metrics sample.
+  Pure; the sample's timestamp is its clock.
+- `AdaptiveGate`: the `Gate`, and the scheduler's per-endpoint `Credits`.
+  It reads the pool snapshot when its version moves (one pass over the
+  endpoints per snapshot, none per request), keeps one estimator per
+  endpoint and answers `has_room(endpoint, priority)` with the usage-limit
+  policy (`epp.flowcontrol.usagelimits`) applied to the learned limit.
+
+The control law (measured against the alternatives in
+`epp/flowcontrol/README.md`):
+- pending budget: at most `pending` requests an endpoint was not yet seen
+  running (its queue at the last sample, plus what was sent since). This
+  alone keeps the server's queue, where priority no longer reaches a
+  request, at about one request, whatever the limit says; and it paces a
+  new endpoint's growth to what the server admits.
+- limit = the most requests the server was seen running. While probing,
+  the gate lets one more through; if the server runs it, the limit grows
+  at the next sample. A new endpoint probes until a probe finds no room
+  for `full_after` seconds (the server is full: max_num_seqs or its KV
+  cache); after that a probe runs every `probe_interval` seconds while the
+  limit holds requests back.
+- the limit drops to the most the server ran over a `window` in which it
+  kept a queue half the time and never came within 10% of the limit (it
+  restarted smaller, slowed down or its KV cache holds fewer requests).
+- headroom: bands below the top may fill only their share of the limit
+  (the usage-limit policy; by default the reference's priority-holdback
+  shape, at least one slot held back), so a top-band arrival finds a free
+  batch slot. A top-band request never takes a probe slot once the
+  endpoint was seen full (it would wait at a full server), and prefers an
+  endpoint with nothing pending and no probe under way.
+- a sample is used once (`updated_at` moves); failed samples are ignored.
+  An endpoint with no sample for `blind_after` (or none yet: its metrics
+  cannot be read) is not learned from: it gets the fixed limit
+  (`maxPerEndpoint`, as the concurrency gate) and no pending budget, so a
+  pool without metrics works as before. A request that completes before a
+  sample showed it running comes off the pending count. An endpoint that
+  leaves the pool is forgotten; back, it starts again.
+
+Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
+whose chosen endpoint has requests pending, once per change of the pool or
+of the in-flight counts; a new snapshot O(endpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from math import ceil
+from typing import Protocol
+
+from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
+
+
+class Sample(Protocol):
+    """One scrape of a model server (`EndpointMetrics` is one)."""
+
+    @property
+    def waiting(self) -> float: ...
+    @property
+    def running(self) -> float: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def updated_at(self) -> float | None: ...
+    @property
+    def failing(self) -> bool: ...
+
+
+class Observed(Protocol):
+    """An endpoint and its latest sample (`Endpoint` is one)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def metrics(self) -> Sample: ...
+
+
+class Observations(Protocol):
+    """A pool snapshot (`PoolSnapshot` is one): `version` moves on every change."""
+
+    @property
+    def endpoints(self) -> Sequence[Observed]: ...
+    @property
+    def version(self) -> int: ...
+
+
+@dataclass(slots=True, frozen=True)
+class AdaptiveLimits:
+    """The estimator's settings. None of them is a per-deployment number:
+    they bound the search and set its pace, not its result.
+
+    `initial`: the limit of a new endpoint (safe: below any real batch).
+    `maximum`: no endpoint's limit grows past it (a resource bound).
+    `pending`: requests an endpoint may hold that it was not yet seen
+    running (its queue, plus what was sent since its last sample).
+    `full_after`: how long (s) a probe may find no room before the limit
+    is held (a server that takes the probe is between two steps at most
+    this long).
+    `probe_interval`: once the size is known, how often (s) the limit tries
+    one more while the limit holds requests back.
+    `window`: how long (s) a server must keep a queue (half its samples)
+    while running less than 90% of its limit for the limit to drop to the
+    most it ran.
+    `blind_after`: an endpoint with no sample newer than this (s), or none
+    yet, is not learned from: the gate's fixed limit applies, no budget.
+    """
+
+    initial: int = 4
+    maximum: int = 1024
+    pending: int = 1
+    full_after: float = 1.0
+    probe_interval: float = 5.0
+    window: float = 2.0
+    blind_after: float = 1.0
+
+
+SHRINK = 0.9
+"""A server must run fewer than this share of its limit to lower it (the
+KV-cache's capacity moves with the request mix; the pending budget, not
+the limit, keeps the queue short)."""
+
+
+class LimitEstimator:
+    """One endpoint's learned in-flight limit (see the module docstring).
+
+    `limit` >= 1 always: the most requests the server has been seen running
+    at once, lowered when it keeps a queue while running fewer. `probing`:
+    whether the gate lets one more through to find out whether the server
+    runs more (from the start until the server is first seen full, then for
+    `full_after` every `probe_interval`). `pending`: requests sent there
+    that no sample has shown running yet. `adjustments` counts the limit's
+    changes; `seen` is the timestamp of the last sample used.
+    """
+
+    __slots__ = (
+        "adjustments",
+        "found",
+        "limit",
+        "most",
+        "pending",
+        "probe_since",
+        "probing",
+        "queue",
+        "queued",
+        "samples",
+        "seen",
+        "seen_seq",
+        "sent_seq",
+        "settings",
+        "window_end",
+    )
+
+    def __init__(self, settings: AdaptiveLimits) -> None:
+        self.settings = settings
+        self.limit = max(1, min(settings.initial, settings.maximum))
+        self.probing = True
+        self.found = False
+        """Whether the server was ever seen full (a probe found no room)."""
+        self.probe_since: float | None = None
+        """When the probe began or last succeeded (None: not yet seen)."""
+        self.window_end: float | None = None
+        """When the current window of samples ends (None: none open)."""
+        self.most = 0
+        """The most requests the server ran in the current window."""
+        self.queued = 0
+        """The window's samples that showed a queue at the server."""
+        self.samples = 0
+        self.pending = 0
+        self.sent_seq = 0
+        """The newest (by the core's sequence number) request sent here."""
+        self.seen_seq = 0
+        """`sent_seq` when the last sample was used: requests after it are
+        the ones counted as pending."""
+        self.queue = 0
+        """The server's queue at the last sample."""
+        self.seen: float | None = None
+        self.adjustments = 0
+
+    def observe(self, sample: Sample, binding: bool) -> int | None:
+        """Use `sample` if it is new and was read; `binding` tells whether
+        the limit held a request back since the last sample. Returns the
+        change of the limit, or None when the sample was not used."""
+        now = sample.updated_at
+        if sample.failing or now is None or now == self.seen:
+            return None
+        self.seen = now
+        self.seen_seq = self.sent_seq
+        running = int(sample.running)
+        waiting = int(sample.waiting)
+        self.pending = self.queue = waiting
+        settings = self.settings
+        if self.window_end is None:
+            self.window_end = now + settings.window
+            self.most = self.queued = self.samples = 0
+        window_end = self.window_end
+        self.samples += 1
+        self.queued += waiting > 0
+        self.most = max(self.most, running)
+        old = new = self.limit
+        if self.probe_since is None:
+            self.probe_since = now
+        if running > old:
+            new = running  # it runs more than it was known to: room found
+            self.probe_since = now
+        elif now >= window_end:
+            # A window in which the server kept a queue half the time yet
+            # never ran as many as its limit: it shrank (restarted smaller,
+            # or its KV cache holds fewer requests now).
+            if self.queued * 2 >= self.samples and self.most < old * SHRINK:
+                new = max(1, self.most)
+                self.probing = False
+                self.found = True
+                self.probe_since = now
+            self.window_end = None
+        elif self.probing:
+            if not (binding or waiting):
+                self.probe_since = now  # nothing wanted the probe: no news
+            elif now - self.probe_since >= settings.full_after:
+                self.probing = False  # no room found: hold the limit
+                self.found = True
+                self.probe_since = now
+        elif binding and not waiting and now - self.probe_since >= settings.probe_interval:
+            self.probing = True
+            self.probe_since = now
+        new = min(new, settings.maximum)
+        if new == old:
+            return 0
+        self.limit = new
+        self.adjustments += 1
+        return new - old
+
+
+def allowed(limit: int, ceiling: float) -> int:
+    """The slots of `limit` that a band with `ceiling` may fill. A ceiling
+    below 1 holds back at least one slot (the reference's comparison,
+    saturation >= ceiling, would hold back none on a small limit), but
+    leaves at least one (every band keeps moving on every endpoint) unless
+    the ceiling is 0 (the band is closed)."""
+    if ceiling >= 1.0 or limit <= 1:
+        return limit if ceiling > 0.0 else 0
+    if ceiling <= 0.0:
+        return 0
+    return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
+
+
+class AdaptiveGate:
+    """The adaptive gate: learned per-endpoint limits and the holdback.
+
+    `pool` returns the latest snapshot. Bands are learned from the
+    priorities asked about (bounded by the objectives' priorities). The
+    pool as a whole is never closed: the per-endpoint credits decide, in
+    `has_room`, which the scheduler asks before placing a request.
+    """
+
+    __slots__ = (
+        "_ceilings",
+        "_changes",
+        "_clock",
+        "_estimators",
+        "_idle",
+        "_idle_key",
+        "_in_flight",
+        "_pool",
+        "_priorities",
+        "_version",
+        "blind_limit",
+        "blocked",
+        "in_flight",
+        "settings",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        pool: Callable[[], Observations],
+        clock: Callable[[], float],
+        settings: AdaptiveLimits | None = None,
+        usage: UsageLimitPolicy | None = None,
+        blind_limit: int = 32,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        self.blind_limit = blind_limit
+        """The limit of an endpoint with no recent sample (0: none)."""
+        self.settings = settings or AdaptiveLimits()
+        self.usage = usage or DEFAULT_USAGE_LIMITS
+        self._estimators: dict[str, LimitEstimator] = {}
+        self._in_flight: dict[str, int] = {}
+        self._priorities: list[int] = []
+        self._ceilings: dict[int, float] = {}
+        self._version: int | None = None
+        self._changes = 0
+        """Dispatches and completions so far (keys what `_idle_room` keeps)."""
+        self._idle_key: tuple[int | None, int] | None = None
+        self._idle = False
+        self.in_flight = 0
+        self.blocked: set[str] = set()
+        """Endpoints whose limit held back a request since their last sample."""
+
+    # -- the Gate protocol ---------------------------------------------------
+
+    def is_open(self, priority: int) -> bool:
+        if priority not in self._ceilings:
+            self._learn_band(priority)
+        return True
+
+    def on_dispatch(self, request: FlowRequest) -> None:
+        self._changes += 1
+        self.in_flight += 1
+        endpoint = request.endpoint
+        if endpoint is not None:
+            self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+            estimator = self._estimators.get(endpoint)
+            if estimator is None:
+                estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
+            estimator.pending += 1
+            if request.seq > estimator.sent_seq:
+                estimator.sent_seq = request.seq
+
+    def on_complete(self, request: FlowRequest) -> None:
+        self._changes += 1
+        self.in_flight -= 1
+        endpoint = request.endpoint
+        if endpoint is not None:
+            left = self._in_flight[endpoint] - 1
+            if left:
+                self._in_flight[endpoint] = left
+            else:
+                del self._in_flight[endpoint]
+            estimator = self._estimators.get(endpoint)
+            if estimator is not None and estimator.pending and request.seq > estimator.seen_seq:
+                # Sent after the last sample, so counted as pending: done, it
+                # is not waiting any more.
+                estimator.pending -= 1
+
+    # -- the scheduler's credits -----------------------------------------------
+
+    def has_room(self, endpoint: str, priority: int = 0) -> bool:
+        """Whether a request of band `priority` may go to `endpoint` now.
+
+        A top-band request also skips an endpoint that has requests pending
+        (sent, not yet seen running) or a probe under way while another with
+        room has neither: it would share their prefill step there, or wait
+        behind a probe that finds the server full."""
+        pool = self._pool()
+        if pool.version != self._version:
+            self._observe(pool)
+        estimator = self._estimators.get(endpoint)
+        if (
+            estimator is None
+            or estimator.seen is None
+            or self._clock() - estimator.seen > (self.settings.blind_after)
+        ):
+            # No recent sample to learn from: the fixed limit, if any.
+            blind = self.blind_limit
+            return blind <= 0 or self._in_flight.get(endpoint, 0) < blind
+        ceiling = self._ceilings.get(priority)
+        if ceiling is None:
+            ceiling = self._learn_band(priority)
+        priorities = self._priorities
+        if self.usage.dynamic:
+            in_flight = self._in_flight.get(endpoint, 0)
+            rank = priorities.index(priority)
+            saturation = in_flight / estimator.limit
+            ceiling = self.usage.ceiling(rank, len(priorities), priorities, saturation)
+        top = priority == priorities[0] and len(priorities) > 1
+        if not self._room(endpoint, estimator, ceiling, top):
+            if not top:
+                # Demand the limit holds back (a top-band request waits for
+                # a known slot, so it says nothing about whether there are more).
+                self.blocked.add(endpoint)
+            return False
+        if top and (estimator.pending or (estimator.probing and estimator.found)):
+            return not self._idle_room(ceiling)
+        return True
+
+    def _room(self, endpoint: str, estimator: LimitEstimator, ceiling: float, top: bool) -> bool:
+        budget = self.settings.pending
+        if not estimator.found and estimator.limit >= 64:
+            budget += 1
+        if estimator.pending >= (max(budget, self.settings.pending + 1) if top else budget):
+            return False
+        limit = estimator.limit
+        if estimator.probing:
+            # One beyond the limit, to see whether the server runs it. A
+            # top-band request takes it only while the size is unknown and
+            # the server took everything it was sent; else it would wait at
+            # a full server.
+            risky = top and (estimator.found or estimator.queue)
+            cap = limit if risky else limit + 1
+        else:
+            cap = allowed(limit, ceiling)
+        return self._in_flight.get(endpoint, 0) < cap
+
+    def _idle_room(self, ceiling: float) -> bool:
+        """Whether some endpoint has room for the top band, nothing pending
+        and no probe under way."""
+        key = (self._version, self._changes)
+        if self._idle_key != key:
+            self._idle_key = key
+            self._idle = any(
+                not e.pending
+                and not (e.probing and e.found)
+                and self._room(address, e, ceiling, True)
+                for address, e in self._estimators.items()
+            )
+        return self._idle
+
+    def in_flight_at(self, endpoint: str) -> int:
+        return self._in_flight.get(endpoint, 0)
+
+    def none_full(self) -> bool:
+        """Whether no endpoint can be out of room (never sure here)."""
+        return False
+
+    # -- what it learned ---------------------------------------------------------
+
+    def limit_of(self, endpoint: str) -> int:
+        """The learned limit of `endpoint` (the initial one when not seen yet)."""
+        estimator = self._estimators.get(endpoint)
+        return estimator.limit if estimator is not None else self.settings.initial
+
+    def limits(self) -> dict[str, int]:
+        """Every known endpoint's learned limit."""
+        return {address: e.limit for address, e in self._estimators.items()}
+
+    def adjustments(self) -> dict[str, int]:
+        """How often each known endpoint's limit changed."""
+        return {address: e.adjustments for address, e in self._estimators.items()}
+
+    def headroom_of(self, endpoint: str) -> int:
+        """The slots of `endpoint` that only the top band may use."""
+        limit = self.limit_of(endpoint)
+        lowest = min(self._ceilings.values(), default=1.0)
+        return limit - allowed(limit, lowest)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _learn_band(self, priority: int) -> float:
+        """Add a band; the static ceilings of every band (1.0 for a policy
+        whose ceilings move with saturation: those are asked per request)."""
+        priorities = self._priorities
+        priorities.append(priority)
+        priorities.sort(reverse=True)
+        usage = self.usage
+        count = len(priorities)
+        self._ceilings = {
+            p: 1.0 if usage.dynamic else usage.ceiling(rank, count, priorities, 0.0)
+            for rank, p in enumerate(priorities)
+        }
+        return self._ceilings[priority]
+
+    def _observe(self, pool: Observations) -> None:
+        self._version = pool.version
+        estimators = self._estimators
+        present = set()
+        blocked = self.blocked
+        for endpoint in pool.endpoints:
+            address = endpoint.address
+            present.add(address)
+            estimator = estimators.get(address)
+            if estimator is None:
+                estimator = estimators[address] = LimitEstimator(self.settings)
+            if estimator.observe(endpoint.metrics, address in blocked) is not None:
+                blocked.discard(address)
+        if len(estimators) > len(present):
+            for address in [a for a in estimators if a not in present]:
+                del estimators[address]
+                blocked.discard(address)

@@ -1,0 +1,273 @@
+"""The adaptive gate: limits learned from the servers' own metrics, a pending
+budget per endpoint, and headroom that only the top band may use."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.flowcontrol.adaptive import AdaptiveGate, AdaptiveLimits, LimitEstimator, allowed
+from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+SETTINGS = AdaptiveLimits()
+
+
+def sample(at: float, running: int = 0, waiting: int = 0, **extra) -> EndpointMetrics:
+    return EndpointMetrics(waiting=waiting, running=running, updated_at=at, **extra)
+
+
+def found_at(limit: int) -> LimitEstimator:
+    """An estimator whose probe found the server full at `limit`."""
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(0.0, running=limit), binding=True)
+    estimator.observe(sample(0.05, running=limit, waiting=1), binding=True)
+    estimator.observe(sample(1.1, running=limit, waiting=1), binding=True)
+    assert (estimator.limit, estimator.probing, estimator.found) == (limit, False, True)
+    return estimator
+
+
+# -- the estimator ------------------------------------------------------------
+
+
+def test_a_new_endpoint_starts_at_the_initial_limit_and_probes():
+    estimator = LimitEstimator(SETTINGS)
+    assert (estimator.limit, estimator.probing, estimator.found) == (SETTINGS.initial, True, False)
+
+
+def test_the_limit_grows_to_what_the_server_is_seen_running():
+    estimator = LimitEstimator(SETTINGS)
+    assert estimator.observe(sample(0.0, running=9), binding=True) == 9 - SETTINGS.initial
+    assert estimator.limit == 9
+
+
+def test_a_probe_that_finds_no_room_for_full_after_holds_the_limit():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(0.0, running=6, waiting=1), binding=True)
+    estimator.observe(sample(SETTINGS.full_after - 0.01, running=6, waiting=1), binding=True)
+    assert estimator.probing
+    estimator.observe(sample(SETTINGS.full_after, running=6, waiting=1), binding=True)
+    assert (estimator.limit, estimator.probing, estimator.found) == (6, False, True)
+
+
+def test_a_probe_nothing_wanted_is_no_news():
+    estimator = LimitEstimator(SETTINGS)
+    for step in range(40):
+        estimator.observe(sample(step * 0.1, running=3), binding=False)
+    assert estimator.probing and not estimator.found
+
+
+def test_once_found_a_probe_starts_after_probe_interval_while_the_limit_holds_demand_back():
+    estimator = found_at(16)
+    estimator.observe(sample(1.1 + SETTINGS.probe_interval - 0.1, running=16), binding=True)
+    assert not estimator.probing
+    estimator.observe(sample(1.1 + SETTINGS.probe_interval, running=16), binding=False)
+    assert not estimator.probing
+    estimator.observe(sample(1.2 + SETTINGS.probe_interval, running=16), binding=True)
+    assert estimator.probing
+
+
+def test_the_limit_drops_when_the_server_keeps_a_queue_well_below_it():
+    estimator = found_at(32)
+    for step in range(1, 40):
+        estimator.observe(sample(1.1 + step * 0.05, running=12, waiting=1), binding=True)
+    assert estimator.limit == 32  # the window that saw it run 32 has not passed
+    for step in range(40, 100):
+        estimator.observe(sample(1.1 + step * 0.05, running=12, waiting=1), binding=True)
+    assert estimator.limit == 12
+
+
+def test_a_queue_near_the_limit_does_not_lower_it():
+    estimator = found_at(32)
+    for step in range(1, 100):
+        estimator.observe(sample(1.1 + step * 0.05, running=30, waiting=1), binding=True)
+    assert estimator.limit == 32
+
+
+def test_a_sample_is_used_once_and_failed_or_unread_ones_not_at_all():
+    estimator = LimitEstimator(SETTINGS)
+    assert estimator.observe(sample(1.0, running=7), binding=True) == 3
+    assert estimator.observe(sample(1.0, running=9), binding=True) is None
+    assert estimator.observe(sample(2.0, running=9, failing=True), binding=True) is None
+    assert estimator.observe(EndpointMetrics(running=9), binding=True) is None
+    assert estimator.limit == 7
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 300), st.integers(0, 20), st.booleans()), min_size=1, max_size=80
+    )
+)
+def test_the_limit_stays_between_one_and_the_maximum(samples):
+    settings = AdaptiveLimits(maximum=200)
+    estimator = LimitEstimator(settings)
+    for step, (running, waiting, binding) in enumerate(samples):
+        estimator.observe(sample(step * 0.3, running=running, waiting=waiting), binding)
+        assert 1 <= estimator.limit <= settings.maximum
+
+
+# -- the share of a limit a band may fill --------------------------------------
+
+
+def test_a_ceiling_below_one_holds_back_at_least_one_slot_and_leaves_at_least_one():
+    assert [allowed(16, c) for c in (1.0, 0.95, 0.9, 0.5)] == [16, 15, 14, 8]
+    assert [allowed(2, 0.99), allowed(1, 0.5), allowed(8, 0.0)] == [1, 1, 0]
+
+
+# -- the gate ----------------------------------------------------------------
+
+
+class Pool:
+    """A pool snapshot the test replaces sample by sample."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.addresses = addresses
+        self.snapshot = PoolSnapshot()
+        self.now = 0.0
+        self.publish(0.0)
+
+    def publish(self, at: float, **per_address: tuple[int, int]) -> None:
+        self.now = at
+        endpoints = tuple(
+            Endpoint(address, address, metrics=sample(at, *per_address.get(key, (0, 0))))
+            for key, address in zip("ab", self.addresses, strict=False)
+        )
+        self.snapshot = PoolSnapshot(endpoints, self.snapshot.version + 1, 1)
+
+
+SEQ = iter(range(1, 1 << 30))
+
+
+def dispatch(gate: AdaptiveGate, endpoint: str, priority: int = 0) -> FlowRequest:
+    request = FlowRequest(f"r{gate.in_flight}", "tenant", priority, 0.0)
+    request.endpoint = endpoint
+    request.seq = next(SEQ)
+    gate.on_dispatch(request)
+    return request
+
+
+def gate_with_bands(
+    pool: Pool, *priorities: int, usage: UsageLimitPolicy | None = None
+) -> AdaptiveGate:
+    gate = AdaptiveGate(lambda: pool.snapshot, lambda: pool.now, usage=usage)
+    for priority in priorities:
+        gate.is_open(priority)
+    gate.has_room(A, priorities[-1])  # reads the first snapshot, as a placement does
+    return gate
+
+
+def test_an_endpoint_takes_one_request_it_was_not_yet_seen_running():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    assert gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+    pool.publish(0.05, a=(1, 0))
+    assert gate.has_room(A, 0)
+
+
+def test_the_top_band_may_send_one_more_than_the_pending_budget():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 10, 0)
+    dispatch(gate, A, 0)
+    assert not gate.has_room(A, 0)
+    assert gate.has_room(A, 10)
+
+
+def settled_gate(
+    limit: int, *priorities: int, usage: UsageLimitPolicy | None = None
+) -> tuple[Pool, AdaptiveGate]:
+    """A gate whose endpoint A was found full at `limit` and now runs nothing."""
+    pool = Pool(A)
+    gate = gate_with_bands(pool, *priorities, usage=usage)
+    for at, state in ((0.05, (limit, 0)), (0.1, (limit, 1)), (1.2, (limit, 1)), (1.25, (0, 0))):
+        gate.blocked.add(A)
+        pool.publish(at, a=state)
+        gate.has_room(A, priorities[-1])
+    assert gate.limit_of(A) == limit and not gate._estimators[A].probing
+    return pool, gate
+
+
+def fill(gate: AdaptiveGate, pool: Pool, priority: int) -> int:
+    """Dispatch `priority` requests to A while it has room, each seen running."""
+    sent = 0
+    while gate.has_room(A, priority):
+        dispatch(gate, A, priority)
+        sent += 1
+        pool.publish(2.0 + gate.in_flight * 0.05, a=(gate.in_flight_at(A), 0))
+    return sent
+
+
+def test_lower_bands_leave_the_last_slots_to_higher_ones():
+    pool, gate = settled_gate(16, 10, 0, -5)
+    assert fill(gate, pool, -5) == 14
+    assert fill(gate, pool, 0) == 1
+    assert fill(gate, pool, 10) == 1
+    assert gate.headroom_of(A) == 2
+
+
+def test_one_band_alone_fills_the_whole_limit():
+    pool, gate = settled_gate(16, 0)
+    assert fill(gate, pool, 0) == 16
+
+
+def test_a_completion_gives_its_slot_back():
+    pool, gate = settled_gate(4, 0)
+    fill(gate, pool, 0)
+    request = FlowRequest("done", "tenant", 0, 0.0)
+    request.endpoint = A
+    gate.on_complete(request)
+    assert gate.in_flight_at(A) == 3 and gate.has_room(A, 0)
+
+
+def test_a_top_band_request_prefers_an_endpoint_with_nothing_pending():
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 10, 0)
+    dispatch(gate, A, 0)
+    assert not gate.has_room(A, 10)
+    assert gate.has_room(B, 10)
+
+
+def test_an_endpoint_that_leaves_the_pool_is_forgotten():
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(9, 0), b=(9, 0))
+    gate.has_room(A, 0)
+    assert gate.limits() == {A: 9, B: 9}
+    pool.addresses = (A,)
+    pool.publish(0.1, a=(9, 0))
+    gate.has_room(A, 0)
+    assert gate.limits() == {A: 9}
+
+
+def test_the_configured_usage_limit_policy_sets_the_headroom():
+    pool, gate = settled_gate(16, 10, 0, -5, usage=StaticUsageLimit(1.0))
+    assert fill(gate, pool, -5) == 16
+    assert gate.headroom_of(A) == 0
+
+
+def test_an_endpoint_without_recent_metrics_gets_the_fixed_limit_and_no_budget():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # learning: one pending request at a time
+    pool.now = 0.0 + SETTINGS.blind_after + 0.01  # no sample since
+    for _ in range(31):
+        assert gate.has_room(A, 0)
+        dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # blind: maxPerEndpoint (32) in flight
+
+
+def test_a_request_done_before_any_sample_showed_it_running_is_no_longer_pending():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    earlier = dispatch(gate, A)
+    pool.publish(0.05, a=(1, 0))
+    gate.has_room(A, 0)
+    later = dispatch(gate, A)
+    gate.on_complete(earlier)
+    assert gate._estimators[A].pending == 1  # `earlier` was seen running
+    gate.on_complete(later)
+    assert gate._estimators[A].pending == 0
