@@ -57,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, duration_s=args.duration)
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)
+    if len(scenario.pool.groups) > 1:
+        print(
+            "epp demo: a pool of several server groups runs only in the simulator "
+            "(epp simulate); the live demo's servers are all alike",
+            file=sys.stderr,
+        )
+        return 2
     try:
         result = asyncio.run(run_demo(scenario, engine=args.engine))
     except PartFailed as error:

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import ceil
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from epp.flowcontrol.request import FlowRequest
 from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
@@ -253,6 +253,9 @@ def allowed(limit: int, ceiling: float) -> int:
     return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
 
 
+E = TypeVar("E", bound=Observed)
+
+
 class AdaptiveGate:
     """The adaptive gate: learned per-endpoint limits and the holdback.
 
@@ -263,13 +266,15 @@ class AdaptiveGate:
     """
 
     __slots__ = (
-        "_ceilings",
+        "_bands",
+        "_blind_after",
         "_changes",
         "_clock",
         "_estimators",
         "_idle",
         "_idle_key",
         "_in_flight",
+        "_pending",
         "_pool",
         "_priorities",
         "_version",
@@ -297,7 +302,10 @@ class AdaptiveGate:
         self._estimators: dict[str, LimitEstimator] = {}
         self._in_flight: dict[str, int] = {}
         self._priorities: list[int] = []
-        self._ceilings: dict[int, float] = {}
+        self._bands: dict[int, tuple[float, bool, int]] = {}
+        """Per known priority: (static ceiling, top band of several, rank)."""
+        self._pending = self.settings.pending
+        self._blind_after = self.settings.blind_after
         self._version: int | None = None
         self._changes = 0
         """Dispatches and completions so far (keys what `_idle_room` keeps)."""
@@ -310,7 +318,7 @@ class AdaptiveGate:
     # -- the Gate protocol ---------------------------------------------------
 
     def is_open(self, priority: int) -> bool:
-        if priority not in self._ceilings:
+        if priority not in self._bands:
             self._learn_band(priority)
         return True
 
@@ -355,73 +363,110 @@ class AdaptiveGate:
         pool = self._pool()
         if pool.version != self._version:
             self._observe(pool)
+        return self._check(endpoint, priority, self._clock())
+
+    def with_room(self, endpoints: Sequence[E], priority: int = 0) -> list[E]:
+        """The `endpoints` (anything with an `address`) with room for band
+        `priority`: `has_room` for each, the snapshot and clock read once.
+        (The scheduler asks it when its choice had no room, often of a full
+        pool, so a band below the top is checked in one loop, `_check`'s
+        rules written out.)"""
+        pool = self._pool()
+        if pool.version != self._version:
+            self._observe(pool)
+        now = self._clock()
+        band = self._bands.get(priority)
+        if band is None:
+            self._learn_band(priority)
+            band = self._bands[priority]
+        ceiling, top, _ = band
+        if top or self.usage.dynamic:
+            check = self._check
+            return [endpoint for endpoint in endpoints if check(endpoint.address, priority, now)]
+        estimators = self._estimators
+        in_flight = self._in_flight
+        blind_after = self._blind_after
+        blind_limit = self.blind_limit
+        pending = self._pending
+        blocked = self.blocked
+        kept = []
+        for endpoint in endpoints:
+            address = endpoint.address
+            estimator = estimators.get(address)
+            held = in_flight.get(address, 0)
+            seen = estimator.seen if estimator is not None else None
+            if seen is None or now - seen > blind_after:
+                if blind_limit <= 0 or held < blind_limit:
+                    kept.append(endpoint)
+                continue
+            limit = estimator.limit
+            budget = pending + 1 if not estimator.found and limit >= 64 else pending
+            if estimator.pending < budget and held < (
+                limit + 1 if estimator.probing else allowed(limit, ceiling)
+            ):
+                kept.append(endpoint)
+            else:
+                blocked.add(address)
+        return kept
+
+    def _check(self, endpoint: str, priority: int, now: float) -> bool:
         estimator = self._estimators.get(endpoint)
-        if (
-            estimator is None
-            or estimator.seen is None
-            or self._clock() - estimator.seen > (self.settings.blind_after)
-        ):
+        if estimator is None or estimator.seen is None or now - estimator.seen > self._blind_after:
             # No recent sample to learn from: the fixed limit, if any.
             blind = self.blind_limit
             return blind <= 0 or self._in_flight.get(endpoint, 0) < blind
-        ceiling = self._ceilings.get(priority)
-        if ceiling is None:
-            ceiling = self._learn_band(priority)
-        priorities = self._priorities
+        band = self._bands.get(priority)
+        if band is None:
+            self._learn_band(priority)
+            band = self._bands[priority]
+        ceiling, top, rank = band
+        in_flight = self._in_flight.get(endpoint, 0)
+        limit = estimator.limit
         if self.usage.dynamic:
-            in_flight = self._in_flight.get(endpoint, 0)
-            rank = priorities.index(priority)
-            saturation = in_flight / estimator.limit
-            ceiling = self.usage.ceiling(rank, len(priorities), priorities, saturation)
-        top = priority == priorities[0] and len(priorities) > 1
-        if not self._room(endpoint, estimator, ceiling, top):
+            priorities = self._priorities
+            ceiling = self.usage.ceiling(rank, len(priorities), priorities, in_flight / limit)
+        budget = self._pending
+        if not estimator.found and limit >= 64:
+            budget += 1  # a large server searching admits two a step
+        if estimator.pending >= (max(budget, self._pending + 1) if top else budget):
+            room = False
+        elif estimator.probing:
+            # One beyond the limit, to see whether the server runs it. A
+            # top-band request takes it only while the size is unknown and
+            # the server took everything it was sent; else it would wait at
+            # a full server.
+            risky = top and (estimator.found or estimator.queue)
+            room = in_flight < (limit if risky else limit + 1)
+        else:
+            room = in_flight < allowed(limit, ceiling)
+        if not room:
             if not top:
                 # Demand the limit holds back (a top-band request waits for
                 # a known slot, so it says nothing about whether there are more).
                 self.blocked.add(endpoint)
             return False
         if top and (estimator.pending or (estimator.probing and estimator.found)):
-            return not self._idle_room(ceiling)
+            return not self._idle_room(now)
         return True
 
-    def _room(self, endpoint: str, estimator: LimitEstimator, ceiling: float, top: bool) -> bool:
-        budget = self.settings.pending
-        if not estimator.found and estimator.limit >= 64:
-            budget += 1
-        if estimator.pending >= (max(budget, self.settings.pending + 1) if top else budget):
-            return False
-        limit = estimator.limit
-        if estimator.probing:
-            # One beyond the limit, to see whether the server runs it. A
-            # top-band request takes it only while the size is unknown and
-            # the server took everything it was sent; else it would wait at
-            # a full server.
-            risky = top and (estimator.found or estimator.queue)
-            cap = limit if risky else limit + 1
-        else:
-            cap = allowed(limit, ceiling)
-        return self._in_flight.get(endpoint, 0) < cap
-
-    def _idle_room(self, ceiling: float) -> bool:
+    def _idle_room(self, now: float) -> bool:
         """Whether some endpoint has room for the top band, nothing pending
         and no probe under way."""
         key = (self._version, self._changes)
         if self._idle_key != key:
             self._idle_key = key
-            self._idle = any(
-                not e.pending
-                and not (e.probing and e.found)
-                and self._room(address, e, ceiling, True)
-                for address, e in self._estimators.items()
-            )
+            self._idle = False
+            top = self._priorities[0]
+            for address, estimator in self._estimators.items():
+                if estimator.pending or (estimator.probing and estimator.found):
+                    continue
+                if self._check(address, top, now):
+                    self._idle = True
+                    break
         return self._idle
 
     def in_flight_at(self, endpoint: str) -> int:
         return self._in_flight.get(endpoint, 0)
-
-    def none_full(self) -> bool:
-        """Whether no endpoint can be out of room (never sure here)."""
-        return False
 
     # -- what it learned ---------------------------------------------------------
 
@@ -441,24 +486,28 @@ class AdaptiveGate:
     def headroom_of(self, endpoint: str) -> int:
         """The slots of `endpoint` that only the top band may use."""
         limit = self.limit_of(endpoint)
-        lowest = min(self._ceilings.values(), default=1.0)
+        lowest = min((band[0] for band in self._bands.values()), default=1.0)
         return limit - allowed(limit, lowest)
 
     # -- internals -----------------------------------------------------------------
 
-    def _learn_band(self, priority: int) -> float:
-        """Add a band; the static ceilings of every band (1.0 for a policy
-        whose ceilings move with saturation: those are asked per request)."""
+    def _learn_band(self, priority: int) -> None:
+        """Add a band: every band's (static ceiling, whether it is the top
+        band of several, rank). A policy whose ceilings move with saturation
+        is asked per request instead."""
         priorities = self._priorities
         priorities.append(priority)
         priorities.sort(reverse=True)
         usage = self.usage
         count = len(priorities)
-        self._ceilings = {
-            p: 1.0 if usage.dynamic else usage.ceiling(rank, count, priorities, 0.0)
+        self._bands = {
+            p: (
+                1.0 if usage.dynamic else usage.ceiling(rank, count, priorities, 0.0),
+                rank == 0 and count > 1,
+                rank,
+            )
             for rank, p in enumerate(priorities)
         }
-        return self._ceilings[priority]
 
     def _observe(self, pool: Observations) -> None:
         self._version = pool.version

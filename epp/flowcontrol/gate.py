@@ -8,8 +8,8 @@ not one scrape interval behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
@@ -44,6 +44,14 @@ class Placer(Protocol):
         ...
 
 
+class Addressed(Protocol):
+    @property
+    def address(self) -> str: ...
+
+
+E = TypeVar("E", bound=Addressed)
+
+
 class Credits(Protocol):
     """Per-endpoint in-flight credits, which the scheduler respects."""
 
@@ -51,8 +59,9 @@ class Credits(Protocol):
         """Whether a request of band `priority` may go to `endpoint` now."""
         ...
 
-    def none_full(self) -> bool:
-        """True when no endpoint can lack room now (a shortcut; False is safe)."""
+    def with_room(self, endpoints: Sequence[E], priority: int = 0) -> Sequence[E]:
+        """The `endpoints` (anything with an `address`) that have room for
+        band `priority` now."""
         ...
 
 
@@ -93,11 +102,12 @@ class ConcurrencyGate:
             self._per_endpoint.get(endpoint, 0) < self.max_per_endpoint
         )
 
-    def none_full(self) -> bool:
-        """While the whole pool holds fewer requests than one endpoint's
-        limit, none can be full."""
+    def with_room(self, endpoints: Sequence[E], priority: int = 0) -> Sequence[E]:
         limit = self.max_per_endpoint
-        return limit <= 0 or self.in_flight < limit
+        if limit <= 0 or self.in_flight < limit:
+            return endpoints  # fewer in flight than one endpoint's limit: none is full
+        per_endpoint = self._per_endpoint
+        return [e for e in endpoints if per_endpoint.get(e.address, 0) < limit]
 
     def in_flight_at(self, endpoint: str) -> int:
         return self._per_endpoint.get(endpoint, 0)

@@ -18,10 +18,7 @@ def with_room(
     endpoints: Sequence[Endpoint], credits: Credits, priority: int = 0
 ) -> Sequence[Endpoint]:
     """Only endpoints that still have an in-flight credit for band `priority`."""
-    if credits.none_full():
-        return endpoints
-    has_room = credits.has_room
-    return [endpoint for endpoint in endpoints if has_room(endpoint.address, priority)]
+    return credits.with_room(endpoints, priority)
 
 
 def reachable(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
