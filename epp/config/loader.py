@@ -919,16 +919,22 @@ def parse_config(document: Any) -> EppConfig:
         )
     plugins = _plugins(reader, fields.get("plugins"))
     template = replace(FlowControlConfig().default_band, fairness=DOCUMENT_FAIRNESS)
+    flow_plugins = _flow_plugins(
+        reader, fields.get("flowControl"), fields.get("saturationDetector"), plugins
+    )
+    flow_control = _flow_control(reader, fields.get("flowControl"), plugins, template)
+    if flow_plugins.usage_limit is not None:
+        # The adaptive gate applies the policy to each endpoint's learned limit.
+        gate = replace(flow_control.gate, usage_limits=flow_plugins.usage_limit)
+        flow_control = replace(flow_control, gate=gate)
     config = EppConfig(
-        flow_control=_flow_control(reader, fields.get("flowControl"), plugins, template),
+        flow_control=flow_control,
         scheduling=_scheduling(reader, fields.get("schedulingProfiles"), plugins),
         plugins=tuple((name, plugin.type) for name, plugin in plugins.items()),
         feature_gates=feature_gates,
         data_layer=_data_layer(reader, fields.get("dataLayer"), plugins),
         parsers=_parsers(reader, fields.get("requestHandler"), fields.get("parser"), plugins),
-        flow_plugins=_flow_plugins(
-            reader, fields.get("flowControl"), fields.get("saturationDetector"), plugins
-        ),
+        flow_plugins=flow_plugins,
         warnings=tuple(reader.warnings),
     )
     if reader.errors:

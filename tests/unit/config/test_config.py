@@ -330,3 +330,21 @@ def test_a_holdback_whose_min_ceiling_is_not_below_its_max_is_an_error_naming_it
     assert caught.value.errors == [
         "plugins[0].parameters.minCeiling: must be strictly less than maxCeiling (0.8), got 0.9"
     ]
+
+
+def test_the_usage_limit_policy_a_config_names_reaches_the_gate():
+    from epp.flowcontrol.usagelimits import StaticUsageLimit
+
+    document = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "static-usage-limit-policy", "name": "flat"}],
+        "flowControl": {"usageLimitPolicyPluginRef": "flat"},
+    }
+    assert parse_config(document).flow_control.gate.usage_limits == StaticUsageLimit(1.0)
+
+
+def test_without_a_usage_limit_policy_the_gate_holds_back_by_priority():
+    from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS
+
+    assert EppConfig().flow_control.gate.usage_limits == DEFAULT_USAGE_LIMITS

@@ -20,6 +20,7 @@ LOADING = {
     "sim-e-pd-epp-config.yaml",
     "sim-epp-config.yaml",
     "sim-pd-epp-config.yaml",
+    "soft-reflective-ceiling-epp-config.yaml",
 }
 
 
