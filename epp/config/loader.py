@@ -30,6 +30,7 @@ from epp.config.fieldreader import FieldReader
 from epp.config.plugin import Configured, Kind, ParameterError, Unsupported, read_parameters
 from epp.config.registry import REGISTRY
 from epp.config.units import parse_byte_size, parse_duration
+from epp.extproc.parsers import DEFAULT_PARSERS, Parser
 from epp.flowcontrol.config import (
     BandConfig,
     Fairness,
@@ -67,7 +68,6 @@ TOP_LEVEL_FIELDS = frozenset(
 )
 FEATURE_GATES = {"flowControl": False, "haPopulateNonLeaderDatastore": True}
 """The reference's registered feature gates and their defaults."""
-DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
 DOCUMENT_FAIRNESS = Fairness.GLOBAL_STRICT
 """A configuration file that names no fairness policy gets the reference's
 default; epp's own default (no file at all) is VTC."""
@@ -110,10 +110,14 @@ class EppConfig:
     plugins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """(name, type) of each declared plugin, for checks made where the config
     is used; not part of what the config means."""
-    feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
+    feature_gates: Mapping[str, bool] = field(
+        default_factory=lambda: {**FEATURE_GATES, "flowControl": True}
+    )
+    """As the file sets them; without a file, flowControl is on: epp's flow
+    control always runs (config/epp/default.yaml says so)."""
     data_layer: DataLayerConfig = field(default_factory=DataLayerConfig)
-    parsers: tuple[str, ...] = DEFAULT_PARSERS
-    """Parser plugin types, in the order they are tried."""
+    parsers: tuple[Parser, ...] = DEFAULT_PARSERS
+    """The parsers, in the order they are registered (see `extproc.parsers`)."""
     flow_plugins: FlowPlugins = field(default_factory=FlowPlugins)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """What loading noticed without refusing (logged by `epp serve`, printed
@@ -847,7 +851,7 @@ def _referenced(
 
 def _parsers(
     reader: _Reader, value: Any, legacy: Any, plugins: dict[str, _Plugin]
-) -> tuple[str, ...]:
+) -> tuple[Parser, ...]:
     """Parser types in order: `requestHandler.parsers`, else the deprecated
     top-level `parser`, else the reference's four."""
     fields = reader.mapping(value, "requestHandler", {"parsers"})
@@ -862,7 +866,7 @@ def _parsers(
         entries = [("parser", legacy)]
     if not entries:
         return DEFAULT_PARSERS
-    types: list[str] = []
+    found: list[Parser] = []
     for path, entry in entries:
         ref = reader.mapping(entry, path, {"pluginRef"}).get("pluginRef")
         name = reader.string(ref, f"{path}.pluginRef")
@@ -878,8 +882,8 @@ def _parsers(
         elif plugin.kind is not Kind.PARSER:
             reader.fail(f"{path}.pluginRef", f"{plugin.type} is not a parser")
         else:
-            types.append(plugin.type)
-    return tuple(types)
+            found.append(plugin.value)
+    return tuple(found)
 
 
 def is_config(obj: Any) -> bool:

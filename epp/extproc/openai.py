@@ -170,7 +170,7 @@ def _read_max_tokens(api: Api, document: dict[str, Any]) -> int | None:
     return None
 
 
-def _estimate(chars: int) -> int:
+def estimate_tokens(chars: int) -> int:
     return -(-chars // CHARS_PER_TOKEN)
 
 
@@ -180,26 +180,26 @@ def _read_prompt(api: Api, field: str, value: Any) -> tuple[str, int]:
         if not isinstance(value, list) or not value:
             raise BadRequest("field 'messages' must be a non-empty list")
         text = "".join(_message_text(message) for message in value)
-        return text, _estimate(len(text))
+        return text, estimate_tokens(len(text))
     if api is Api.RESPONSES:
         if isinstance(value, str):
-            return value, _estimate(len(value))
+            return value, estimate_tokens(len(value))
         if not isinstance(value, list):
             raise BadRequest("field 'input' must be a string or a list")
         text = "".join(_message_text(item) for item in value)
-        return text, _estimate(len(text))
+        return text, estimate_tokens(len(text))
     return _read_text_or_tokens(field, value)
 
 
 def _read_text_or_tokens(field: str, value: Any) -> tuple[str, int]:
     """A string, a list of strings, a list of token ids, or a list of those lists."""
     if isinstance(value, str):
-        return value, _estimate(len(value))
+        return value, estimate_tokens(len(value))
     if not isinstance(value, list) or not value:
         raise BadRequest(f"field '{field}' must be a string or a non-empty list")
     if all(isinstance(item, str) for item in value):
         text = "".join(value)
-        return text, _estimate(len(text))
+        return text, estimate_tokens(len(text))
     if _is_token_ids(value):
         return "", len(value)
     if all(isinstance(item, list) and _is_token_ids(item) for item in value):
@@ -222,11 +222,11 @@ def _message_text(message: Any) -> str:
     if kind == "function_call":
         return f"{_text(message.get('name'))}({_text(message.get('arguments'))})\n"
     if kind == "function_call_output":
-        return f"tool: {_parts_text(message.get('output'), 'output')}\n"
+        return f"tool: {parts_text(message.get('output'), 'output')}\n"
     role = message.get("role", "")
     if not isinstance(role, str):
         raise BadRequest("field 'role' must be a string")
-    text = _parts_text(message.get("content"), "content")
+    text = parts_text(message.get("content"), "content")
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, list):
         for call in tool_calls:
@@ -240,7 +240,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _parts_text(content: Any, field: str) -> str:
+def parts_text(content: Any, field: str) -> str:
     """A string, or the text of a list of parts (strings or `{"text": ...}`)."""
     if content is None or isinstance(content, str):
         return content or ""

@@ -14,8 +14,10 @@ Phases (Envoy: headers SEND, bodies FULL_DUPLEX_STREAMED, trailers SEND):
     any phase before dispatch --error--> DONE (ImmediateResponse, Rejected)
 
 Choices:
-- A request whose headers carry end_of_stream (no body) gets 400: inference
-  requests need a body.
+- A request whose headers carry end_of_stream (no body: `GET /v1/models`,
+  which SDKs and benchmark tools call first) goes at once to a random ready
+  endpoint, as in the reference, without flow control or scheduling (500
+  when there is none).
 - A body over `max_body_bytes` (by Content-Length or as it arrives) gets 413
   at once; the rest is not buffered.
 - Request headers, body and trailers get no reply until admission decides;
@@ -36,14 +38,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from epp.extproc import headers as h
 from epp.extproc import messages
 from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
 from epp.extproc.messages import ProcessingRequest
-from epp.extproc.openai import BadRequest, parse_body
+from epp.extproc.openai import BadRequest
+from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
 from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
@@ -67,6 +70,12 @@ class StreamSettings:
     """The model of a request body without `model`; None: 400, as the reference."""
     honour_subset: bool = True
     """Follow Envoy's endpoint subset hint (`--disable-endpoint-subset-filter` turns it off)."""
+    parsers: ParserSet = field(default_factory=lambda: parser_set(DEFAULT_PARSERS))
+    """Which parser reads a body, by path (the configuration's parsers)."""
+    any_endpoint: Callable[[], str | None] | None = None
+    """A random ready endpoint, for a request without a body (GET /v1/models),
+    which the reference sends there without scheduling; None: such a request
+    gets 400."""
 
 
 class Phase(Enum):
@@ -217,7 +226,7 @@ class ExtProcStream:
                 f"{settings.max_header_bytes} bytes)",
             )
         if http_headers.end_of_stream:
-            return self._reject(400, "bad-request", "bad request: a request body is required")
+            return self._route_bodiless()
         length = headers.get(h.CONTENT_LENGTH)
         if length is not None and length.isdigit() and int(length) > self._settings.max_body_bytes:
             return self._too_large()
@@ -233,6 +242,20 @@ class ExtProcStream:
             self._subset = frozenset(h.endpoint_ip(endpoint) for endpoint in subset)
         self.phase = Phase.REQUEST_BODY
         return []
+
+    def _route_bodiless(self) -> list[Event]:
+        any_endpoint = self._settings.any_endpoint
+        if any_endpoint is None:
+            return self._reject(400, "bad-request", "bad request: a request body is required")
+        endpoint = any_endpoint()
+        if endpoint is None:
+            return self._reject(500, "internal-error", "no endpoint for a request without a body")
+        set_headers = []
+        if h.REQUEST_ID not in self.headers:
+            set_headers.append((h.REQUEST_ID, self._new_request_id()))
+        remove = [name for name in (*h.CONTROL_HEADERS, *h.ROUTING_HEADERS) if name in self.headers]
+        self.phase = Phase.UPSTREAM
+        return [messages.routed_headers_reply(h.format_endpoint(endpoint), set_headers, remove)]
 
     def _on_request_body(self, chunk: bytes, end_of_stream: bool, now: float) -> list[Event]:
         if chunk:
@@ -250,7 +273,7 @@ class ExtProcStream:
     def _admit(self, body: bytes, now: float) -> list[Event]:
         headers = self.headers
         try:
-            parsed = parse_body(
+            parsed = self._settings.parsers.parse(
                 headers.get(h.PATH, ""),
                 body,
                 h.first(headers, h.MODEL_REWRITE),

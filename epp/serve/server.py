@@ -70,6 +70,7 @@ from epp.datalayer.endpoints import (
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
+from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.adaptive import AdaptiveGate
@@ -283,6 +284,8 @@ class EppServer:
             max_body_bytes=options.max_body_bytes,
             honour_subset=not options.disable_endpoint_subset_filter,
             default_model=options.default_model,
+            parsers=parser_set(self.config.parsers),
+            any_endpoint=self.any_endpoint,
         )
         self.service = ExtProcService(
             self.admission,
@@ -399,8 +402,16 @@ class EppServer:
                 self.credits,
             )
             self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
+        if new.parsers != old.parsers:
+            self.settings = replace(self.settings, parsers=parser_set(new.parsers))
+            self.service.settings = self.settings
         self.config = new
         self.admission.poke()
+
+    def any_endpoint(self) -> str | None:
+        """A random endpoint of the pool (for requests without a body)."""
+        endpoints = self.store.snapshot().endpoints
+        return self._rng.choice(endpoints).address if endpoints else None
 
     def reload_objectives(self) -> None:
         objectives = load_objectives(self._objectives_paths)

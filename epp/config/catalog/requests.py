@@ -19,6 +19,7 @@ from epp.config.plugin import (
     configured,
     pending,
 )
+from epp.extproc import parsers
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -77,25 +78,25 @@ ENTRIES: tuple[PluginType, ...] = (
         "openai-parser",
         Kind.PARSER,
         "OpenAI API bodies: completions, chat completions, responses, embeddings, conversations",
-        factory=configured("openai-parser"),
+        factory=lambda p: parsers.OPENAI,
     ),
     PluginType(
         "anthropic-parser",
         Kind.PARSER,
         "Anthropic Messages API bodies (/v1/messages)",
-        factory=pending("anthropic-parser", PART3),
+        factory=lambda p: parsers.ANTHROPIC,
     ),
     PluginType(
         "vllmhttp-parser",
         Kind.PARSER,
-        "vLLM's own HTTP endpoints (OpenAI-compatible plus /tokenize, /pooling, ...)",
-        factory=pending("vllmhttp-parser", PART3),
+        "vLLM's /inference/v1/generate (token ids or a prompt); other paths as openai-parser",
+        factory=lambda p: parsers.VLLM_HTTP,
     ),
     PluginType(
         "passthrough-parser",
         Kind.PARSER,
         "no body parsing; requests are still routed",
-        factory=pending("passthrough-parser", PART3),
+        factory=lambda p: parsers.PASSTHROUGH,
     ),
     PluginType(
         "sglanghttp-parser",

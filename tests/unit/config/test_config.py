@@ -27,11 +27,16 @@ def test_default_file_is_the_defaults() -> None:
     assert load_config(ROOT / "config" / "epp" / "default.yaml") == EppConfig()
 
 
-def test_empty_document_is_the_defaults_but_for_the_references_fairness() -> None:
+def test_empty_document_is_the_defaults_but_for_the_references_fairness_and_gate() -> None:
     parsed = parse_config(config())
     assert parsed.flow_control.default_band.fairness is Fairness.GLOBAL_STRICT
     assert EppConfig().flow_control.default_band.fairness is Fairness.VTC
-    assert replace(parsed, flow_control=EppConfig().flow_control) == EppConfig()
+    assert not parsed.feature_gates["flowControl"] and EppConfig().feature_gates["flowControl"]
+    defaults = EppConfig()
+    assert (
+        replace(parsed, flow_control=defaults.flow_control, feature_gates=defaults.feature_gates)
+        == defaults
+    )
 
 
 def test_flow_control_fields_are_read() -> None:

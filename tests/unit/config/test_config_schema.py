@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from epp.config.datalayer import CoreMetricsSettings, DataLayerConfig, MetricsSourceSettings
-from epp.config.loader import DEFAULT_PARSERS, ConfigError, parse_config
+from epp.config.loader import ConfigError, parse_config
+from epp.extproc.parsers import DEFAULT_PARSERS, OPENAI
 from epp.flowcontrol.config import Fairness
 
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -115,9 +116,9 @@ def test_request_handler_parsers_and_the_deprecated_parser_key() -> None:
     assert parsed(
         plugins=[{"type": "openai-parser", "name": "oa"}],
         requestHandler={"parsers": [{"pluginRef": "oa"}]},
-    ).parsers == ("openai-parser",)
+    ).parsers == (OPENAI,)
     legacy = parsed(parser={"pluginRef": "openai-parser"})
-    assert legacy.parsers == ("openai-parser",)
+    assert legacy.parsers == (OPENAI,)
     assert any("requestHandler.parsers" in warning for warning in legacy.warnings)
 
 

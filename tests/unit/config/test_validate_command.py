@@ -42,6 +42,8 @@ def run(*paths: Path | str) -> tuple[bool, list[str]]:
         "config/samples/objectives.yaml",
         "config/samples/multi-pool-objective.yaml",
         "config/epp/default.yaml",
+        "config/epp/disaggregated.yaml",
+        "config/epp/data-parallel.yaml",
     ],
 )
 def test_shipped_file_is_valid(path: str) -> None:

@@ -198,9 +198,53 @@ def test_unparseable_request_body_is_400(body):
     assert stream.request is None
 
 
-def test_headers_without_body_are_400():
+def test_headers_without_body_are_400_when_no_endpoint_source_is_given():
     events = machine().receive(request_headers(CHAT, end_of_stream=True), 0.0)
     assert immediate_status(events) == 400
+
+
+def test_a_request_without_a_body_goes_to_the_endpoint_given_at_once():
+    stream = machine(any_endpoint=lambda: "10.0.0.9:8000")
+    models = {":path": "/v1/models", ":method": "GET", "x-llm-d-inference-objective": "o"}
+    events = stream.receive(request_headers(models, end_of_stream=True), 0.0)
+    assert len(events) == 1
+    assert set_headers(events[0]) == {
+        "x-gateway-destination-endpoint": "10.0.0.9:8000",
+        "x-request-id": "generated",
+    }
+    assert list(events[0].request_headers.response.header_mutation.remove_headers) == [
+        "x-llm-d-inference-objective"
+    ]
+    assert stream.phase is Phase.UPSTREAM
+    assert stream.request is None
+
+
+def test_a_request_without_a_body_and_no_endpoint_is_500():
+    events = machine(any_endpoint=lambda: None).receive(
+        request_headers({":path": "/v1/models"}, end_of_stream=True), 0.0
+    )
+    assert immediate_status(events) == 500
+
+
+def test_the_schedulers_routing_headers_go_upstream_and_a_clients_own_are_removed():
+    stream = machine()
+    needed = admit(stream, headers={"x-prefiller-host-port": "6.6.6.6:1"})
+    needed.request.endpoint = "10.0.0.1:8000"
+    needed.request.payload.routing = {"x-encoder-hosts-ports": "10.0.0.3:8000"}
+    events = stream.admitted(Outcome.DISPATCHED)
+    assert set_headers(events[0])["x-encoder-hosts-ports"] == "10.0.0.3:8000"
+    assert (
+        "x-prefiller-host-port" in events[0].request_headers.response.header_mutation.remove_headers
+    )
+
+
+def test_a_destination_set_by_the_scheduler_replaces_the_endpoint():
+    stream = machine()
+    needed = admit(stream)
+    needed.request.endpoint = "10.0.0.1:8001"
+    needed.request.payload.destination = "10.0.0.1:8000"
+    events = stream.admitted(Outcome.DISPATCHED)
+    assert set_headers(events[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
 
 
 def test_declared_content_length_over_limit_is_413_at_headers():

@@ -1,0 +1,57 @@
+"""The reference's sample configurations served for real: simulated model
+servers, `epp serve --config-file <sample>` and Envoy on loopback. A few
+representative samples (single profile with the decode filter, load-aware
+scoring, P/D disaggregation) answer a chat request through Envoy; the
+OpenAI Python SDK lists models (a request without a body, which goes to a
+random ready endpoint) and chats through the same Envoy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from epp.demo.stack import StackSettings, live_stack
+
+pytestmark = [pytest.mark.envoy]
+
+SAMPLES = Path(__file__).parents[1] / "data" / "reference_configs"
+
+
+@pytest.mark.parametrize(
+    "sample",
+    ["epp-config.yaml", "epp-estimate-prefix-cache-config.yaml", "pd-epp-config.yaml"],
+)
+async def test_a_reference_sample_config_serves_a_chat_request(sample: str) -> None:
+    settings = StackSettings(servers=2, epp_config=str(SAMPLES / sample))
+    async with live_stack(settings) as stack, aiohttp.ClientSession() as session:
+        assert stack.envoy is not None
+        body = {
+            "model": settings.model,
+            "messages": [{"role": "user", "content": "hello " * 40}],
+            "max_completion_tokens": 4,
+        }
+        async with session.post(f"{stack.envoy.url}/v1/chat/completions", json=body) as response:
+            text = await response.text()
+            assert response.status == 200, text
+        assert '"choices"' in text
+
+
+async def test_the_openai_sdk_lists_models_and_chats_through_envoy() -> None:
+    settings = StackSettings(servers=2)
+    async with live_stack(settings) as stack:
+        assert stack.envoy is not None
+        client = openai.AsyncOpenAI(base_url=f"{stack.envoy.url}/v1", api_key="unused")
+        try:
+            models = await client.models.list()
+            assert [model.id for model in models.data] == [settings.model]
+            reply = await client.chat.completions.create(
+                model=settings.model,
+                messages=[{"role": "user", "content": "hi"}],
+                max_completion_tokens=3,
+            )
+            assert reply.choices and reply.usage is not None
+        finally:
+            await client.close()
