@@ -1,6 +1,7 @@
 """`epp serve` started with the flags the reference's Helm chart renders, in
-cluster mode against the emulated API server, behind a real Envoy that speaks
-TLS to it (as the chart's gateway does).
+cluster mode against the emulated API server, with the chart's own
+`default-plugins.yaml`, behind a real Envoy that speaks TLS to it (as the
+chart's gateway does).
 
 The flags are written down from llm-d-router
 `config/charts/routerlib/templates/_deployment.yaml` (commit ebab6879,
@@ -8,8 +9,8 @@ The flags are written down from llm-d-router
 `default`, one replica (no `--ha-enable-leader-election`), tracing off,
 Prometheus auth on (no `--metrics-endpoint-auth=false`), model server type
 vllm. Two substitutions, for a test on a shared machine: the config file path
-(`/config/default-plugins.yaml` in the pod) points at a file written here, and
-the health port 9003 is 0 (a free port). The pod's env (`NAMESPACE`,
+(`/config/default-plugins.yaml` in the pod) points at that file's content
+written here, and the health port 9003 is 0 (a free port). The pod's env (`NAMESPACE`,
 `POD_NAME`) is set as the chart sets it; `KUBECONFIG` stands in for the
 in-cluster service account.
 """
@@ -62,16 +63,25 @@ plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
+- type: metrics-data-source
+  parameters:
+    scheme: "http"
+    path: "/metrics"
+    insecureSkipVerify: true
+- type: core-metrics-extractor
 schedulingProfiles:
 - name: default
   plugins:
   - pluginRef: queue-scorer
+    weight: 2
   - pluginRef: kv-cache-utilization-scorer
+    weight: 2
   - pluginRef: prefix-cache-scorer
+    weight: 3
 """
-"""The scheduling part of the chart's `default-plugins.yaml` (its data-layer
-plugins, metrics-data-source and core-metrics-extractor, are the config
-half's work in issue #14)."""
+"""The chart's `default-plugins.yaml` (`templates/_config.yaml`, same commit)
+rendered with its defaults: model server type vllm over http, no parsers, no
+latency predictor."""
 PROMETHEUS_TOKEN = "prometheus-token"
 DASHBOARD_QUERIES = {
     "Overall Error Rate": "sum(rate(llm_d_epp_request_error_total[5m])) "
