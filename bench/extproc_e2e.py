@@ -201,6 +201,8 @@ class Load:
     rate: float
     rate_seconds: float
     rounds: int = 2
+    floor: str = "bench.extproc_floor"
+    """The module serving the floor way."""
 
     async def drive(self, ways: dict[str, Way]) -> dict[str, WayResult]:
         """Each way closed loop in turn, then all at the fixed rate in
@@ -261,19 +263,20 @@ class FloorServer:
 
 
 @contextlib.asynccontextmanager
-async def running_floor(endpoint: str) -> AsyncIterator[FloorServer]:
-    """bench.extproc_floor in a subprocess, once its port is known."""
+async def running_floor(endpoint: str, module: str) -> AsyncIterator[FloorServer]:
+    """The floor server (`module`, bench.extproc_floor by default) in a
+    subprocess, once its port is known."""
     with tempfile.TemporaryDirectory(prefix="epp-floor-") as directory:
         port_file = Path(directory) / "port"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.extproc_floor", endpoint, str(port_file)
+            sys.executable, "-m", module, endpoint, str(port_file)
         )
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
             while not port_file.exists():
                 if process.returncode is not None or loop.time() > deadline:
-                    raise RuntimeError("bench.extproc_floor did not start")
+                    raise RuntimeError(f"{module} did not start")
                 await asyncio.sleep(0.05)
             yield FloorServer(process, int(port_file.read_text()))
         finally:
@@ -299,7 +302,7 @@ async def measure(load: Load) -> dict:
         proxy = await stack.enter_async_context(
             running_envoy(epp_port=model_server.listen_port, template=CONFIG_DIR / "proxy.yaml")
         )
-        floor_server = await stack.enter_async_context(running_floor(endpoint))
+        floor_server = await stack.enter_async_context(running_floor(endpoint, load.floor))
         floor_gateway = await stack.enter_async_context(running_envoy(epp_port=floor_server.port))
         epp = await stack.enter_async_context(
             running_epp(f"--endpoints={endpoint}", "--log-level=warning")
@@ -402,11 +405,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved open-loop rounds")
     parser.add_argument("--repeat", type=int, default=1, help="runs; medians are reported")
+    parser.add_argument(
+        "--floor",
+        default="bench.extproc_floor",
+        help="module serving the floor way (bench.grpclib_floor: the same server on grpclib)",
+    )
     args = parser.parse_args(argv)
 
     def run() -> Awaitable[dict]:
         return measure(
-            Load(args.concurrency, args.seconds, args.rate, args.rate_seconds, args.rounds)
+            Load(
+                args.concurrency,
+                args.seconds,
+                args.rate,
+                args.rate_seconds,
+                args.rounds,
+                args.floor,
+            )
         )
 
     result = asyncio.run(repeated(max(1, args.repeat), run))

@@ -3,7 +3,7 @@
     python -m bench.extproc_floor ENDPOINT PORT_FILE
 
 Serves `ExternalProcessor/Process` on a free loopback port (written to
-PORT_FILE) with epp.transport.grpc_h2 on uvloop, as `epp serve` does, but with no
+PORT_FILE) with epp.transport on uvloop, as `epp serve` does, but with no
 parsing, flow control, scheduling or metrics: every request goes to ENDPOINT,
 bodies are echoed back as they come. TLS with a self-signed certificate, as
 `epp serve` by default (the gateway's Envoy speaks TLS to both). bench/extproc_e2e.py runs it beside
@@ -21,7 +21,7 @@ import uvloop
 from epp.extproc import messages
 from epp.extproc.server import PROCESS_METHOD
 from epp.serve.tls import server_ssl_context
-from epp.transport.grpc_h2 import Call, GrpcServer
+from epp.transport import Call, GrpcServer
 
 
 class FixedEndpoint:

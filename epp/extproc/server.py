@@ -1,14 +1,15 @@
 """The ext_proc service: Envoy's `ExternalProcessor/Process` calls fed to ExtProcStream.
 
-Served by epp.transport.grpc_h2 (gRPC over h2 in the event loop's thread). Each call
+Served by epp.transport (gRPC over h2 in the event loop's thread). Each call
 gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
 whose replies are sent in order. `AdmissionNeeded` offers the request to
 flow control; when it must queue, one task awaits its outcome (messages
 arriving meanwhile wait their turn). `Release` calls `admission.complete`
 once the replies of the turn are written.
 The call ends OK once Envoy has sent its last message and the admission is
-settled. When Envoy resets the stream (its client went away) a queued
-request is withdrawn from its queue, and the machine is closed, which
+settled, or at once after an ImmediateResponse (Envoy sends nothing more).
+When Envoy resets the stream (its client went away) a queued request is
+withdrawn from its queue, and the machine is closed, which
 releases a dispatched request exactly once.
 """
 
@@ -27,7 +28,7 @@ from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.transport.grpc_h2 import Call, Status
+from epp.transport import Call, Status
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,14 @@ class ExtProcCall:
         """Send the replies in order. Releases and rejections are settled at
         the end of this turn of the event loop, after the turn's replies are
         written: Envoy goes on while the EPP does its bookkeeping."""
+        if self._closed:
+            return
         for event in events:
             if isinstance(event, ProcessingResponse):
                 self._call.send(event.SerializeToString())
+                if event.WhichOneof("response") == "immediate_response":
+                    self._end(Status.OK)  # Envoy sends nothing more on this stream
+                    return
             elif isinstance(event, AdmissionNeeded):
                 self._offer(event.request)
             else:

@@ -51,35 +51,66 @@ def usage_from_json(body: bytes) -> Usage | None:
         return None
 
 
-class SseUsageReader:
-    """Feeds SSE chunks as they pass; keeps only the unfinished last line.
-    `usage` is the latest usage seen; `done` once `data: [DONE]` was read
-    (nothing after it is read)."""
+MAX_SSE_LINE_BYTES = 64 * 1024
+"""A longer SSE line is skipped unread (a usage event is a few hundred bytes)."""
 
-    __slots__ = ("_partial", "done", "usage")
+
+class SseUsageReader:
+    """Feeds SSE chunks as they pass, in time linear in their size: lines
+    are read where they lie in the chunk, and only the unfinished last line
+    is kept, appended to in place, up to MAX_SSE_LINE_BYTES. `usage` is the
+    latest usage seen; `done` once `data: [DONE]` was read (nothing after it
+    is read)."""
+
+    __slots__ = ("_partial", "_skipping", "done", "usage")
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._partial = bytearray()
+        self._skipping = False
+        """The line being held grew over the cap; it is dropped up to its end."""
         self.usage: Usage | None = None
         self.done = False
 
     def feed(self, chunk: bytes) -> None:
         if self.done:
             return
-        data = self._partial + chunk if self._partial else chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._read_line(line)
-            if self.done:
-                self._partial = b""
-                return
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._hold(chunk)
+            return
+        if self._partial or self._skipping:
+            self._hold(chunk[:first])
+            line, skipped = bytes(self._partial), self._skipping
+            self._partial.clear()
+            self._skipping = False
+            if not skipped:
+                self._read_line(line)
+        else:
+            self._read_line(chunk[:first])
+        last = chunk.rfind(b"\n")
+        if last > first and not self.done:
+            for line in chunk[first + 1 : last].split(b"\n"):
+                self._read_line(line)
+                if self.done:
+                    break
+        if not self.done:
+            self._hold(chunk[last + 1 :])
 
     def finish(self) -> None:
         """The body ended: read a last line that had no newline."""
-        if not self.done and self._partial:
-            self._read_line(self._partial)
-        self._partial = b""
+        if not self.done and self._partial and not self._skipping:
+            self._read_line(bytes(self._partial))
+        self._partial.clear()
+        self._skipping = False
+
+    def _hold(self, data: bytes) -> None:
+        if self._skipping or not data:
+            return
+        if len(self._partial) + len(data) > MAX_SSE_LINE_BYTES:
+            self._partial.clear()
+            self._skipping = True
+            return
+        self._partial += data
 
     def _read_line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):

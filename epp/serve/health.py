@@ -1,4 +1,4 @@
-"""gRPC health for kubelet probes and Envoy.
+"""gRPC health for kubelet probes and Envoy: one state, served by epp.transport.
 
 Services: "liveness" is SERVING for the whole life of the process (the event
 loop answers); "readiness", "" (the server as a whole), the ext_proc service
@@ -9,19 +9,20 @@ shutting down. With leader election (`leader_gated`), they are SERVING only
 on the holder of the pool's Lease, as in the reference, so that a Service in
 front of several replicas sends traffic to the leader only.
 
-The health port is a grpc.aio server with grpc-health-checking's servicer
-(Check and Watch); the ext_proc port (epp.transport.grpc_h2) answers Check from the
-same states (`check_route`).
+`Health.routes()` serves `Check` (one answer; NOT_FOUND for an unknown
+service) and `Watch` (the status now, then every change; SERVICE_UNKNOWN
+for an unknown service, as grpc-health-checking does). `epp serve` mounts
+them on the health port (9003), a server of its own with its own small
+limits (epp.transport.HEALTH_LIMITS), so that probes are answered while the
+ext_proc port is at its connection cap; the ext_proc port answers them too.
 """
 
 from __future__ import annotations
 
-import grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
+from grpc_health.v1 import health_pb2
 
-from epp.transport.grpc_h2 import Call, Status
+from epp.transport import Call, Route, Status
 
 LIVENESS = "liveness"
 READINESS = "readiness"
@@ -31,33 +32,42 @@ CHART_PROBE = "inference-extension"
 (the reference answers any name then)."""
 READY_SERVICES = ("", READINESS, EXT_PROC, CHART_PROBE)
 CHECK_METHOD = "/grpc.health.v1.Health/Check"
+WATCH_METHOD = "/grpc.health.v1.Health/Watch"
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+def _answer(status: int) -> bytes:
+    return health_pb2.HealthCheckResponse(status=status).SerializeToString()  # type: ignore[arg-type]
 
 
 class Health:
-    """The EPP's health states; see the module docstring."""
+    """The EPP's health states and the calls watching them; see the module docstring."""
 
     def __init__(self, leader_gated: bool = False) -> None:
-        self.servicer = health_aio.HealthServicer()
         self.statuses: dict[str, int] = {}
         self.ready = False
         self._closing = False
         self._synced = False
         self._leader_gated = leader_gated
         self._leading = not leader_gated
+        self._watches: dict[str, set[HealthWatch]] = {}
 
     async def start(self) -> None:
-        await self._set(LIVENESS, SERVING)
+        self._set(LIVENESS, SERVING)
         for service in READY_SERVICES:
-            await self._set(service, NOT_SERVING)
+            self._set(service, NOT_SERVING)
 
-    def add_to(self, server: grpc.aio.Server) -> None:
-        health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+    def routes(self) -> dict[str, Route]:
+        return {CHECK_METHOD: self.check_route, WATCH_METHOD: self.watch_route}
 
     def check_route(self, call: Call) -> HealthCheck:
         return HealthCheck(self.statuses, call)
+
+    def watch_route(self, call: Call) -> HealthWatch:
+        return HealthWatch(self, call)
 
     async def set_ready(self) -> None:
         """The inputs are loaded (or synced)."""
@@ -77,23 +87,36 @@ class Health:
             return
         self.ready = ready
         for service in READY_SERVICES:
-            await self._set(service, SERVING if ready else NOT_SERVING)
+            self._set(service, SERVING if ready else NOT_SERVING)
 
     async def shutting_down(self) -> None:
         """Readiness goes NOT_SERVING for good; liveness stays SERVING."""
         self._closing = True
         self.ready = False
         for service in READY_SERVICES:
-            await self._set(service, NOT_SERVING)
+            self._set(service, NOT_SERVING)
 
-    async def _set(self, service: str, status: int) -> None:
+    def _set(self, service: str, status: int) -> None:
+        if self.statuses.get(service) == status:
+            return
         self.statuses[service] = status
-        await self.servicer.set(service, status)
+        for watch in list(self._watches.get(service, ())):
+            watch.tell(status)
+
+    def _watch(self, service: str, watch: HealthWatch) -> None:
+        self._watches.setdefault(service, set()).add(watch)
+        watch.tell(self.statuses.get(service, SERVICE_UNKNOWN))
+
+    def _unwatch(self, service: str, watch: HealthWatch) -> None:
+        watches = self._watches.get(service)
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:
+                del self._watches[service]
 
 
 class HealthCheck:
-    """`Health/Check` on epp.transport.grpc_h2: one request, one answer; NOT_FOUND for
-    an unknown service, as grpc-health-checking answers."""
+    """`Health/Check`: one request, one answer."""
 
     __slots__ = ("_call", "_service", "_statuses")
 
@@ -115,9 +138,46 @@ class HealthCheck:
         elif status is None:
             self._call.finish(Status.NOT_FOUND, "unknown service")
         else:
-            answer = health_pb2.HealthCheckResponse(status=status)  # type: ignore[arg-type]
-            self._call.send(answer.SerializeToString())
+            self._call.send(_answer(status))
             self._call.finish()
 
     def on_cancel(self) -> None:
         pass
+
+
+class HealthWatch:
+    """`Health/Watch`: the status now, then each change, until the client
+    cancels or the server stops."""
+
+    __slots__ = ("_call", "_health", "_service")
+
+    def __init__(self, health: Health, call: Call) -> None:
+        self._health = health
+        self._call = call
+        self._service: str | None = None
+
+    def on_message(self, payload: bytes) -> None:
+        if self._service is not None:
+            self._call.finish(Status.INVALID_ARGUMENT, "one HealthCheckRequest per Watch")
+            self._stop()
+            return
+        try:
+            self._service = health_pb2.HealthCheckRequest.FromString(payload).service
+        except DecodeError:
+            self._call.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
+            return
+        self._health._watch(self._service, self)
+
+    def tell(self, status: int) -> None:
+        self._call.send(_answer(status))
+
+    def on_half_close(self) -> None:
+        if self._service is None:
+            self._call.finish(Status.INVALID_ARGUMENT, "no HealthCheckRequest")
+
+    def on_cancel(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._service is not None:
+            self._health._unwatch(self._service, self)

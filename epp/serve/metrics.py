@@ -49,6 +49,10 @@ With the adaptive gate (`watch_limits`), per endpoint
 `flow_control_endpoint_limit` (the learned in-flight limit),
 `flow_control_endpoint_headroom` (its slots only the top band may use) and
 `flow_control_endpoint_limit_adjustments_total` (how often it changed).
+From the gRPC servers (`watch_transport`):
+`epp_transport_limit_trips_total{port,limit}`, each time a transport limit
+ended a call or a connection, refused one, or made a connection wait, and
+`epp_transport_connections{port}`.
 
 Series are kept as plain numbers per canonical label tuple (`Family`; a
 histogram as a `Tally`) and written out under both names at scrape time, the
@@ -71,7 +75,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from enum import Enum
 from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -92,6 +96,9 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.transport import GrpcServer
 
 OTHER = "other"
 LABEL_VALUE_LIMIT = 1000
@@ -657,6 +664,10 @@ class EppMetrics:
         """Report the scraper's failed reads, by reason, at scrape time."""
         self.registry.register(_ScrapeFailures(failures))
 
+    def watch_transport(self, servers: Mapping[str, GrpcServer]) -> None:
+        """Report each gRPC port's open connections and limit trips at scrape time."""
+        self.registry.register(_TransportCollector(servers))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -837,6 +848,27 @@ class _PoolCollector(Collector):
 Authorize = Callable[[str | None, str], Awaitable[int]]
 """(Authorization header, path) -> HTTP status: 200 lets the scrape through
 (`epp.k8s.metrics_auth.MetricsAuthorizer.check` is one)."""
+
+
+class _TransportCollector(Collector):
+    def __init__(self, servers: Mapping[str, GrpcServer]) -> None:
+        self._servers = servers
+
+    def collect(self) -> Iterator[Metric]:
+        trips = CounterMetricFamily(
+            "epp_transport_limit_trips",
+            "Times a transport limit was hit, by port and limit (see the README's limits).",
+            labels=["port", "limit"],
+        )
+        connections = GaugeMetricFamily(
+            "epp_transport_connections", "Open HTTP/2 connections, by port.", labels=["port"]
+        )
+        for port, server in self._servers.items():
+            connections.add_metric([port], len(server.connections))
+            for limit, count in sorted(server.trips.items()):
+                trips.add_metric([port, limit], count)
+        yield trips
+        yield connections
 
 
 async def serve_metrics(

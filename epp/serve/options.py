@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Any
 
 from epp.config.units import parse_byte_size, parse_duration
+from epp.transport.limits import TransportLimits
 
 
 class Group(Enum):
@@ -39,6 +40,7 @@ class Group(Enum):
     DIAGNOSTICS = "diagnostics (logging, health, metrics, TLS)"
     CONFIGURATION = "configuration"
     EPP = "epp only (not flags of the reference EPP)"
+    TRANSPORT = "ext_proc transport limits (epp only; see the README's reliability section)"
 
 
 class Kind(Enum):
@@ -52,6 +54,7 @@ class Kind(Enum):
     INT_LIST = "int list"
     TEXT_LIST = "text list"
     PATHS = "paths"
+    FLOAT = "float"
 
 
 NOT_SET = object()
@@ -130,6 +133,7 @@ METAVARS = {
     Kind.INT_LIST: "N,...",
     Kind.TEXT_LIST: "NAME,...",
     Kind.PATHS: "PATH",
+    Kind.FLOAT: "X",
 }
 PARSERS: dict[Kind, Callable[[str], Any]] = {
     Kind.INT: int,
@@ -140,6 +144,7 @@ PARSERS: dict[Kind, Callable[[str], Any]] = {
     Kind.INT_LIST: _checked(_int_list),
     Kind.TEXT_LIST: _text_list,
     Kind.PATHS: str,
+    Kind.FLOAT: float,
 }
 
 
@@ -215,8 +220,8 @@ class ServeOptions:
         None,
         Flag(
             _X,
-            "Maximum size of a gRPC message to receive (e.g. 10MiB, 25MB); default: the "
-            "body limit (--max-body-bytes) plus 1 MiB for the rest of the message.",
+            "Maximum size of a gRPC message to receive (e.g. 10MiB, 25MB); default: 4 MiB, "
+            "grpc-go's (Envoy streams bodies in small chunks).",
             Kind.SIZE,
         ),
     )
@@ -224,9 +229,9 @@ class ServeOptions:
         None,
         Flag(
             _X,
-            "Maximum size of a gRPC message to send (e.g. 10MiB, 25MB).",
+            "Maximum size of a gRPC message to send (e.g. 10MiB, 25MB); default: 2 GiB, "
+            "grpc-go's (epp sends bodies in chunks of at most 62,000 bytes).",
             Kind.SIZE,
-            no_effect="epp sends bodies in chunks of at most 62,000 bytes",
         ),
     )
 
@@ -593,6 +598,9 @@ class ServeOptions:
         ),
     )
 
+    # -- ext_proc transport limits: one flag per field (`transport_flags`) -------------------
+    transport: TransportLimits = field(default_factory=TransportLimits)
+
     # -- derived ------------------------------------------------------------------------------
 
     @property
@@ -620,6 +628,16 @@ class ServeOptions:
         if self.cert_path is None:
             return None
         return os.path.join(self.cert_path, "tls.crt"), os.path.join(self.cert_path, "tls.key")
+
+    def transport_limits(self) -> TransportLimits:
+        """The ext_proc port's limits, with the message sizes of
+        --grpc-max-recv-msg-size and --grpc-max-send-msg-size."""
+        sizes = {}
+        if self.grpc_max_recv_msg_size is not None:
+            sizes["max_receive_message_bytes"] = self.grpc_max_recv_msg_size
+        if self.grpc_max_send_msg_size is not None:
+            sizes["max_send_message_bytes"] = self.grpc_max_send_msg_size
+        return dataclasses.replace(self.transport, **sizes)
 
     def problems(self) -> list[str]:
         """What makes these options unusable together (empty: usable)."""
@@ -678,6 +696,39 @@ def flag_name(name: str, flag: Flag) -> str:
     return flag.names[0] if flag.names else "--" + name.replace("_", "-")
 
 
+TRANSPORT_SIZES = ("max_receive_message_bytes", "max_send_message_bytes")
+"""TransportLimits fields set by the reference's --grpc-max-*-msg-size flags."""
+
+
+def transport_flags() -> Iterator[tuple[str, Kind]]:
+    """(TransportLimits field, kind) of each `--grpc-<field>` flag: sizes
+    for `_bytes`, a number for `_ratio`, durations for the other floats."""
+    for item in dataclasses.fields(TransportLimits):
+        if item.name in TRANSPORT_SIZES:
+            continue
+        if item.name.endswith("_bytes"):
+            yield item.name, Kind.SIZE
+        elif item.name.endswith("_ratio"):
+            yield item.name, Kind.FLOAT
+        elif item.type in ("float", float):
+            yield item.name, Kind.DURATION
+        else:
+            yield item.name, Kind.INT
+
+
+def _add_transport_arguments(group: argparse._ArgumentGroup) -> None:
+    defaults = TransportLimits()
+    for name, kind in transport_flags():
+        group.add_argument(
+            "--grpc-" + name.replace("_", "-"),
+            dest="transport." + name,
+            default=argparse.SUPPRESS,
+            type=PARSERS[kind],
+            metavar=METAVARS[kind],
+            help=f"(default {shown(getattr(defaults, name), kind)})",
+        )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One argument per option; an option not given stays absent from the
     parsed namespace (so the options object keeps its default and knows
@@ -705,6 +756,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             arguments.update(choices=flag.choices, metavar="{" + ",".join(flag.choices) + "}")
         names = flag.names or (flag_name(name, flag),)
         groups[flag.group].add_argument(*names, **arguments)
+    _add_transport_arguments(groups[Group.TRANSPORT])
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -713,6 +765,13 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     given = {name: value for name, value in vars(args).items() if name in names}
     if "objectives" in given:
         given["objectives"] = tuple(given["objectives"])
+    limits = {
+        name: value
+        for key, value in vars(args).items()
+        if key.startswith("transport.") and (name := key.removeprefix("transport."))
+    }
+    if limits:
+        given["transport"] = TransportLimits(**limits)
     return given
 
 

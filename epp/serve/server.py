@@ -9,7 +9,7 @@ down gracefully:
                                              |               (priorities -> bands)
                                      AdmissionController --> EppMetrics
                                              |
-                               ExtProcService (epp.transport.grpc_h2, port 9002) + Health
+                     ExtProcService + Health (epp.transport, port 9002); Health (9003)
 
 Where the pool, objectives and endpoints come from (`Inputs`):
 - files (`--endpoints` given): `--pool FILE`, `--objectives PATH...`,
@@ -51,7 +51,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
 import yaml
 
 from epp import defaults
@@ -74,14 +73,14 @@ from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.adaptive import AdaptiveGate
-from epp.flowcontrol.config import GateConfig, GateKind
+from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.scheduling.gates import build_gate, pool_saturation
 from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
-from epp.serve.health import CHECK_METHOD, Health
+from epp.serve.health import Health
 from epp.serve.metrics import (
     SCHEDULER_BUCKETS,
     Authorize,
@@ -91,7 +90,7 @@ from epp.serve.metrics import (
     serve_metrics,
 )
 from epp.serve.options import ServeOptions
-from epp.transport.grpc_h2 import GrpcServer
+from epp.transport import HEALTH_LIMITS, GrpcServer
 
 if TYPE_CHECKING:
     from epp.k8s.cluster import ClusterMode
@@ -101,6 +100,20 @@ log = logging.getLogger("epp.serve.server")
 SCRAPE_TIMEOUT = 1.0
 GRPC_FRAMING_ALLOWANCE = 1024 * 1024
 """Room over the body limit for the rest of an ext_proc message."""
+
+
+def _queue_capacity(flow: FlowControlConfig) -> int:
+    """Requests the queues can hold, each an open ext_proc stream: the global
+    limit, else the configured bands' and the default band's (0 when one is
+    unlimited: the transport's default then stands)."""
+    if flow.max_requests:
+        return flow.max_requests
+    bands = (*flow.bands, flow.default_band)
+    if any(band.max_requests == 0 for band in bands):
+        return 0
+    return sum(band.max_requests for band in bands)
+
+
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections once started (default
 700): the hot path allocates many short-lived objects and few cycles."""
@@ -240,7 +253,7 @@ class EppServer:
         self.watcher = FileWatcher(options.file_watch_interval)
         self._stack = contextlib.AsyncExitStack()
         self._ext_proc_server: GrpcServer | None = None
-        self._health_server: grpc.aio.Server | None = None
+        self._health_server: GrpcServer | None = None
         self._objectives_paths: tuple[str | Path, ...] = options.objectives or (
             defaults.OBJECTIVES,
         )
@@ -522,23 +535,23 @@ class EppServer:
     async def _start_servers(self) -> None:
         options = self.options
         address = options.bind_address
-        max_message_bytes = options.grpc_max_recv_msg_size
-        if max_message_bytes is None:
-            max_message_bytes = self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE
         self._ext_proc_server = GrpcServer(
-            {PROCESS_METHOD: self.service.open, CHECK_METHOD: self.health.check_route},
-            max_message_bytes=max_message_bytes,
+            {PROCESS_METHOD: self.service.open, **self.health.routes()},
+            limits=options.transport_limits().sized_for(
+                queued_requests=_queue_capacity(self.config.flow_control),
+                reply_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
+            ),
         )
         self.ports["grpc"] = await self._ext_proc_server.start(
             address, options.grpc_port, self._ssl_context
         )
-
-        self._health_server = grpc.aio.server()
-        self.health.add_to(self._health_server)
-        self.ports["grpc_health"] = self._health_server.add_insecure_port(
-            f"{address}:{options.grpc_health_port}"
+        self._health_server = GrpcServer(self.health.routes(), limits=HEALTH_LIMITS)
+        self.ports["grpc_health"] = await self._health_server.start(
+            address, options.grpc_health_port
         )
-        await self._health_server.start()
+        self.metrics.watch_transport(
+            {"grpc": self._ext_proc_server, "grpc_health": self._health_server}
+        )
 
         runner, self.ports["metrics"] = await serve_metrics(
             self.metrics, address, options.metrics_port, self._metrics_authorizer()

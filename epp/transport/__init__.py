@@ -1,1 +1,8 @@
-"""gRPC over HTTP/2 on the event loop: the ext_proc and health transport."""
+"""gRPC over HTTP/2 (h2) on the asyncio event loop; see README.md in this folder."""
+
+from epp.transport.connection import Call, Handler, Route
+from epp.transport.framing import Status
+from epp.transport.limits import HEALTH_LIMITS, TransportLimits
+from epp.transport.server import GrpcServer
+
+__all__ = ["HEALTH_LIMITS", "Call", "GrpcServer", "Handler", "Route", "Status", "TransportLimits"]

@@ -20,7 +20,7 @@ from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.serve.tls import server_ssl_context
-from epp.transport.grpc_h2 import GrpcServer
+from epp.transport import GrpcServer
 from tests.support.envoy import running_envoy
 from tests.support.waiting import eventually
 
@@ -103,7 +103,7 @@ async def stack():
     settings = StreamSettings(max_body_bytes=MAX_BODY)
     admission = FixedAdmission(endpoint=f"127.0.0.1:{upstream_port}")
     service = ExtProcService(admission, lambda headers: 0, settings)
-    server = GrpcServer({PROCESS_METHOD: service.open}, max_message_bytes=MAX_BODY + 1024 * 1024)
+    server = GrpcServer({PROCESS_METHOD: service.open})
     epp_port = await server.start("127.0.0.1", 0, server_ssl_context())
     try:
         async with running_envoy(epp_port=epp_port) as envoy:

@@ -20,7 +20,7 @@ from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.serve.admission import AdmissionController
 from epp.serve.tls import server_ssl_context
-from epp.transport.grpc_h2 import GrpcServer
+from epp.transport import GrpcServer
 from tests.support.envoy import running_envoy
 from tests.support.placers import LeastLoadedPlacer
 from tests.support.waiting import eventually

@@ -1,4 +1,4 @@
-"""The ext_proc service on epp.transport.grpc_h2, driven by a grpc.aio client (no Envoy)."""
+"""The ext_proc service on epp.transport, driven by a grpc.aio client (no Envoy)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from epp.extproc.messages import ProcessingResponse
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
-from epp.transport.grpc_h2 import GrpcServer
+from epp.transport import GrpcServer
 from tests.support.waiting import eventually
 
 BODY = json.dumps({"model": "m", "prompt": "p"}).encode()
@@ -103,6 +103,18 @@ async def test_admission_error_is_answered_500(serve):
     reply = await call.read()
     assert reply.immediate_response.status.code == 500
     await call.done_writing()
+
+
+async def test_a_call_answered_with_an_immediate_response_ends_ok_without_envoy_closing_it(
+    serve,
+):
+    served = await serve(Admission(error=RuntimeError("boom")))
+    call = served.stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    assert (await call.read()).immediate_response.status.code == 500
+    assert await asyncio.wait_for(call.code(), 5) == grpc.StatusCode.OK
+    assert served.service.open_streams == 0
 
 
 async def test_bytes_that_are_not_a_processing_request_end_the_call_invalid_argument(serve):

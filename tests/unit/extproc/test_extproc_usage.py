@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
+from epp.extproc.usage import (
+    MAX_SSE_LINE_BYTES,
+    ModelNameRestorer,
+    SseUsageReader,
+    Usage,
+    usage_from_json,
+)
 
 
 def test_chat_usage_from_json():
@@ -137,3 +145,38 @@ def test_restorer_escapes_names():
         restorer.restore(b'{"model":"t.*"} {"model":"tx"}')
         == b'{"model":"a\\\\b\\"c"} {"model":"tx"}'
     )
+
+
+SSE_STREAM = (
+    b'data: {"choices": [{"text": "a"}], "usage": null}\n\n'
+    b"data: " + b'{"filler": "' + b"x" * 300 + b'"}\n\n'
+    b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+@given(st.lists(st.integers(0, len(SSE_STREAM)), max_size=12))
+def test_sse_usage_is_the_same_however_the_stream_is_split(cuts):
+    reader = SseUsageReader()
+    bounds = [0, *sorted(cuts), len(SSE_STREAM)]
+    for start, end in itertools.pairwise(bounds):
+        reader.feed(SSE_STREAM[start:end])
+    reader.finish()
+    assert reader.usage == Usage(7, 9)
+
+
+def test_sse_line_over_the_cap_is_skipped_and_the_next_usage_is_read():
+    reader = SseUsageReader()
+    reader.feed(b'data: {"usage": {"prompt_tokens": 1, "completion_tokens"')
+    for _ in range(MAX_SSE_LINE_BYTES // 1024 + 1):
+        reader.feed(b"x" * 1024)
+    reader.feed(b'}\ndata: {"usage": {"prompt_tokens": 5, "completion_tokens": 6}}\n')
+    assert reader.usage == Usage(5, 6)
+
+
+def test_sse_reader_holds_at_most_the_cap_of_an_endless_line():
+    reader = SseUsageReader()
+    chunk = b"y" * 1024
+    for _ in range(16 * 1024):  # 16 MiB in 1 KiB chunks: linear, or this takes minutes
+        reader.feed(chunk)
+    assert len(reader._partial) <= MAX_SSE_LINE_BYTES

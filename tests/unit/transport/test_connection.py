@@ -1,4 +1,4 @@
-"""epp.transport.grpc_h2, the gRPC server of the ext_proc port, against grpc.aio as the client."""
+"""epp.transport, the gRPC server of the ext_proc port, against grpc.aio as the client."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ import h2.exceptions
 import h2.settings
 import pytest
 import uvloop
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
-from epp.serve.health import CHECK_METHOD, NOT_SERVING, SERVING, Health
-from epp.transport.grpc_h2 import STREAM_WALK_SLACK, Call, GrpcServer, Status, _ServerH2Connection
+from epp.transport import Call, GrpcServer, Status, TransportLimits
+from epp.transport.h2_internals import STREAM_WALK_SLACK, ServerH2Connection
 from tests.support.waiting import eventually
 
 ECHO = "/test.Echo/Echo"
@@ -73,7 +72,7 @@ async def server():
             FAIL: lambda call: Failing(call, log),
             REFUSE: lambda call: Refusing(call, log),
         },
-        max_message_bytes=4 * 1024 * 1024,
+        limits=TransportLimits(max_receive_message_bytes=4 * 1024 * 1024),
     )
     port = await grpc_server.start("127.0.0.1", 0)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -257,32 +256,6 @@ async def test_stop_cancels_calls_still_open_after_the_grace_period(server):
     assert await call.code() != grpc.StatusCode.OK
 
 
-@pytest.fixture
-async def health_channel():
-    health = Health()
-    await health.start()
-    grpc_server = GrpcServer({CHECK_METHOD: health.check_route})
-    port = await grpc_server.start("127.0.0.1", 0)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield health, health_pb2_grpc.HealthStub(channel)
-    await grpc_server.stop(grace=None)
-
-
-async def test_health_check_answers_the_current_status(health_channel):
-    health, stub = health_channel
-    request = health_pb2.HealthCheckRequest(service="readiness")
-    assert (await stub.Check(request)).status == NOT_SERVING
-    await health.set_ready()
-    assert (await stub.Check(request)).status == SERVING
-
-
-async def test_health_check_of_an_unknown_service_is_not_found(health_channel):
-    _, stub = health_channel
-    with pytest.raises(grpc.aio.AioRpcError) as error:
-        await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
-    assert error.value.code() == grpc.StatusCode.NOT_FOUND
-
-
 def test_the_same_calls_work_on_uvloop():
     """`epp serve` runs on uvloop, whose transports are not asyncio's classes."""
 
@@ -304,9 +277,9 @@ def test_the_same_calls_work_on_uvloop():
     assert uvloop.run(scenario()) == ["half-close", "cancel"]
 
 
-def h2_pair() -> tuple[h2.connection.H2Connection, _ServerH2Connection]:
+def h2_pair() -> tuple[h2.connection.H2Connection, ServerH2Connection]:
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    server = _ServerH2Connection(h2.config.H2Configuration(client_side=False))
+    server = ServerH2Connection(h2.config.H2Configuration(client_side=False))
     server.local_settings = h2.settings.Settings(client=False)
     client.initiate_connection()
     server.initiate_connection()
@@ -417,7 +390,7 @@ def reset_stream_reopened(client: h2.connection.H2Connection) -> bytes:
     ],
 )
 def test_frames_on_closed_streams_are_handled_as_h2_handles_them(scenario):
-    """_ServerH2Connection's own `_receive_frame` keeps h2's error handling."""
+    """ServerH2Connection's own `_receive_frame` keeps h2's error handling."""
 
     def outcome(server_class: type[h2.connection.H2Connection]) -> tuple:
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -432,4 +405,4 @@ def test_frames_on_closed_streams_are_handled_as_h2_handles_them(scenario):
             return type(error), server.data_to_send()
         return [repr(event) for event in events], server.data_to_send()
 
-    assert outcome(_ServerH2Connection) == outcome(h2.connection.H2Connection)
+    assert outcome(ServerH2Connection) == outcome(h2.connection.H2Connection)
