@@ -5,8 +5,9 @@
 For the transport's evaluation of grpclib (epp/transport/README.md): run
 `python -m bench.extproc_e2e --floor bench.grpclib_floor` and compare the
 floor's numbers with the EPP's, or with a run on the default floor. The
-replies are the default floor's, message for message; grpclib runs each call
-as a task that reads its messages one by one (`async for`).
+replies are the default floor's, message for message, over TLS as the
+default floor's; grpclib runs each call as a task that reads its messages
+one by one (`async for`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grpclib.server import Server, Stream
 
 from epp.extproc import messages
 from epp.extproc.server import PROCESS_METHOD
+from epp.serve.tls import server_ssl_context
 
 
 class FixedEndpointService:
@@ -68,7 +70,7 @@ class FixedEndpointService:
 
 async def serve(endpoint: str, port_file: Path) -> None:
     server = Server([FixedEndpointService(endpoint)])
-    await server.start("127.0.0.1", 0)
+    await server.start("127.0.0.1", 0, ssl=server_ssl_context())
     assert server._server is not None
     port = server._server.sockets[0].getsockname()[1]
     temporary = port_file.with_name(port_file.name + ".tmp")
