@@ -136,16 +136,17 @@ class ExtProcCall:
         written: Envoy goes on while the EPP does its bookkeeping."""
         if self._closed:
             return
+        answered = False
         for event in events:
             if isinstance(event, ProcessingResponse):
                 self._call.send(event.SerializeToString())
-                if event.WhichOneof("response") == "immediate_response":
-                    self._end(Status.OK)  # Envoy sends nothing more on this stream
-                    return
+                answered = answered or event.WhichOneof("response") == "immediate_response"
             elif isinstance(event, AdmissionNeeded):
                 self._offer(event.request)
             else:
                 asyncio.get_running_loop().call_soon(self._service.settle, event)
+        if answered:
+            self._end(Status.OK)  # Envoy sends nothing more on this stream
 
     def _offer(self, request: FlowRequest) -> None:
         try:
