@@ -138,7 +138,13 @@ def within(value: float | None, bounds: tuple[float, float]) -> bool:
 
 
 def comparable(scenario: Scenario, duration_s: float) -> tuple[Scenario, list[str]]:
-    """The scenario as both sides can play it, and what was changed or differs."""
+    """The scenario as both sides can play it, and what was changed or differs.
+    A pool of several server groups cannot be played live (ScenarioError)."""
+    if len(scenario.pool.groups) > 1:
+        raise ScenarioError(
+            ["pool.groups: a pool of several server groups runs only in the simulator"],
+            scenario.name,
+        )
     notes = []
     if scenario.events:
         notes.append("server events are not played live: left out of both sides")

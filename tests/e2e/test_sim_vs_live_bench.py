@@ -14,7 +14,7 @@ import pytest
 
 from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
 from epp.sim.engine import SimRequest
-from epp.sim.scenario import load_scenario
+from epp.sim.scenario import ScenarioError, load_scenario
 from epp.sim.workload import Arrived
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
@@ -88,3 +88,9 @@ def test_server_events_are_left_out_of_both_sides_with_a_warning():
     assert scenario.events and not played.events
     assert played.duration_s == 20.0
     assert any("server events" in warning for warning in warnings)
+
+
+def test_a_pool_of_several_server_groups_is_refused_by_name():
+    scenario = load_scenario(SCENARIOS / "adaptive-heterogeneous.yaml")
+    with pytest.raises(ScenarioError, match=r"pool\.groups"):
+        comparable(scenario, 20.0)
