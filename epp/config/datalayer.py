@@ -81,6 +81,21 @@ class DataLayerConfig:
         ]
 
 
+@dataclass(slots=True, frozen=True)
+class FileDiscovery:
+    """`file-discovery`: endpoints from a file in the reference's format
+    (what `epp serve --endpoints @FILE` reads), reloaded on change when
+    `watch_file`."""
+
+    path: str
+    watch_file: bool = False
+
+
+def file_discovery(parameters: Mapping[str, Any]) -> FileDiscovery:
+    """The `file-discovery` factory."""
+    return FileDiscovery(parameters["path"], parameters["watchFile"])
+
+
 def metrics_source(parameters: Mapping[str, Any]) -> MetricsSourceSettings:
     """The `metrics-data-source` factory."""
     return MetricsSourceSettings(

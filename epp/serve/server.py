@@ -57,7 +57,12 @@ from epp import defaults
 from epp.api.manifests import ManifestError, load_objectives, load_pool
 from epp.api.models import InferencePool
 from epp.api.registry import ObjectiveRegistry
-from epp.config.datalayer import CoreMetricsSettings, DataLayerConfig, MetricsSourceSettings
+from epp.config.datalayer import (
+    CoreMetricsSettings,
+    DataLayerConfig,
+    FileDiscovery,
+    MetricsSourceSettings,
+)
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.config.plugin import Stability
 from epp.config.registry import REGISTRY
@@ -241,11 +246,24 @@ def at_end_of_turn(callback: Callable[..., None]) -> Callable[..., None]:
     return deferred
 
 
+def with_file_discovery(options: ServeOptions, discovery: FileDiscovery) -> ServeOptions:
+    """The configuration's file-discovery as `--endpoints @FILE` (the flag wins)."""
+    if options.endpoints is not None:
+        log.warning("--endpoints given: the configuration's file-discovery is not used")
+        return options
+    return replace(options, endpoints=f"@{discovery.path}")
+
+
 class EppServer:
     """One live EPP; `start()`, then `stop()` (graceful). See the module docstring."""
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
+        self._mode: ClusterMode | None = None
+        self.config = self._load_config()
+        discovery = self.config.data_layer.discovery
+        if discovery is not None and isinstance(discovery[1], FileDiscovery):
+            options = self.options = with_file_discovery(options, discovery[1])
         self.health = Health(leader_gated=options.cluster and options.ha_enable_leader_election)
         self._health_updates: set[asyncio.Task[None]] = set()
         self.ports: dict[str, int] = {}
@@ -265,8 +283,6 @@ class EppServer:
             self._ssl_context = server_ssl_context(
                 options.cert_files, options.tls_min_version, options.tls_cipher_suites
             )
-        self._mode: ClusterMode | None = None
-        self.config = self._load_config()
         self.store = EndpointStore()
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self._build_core(self.config)
@@ -461,7 +477,13 @@ class EppServer:
             self.watcher.watch("the objectives", options.objectives, self.reload_objectives)
         if options.pool_file is not None:
             self.watcher.watch("the pool", [options.pool_file], self.reload_pool)
-        if options.endpoints is not None and options.endpoints.startswith("@"):
+        discovery = self.config.data_layer.discovery
+        unwatched = (
+            discovery is not None
+            and isinstance(discovery[1], FileDiscovery)
+            and not discovery[1].watch_file
+        )
+        if options.endpoints is not None and options.endpoints.startswith("@") and not unwatched:
             self.watcher.watch("the endpoints", [options.endpoints[1:]], self.reload_endpoints)
 
     # -- running -----------------------------------------------------------------

@@ -4,8 +4,8 @@ reference's parameter names, types and defaults
 
 from __future__ import annotations
 
-from epp.config.datalayer import core_metrics, metrics_source
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured, pending
+from epp.config.datalayer import core_metrics, file_discovery, metrics_source
+from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -77,7 +77,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("path", T.STRING, required=True),
             Param("watchFile", T.BOOL, False, "reload the file when it changes"),
         ),
-        factory=pending("file-discovery", PART3),
+        factory=file_discovery,
     ),
     PluginType(
         "models-data-source",
