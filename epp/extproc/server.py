@@ -49,6 +49,10 @@ class Admission(Protocol):
     ) -> None: ...
 
 
+Screen = Callable[[FlowRequest], str | None]
+"""Why a complete request is refused before flow control (None: it goes on):
+the configured admitters."""
+
 StreamListener = Callable[[Rejected | Release], None]
 """Told of every local error reply and every release (for metrics)."""
 
@@ -63,8 +67,10 @@ class ExtProcService:
         settings: StreamSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         listener: StreamListener | None = None,
+        screen: Screen | None = None,
     ) -> None:
         self.admission = admission
+        self.screen = screen
         self.priority_of = priority_of
         self.settings = settings or StreamSettings()
         self.clock = clock
@@ -150,6 +156,11 @@ class ExtProcCall:
 
     def _offer(self, request: FlowRequest) -> None:
         try:
+            screen = self._service.screen
+            denial = screen(request) if screen is not None else None
+            if denial is not None:
+                self._carry_out(self._machine.denied(denial))
+                return
             outcome = self._service.admission.offer(request)
         except Exception:
             log.exception("admission failed for request %s", request.request_id)

@@ -195,6 +195,13 @@ class ExtProcStream:
             return [*self._reject(500, "internal-error", "no endpoint chosen"), *self._release()]
         return self._forward(request)
 
+    def denied(self, reason: str) -> list[Event]:
+        """An admitter refused the request before flow control: 500, as the
+        reference answers an admit-plugin denial (no dropped-reason header)."""
+        if self.phase is not Phase.ADMITTING:
+            return []
+        return self._reject(500, "admission-denied", f"request cannot be admitted: {reason}")
+
     def admission_failed(self) -> list[Event]:
         """The admission raised instead of returning an outcome: answer 500."""
         if self.phase is not Phase.ADMITTING:

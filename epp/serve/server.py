@@ -81,6 +81,7 @@ from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate, Credits
+from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.gates import build_gate, pool_saturation
 from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
@@ -321,6 +322,7 @@ class EppServer:
             self.priority_of,
             self.settings,
             listener=self.metrics.on_stream_event,
+            screen=self.screen,
         )
 
     # -- building ------------------------------------------------------------
@@ -404,6 +406,20 @@ class EppServer:
             endpoint.name if endpoint is not None else "",
             pool.namespace if pool is not None else self.options.namespace,
         )
+
+    def screen(self, request: FlowRequest) -> str | None:
+        """The configured admitters' refusal of `request`, if one refuses
+        (read at call time, so a reload takes effect for the next request)."""
+        admitters = self.config.flow_plugins.admitters
+        if not admitters:
+            return None
+        pool = self.store.snapshot()
+        now = time.monotonic()
+        for admitter in admitters:
+            denial = admitter.deny(request.priority, pool, now, self._rng.random())
+            if denial is not None:
+                return denial
+        return None
 
     def priority_of(self, headers: Mapping[str, str]) -> int:
         """The request's priority from its objective (0 until objectives are known)."""

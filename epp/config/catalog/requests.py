@@ -20,11 +20,11 @@ from epp.config.plugin import (
     pending,
 )
 from epp.extproc import parsers
+from epp.scheduling.admitters import ProbabilisticAdmitter
 
 T = ParamType
 ALPHA = Stability.ALPHA
 PART3 = "issue #14, scheduling plugins"
-FLOW_CONTROL_ISSUE = "issue #19"
 
 _NEEDS_LATENCY_PREDICTOR = (
     "needs the reference's latency-predictor sidecar (trained XGBoost models), "
@@ -238,13 +238,18 @@ ENTRIES: tuple[PluginType, ...] = (
                 0.8,
                 "KV use at which a pod counts saturated",
                 0,
-                1,
+                None,
                 True,
             ),
             Param("power", T.FLOAT, 5.0, "steepness of the shedding curve", 0, None, True),
             Param("k", T.FLOAT, 300.0, "where shedding starts", 0, None, True),
         ),
-        factory=pending("probabilistic-admitter", FLOW_CONTROL_ISSUE),
+        factory=lambda parameters: ProbabilisticAdmitter(
+            parameters["queueDepthThreshold"],
+            parameters["kvCacheUtilThreshold"],
+            parameters["power"],
+            parameters["k"],
+        ),
     ),
     PluginType(
         "latency-slo-admitter",

@@ -61,8 +61,8 @@ class Served(NamedTuple):
 async def serve():
     started = []
 
-    async def start(admission, listener=None):
-        service = ExtProcService(admission, lambda headers: 0, listener=listener)
+    async def start(admission, listener=None, screen=None):
+        service = ExtProcService(admission, lambda headers: 0, listener=listener, screen=screen)
         server = GrpcServer({PROCESS_METHOD: service.open})
         port = await server.start("127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -115,6 +115,18 @@ async def test_a_call_answered_with_an_immediate_response_ends_ok_without_envoy_
     assert (await call.read()).immediate_response.status.code == 500
     assert await asyncio.wait_for(call.code(), 5) == grpc.StatusCode.OK
     assert served.service.open_streams == 0
+
+
+async def test_a_screened_request_is_answered_500_and_never_offered(serve):
+    admission = Admission(error=AssertionError("offered"))
+    stub, _, _ = await serve(admission, screen=lambda request: "no room")
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    reply = await call.read()
+    assert reply.immediate_response.status.code == 500
+    assert reply.immediate_response.body == b"request cannot be admitted: no room\n"
+    await call.done_writing()
 
 
 async def test_bytes_that_are_not_a_processing_request_end_the_call_invalid_argument(serve):

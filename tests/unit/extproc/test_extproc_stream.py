@@ -445,3 +445,21 @@ def test_request_messages_after_dispatch_are_ignored():
     dispatch(stream)
     assert stream.receive(request_body(BODY), 0.0) == []
     assert stream.phase is Phase.UPSTREAM
+
+
+def test_an_admitter_denial_is_500_without_a_dropped_reason():
+    stream = machine(priority=-1)
+    admit(stream)
+    events = stream.denied("probabilistic-admitter: rejected, saturation=1.000 prob=1.00")
+    reply = events[0].immediate_response
+    assert reply.status.code == 500
+    assert b"request cannot be admitted: probabilistic-admitter: rejected" in reply.body
+    assert all(o.header.key != "x-llm-d-request-dropped-reason" for o in reply.headers.set_headers)
+    assert events[1] == Rejected(500, "admission-denied", stream.request)
+    assert stream.phase is Phase.DONE
+
+
+def test_a_denial_after_the_request_ended_does_nothing():
+    stream = machine()
+    dispatch(stream)
+    assert stream.denied("late") == []
