@@ -39,6 +39,7 @@ from epp.flowcontrol.config import (
     GateKind,
     Ordering,
 )
+from epp.flowcontrol.usagelimits import StaticUsageLimit
 from epp.scheduling.config import (
     MAX_SCORE_PICKER,
     SINGLE_PROFILE_HANDLER,
@@ -927,7 +928,16 @@ def parse_config(document: Any) -> EppConfig:
         reader, fields.get("flowControl"), fields.get("saturationDetector"), plugins
     )
     flow_control = _flow_control(reader, fields.get("flowControl"), plugins, template)
-    if flow_plugins.usage_limit is not None:
+    if flow_plugins.saturation_detector is not None:
+        # The detector replaces the adaptive gate; the reference's default
+        # ceiling is static 1.0.
+        gate = replace(
+            flow_control.gate,
+            detector=flow_plugins.saturation_detector,
+            usage_limits=flow_plugins.usage_limit or StaticUsageLimit(),
+        )
+        flow_control = replace(flow_control, gate=gate)
+    elif flow_plugins.usage_limit is not None:
         # The adaptive gate applies the policy to each endpoint's learned limit.
         gate = replace(flow_control.gate, usage_limits=flow_plugins.usage_limit)
         flow_control = replace(flow_control, gate=gate)

@@ -72,7 +72,11 @@ class GateConfig:
     kv_cache_threshold: float = 0.8
     metrics_staleness: float = 0.2
     usage_limits: UsageLimitPolicy = DEFAULT_USAGE_LIMITS
-    """The share of each endpoint's learned limit each band may use (adaptive)."""
+    """The share of each endpoint's learned limit each band may use
+    (adaptive), or each band's ceiling on the detector's saturation."""
+    detector: object | None = None
+    """A saturation detector plugin (`flowControl.saturationDetector`); when
+    set it is the whole gate and `kinds` are not read."""
 
 
 @dataclass(slots=True, frozen=True)

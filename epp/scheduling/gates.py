@@ -115,7 +115,14 @@ def build_gate(
     scheduler (None when neither the adaptive nor the concurrency kind is
     on; with both, the adaptive limits are the per-endpoint ones and the
     concurrency kind adds its pool-wide `max_in_flight`). No kinds at all
-    gives a gate that never closes."""
+    gives a gate that never closes. A configured detector replaces all of
+    it (`epp.scheduling.detectors`)."""
+    if config.detector is not None:
+        # Imported here: the detectors read this module's pool_saturation.
+        from epp.scheduling.detectors import DetectorGate
+
+        detector_gate = DetectorGate(config.detector, pool, clock, config.usage_limits)  # type: ignore[arg-type]
+        return detector_gate, detector_gate
     gates: list[Gate] = []
     credits: Credits | None = None
     if GateKind.ADAPTIVE in config.kinds:

@@ -82,6 +82,7 @@ from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.detectors import DetectorGate
 from epp.scheduling.gates import build_gate, pool_saturation
 from epp.scheduling.scheduler import Scheduler
 from epp.serve.admission import AdmissionController
@@ -197,9 +198,11 @@ def initial_pool(options: ServeOptions) -> InferencePool:
 
 
 def saturation_of(gate: GateConfig, store: EndpointStore, credits: Credits | None) -> float:
-    """The pool's saturation as the configured gate sees it (the largest of
-    its kinds): in-flight over credits (learned or fixed), and/or scraped
-    utilization."""
+    """The pool's saturation as the configured gate sees it: a configured
+    detector's, else the largest of its kinds: in-flight over credits
+    (learned or fixed), and/or scraped utilization."""
+    if isinstance(credits, DetectorGate):
+        return credits.saturation()
     pool = store.snapshot()
     if not pool.endpoints:
         return 1.0

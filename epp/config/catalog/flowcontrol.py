@@ -21,6 +21,7 @@ from epp.flowcontrol.usagelimits import (
     SoftReflectiveCeiling,
     StaticUsageLimit,
 )
+from epp.scheduling.detectors import ConcurrencyDetector, ConcurrencyMode, UtilizationDetector
 
 T = ParamType
 
@@ -34,6 +35,27 @@ def _priority_holdback(parameters: Parameters) -> PriorityHoldback:
             "minCeiling", f"must be strictly less than maxCeiling ({high}), got {low}"
         )
     return PriorityHoldback(low, high, Domain(parameters["domain"]))
+
+
+def _utilization_detector(parameters: Parameters) -> UtilizationDetector:
+    kv = parameters["kvCacheUtilThreshold"]
+    if kv > 1.0:
+        raise ParameterError("kvCacheUtilThreshold", f"must be in (0.0, 1.0], got {kv}")
+    return UtilizationDetector(
+        parameters["queueDepthThreshold"],
+        kv,
+        parameters["metricsStalenessThreshold"],
+        parameters["headroom"],
+    )
+
+
+def _concurrency_detector(parameters: Parameters) -> ConcurrencyDetector:
+    return ConcurrencyDetector(
+        ConcurrencyMode(parameters["concurrencyMode"]),
+        parameters["maxConcurrency"],
+        parameters["maxTokenConcurrency"],
+        parameters["headroom"],
+    )
 
 
 ALPHA = Stability.ALPHA
@@ -107,7 +129,9 @@ ENTRIES: tuple[PluginType, ...] = (
         "stale or missing metrics count as saturated",
         (
             Param("queueDepthThreshold", T.INT, 5, "waiting requests per pod", 0, None, True),
-            Param("kvCacheUtilThreshold", T.FLOAT, 0.8, "KV-cache usage per pod", 0, 1, True),
+            Param(
+                "kvCacheUtilThreshold", T.FLOAT, 0.8, "KV-cache usage per pod (<= 1)", 0, None, True
+            ),
             Param(
                 "metricsStalenessThreshold",
                 T.DURATION,
@@ -119,7 +143,7 @@ ENTRIES: tuple[PluginType, ...] = (
             ),
             Param("headroom", T.FLOAT, 0.0, "burst allowance above the thresholds", 0),
         ),
-        factory=pending("utilization-detector", FLOW_CONTROL_ISSUE),
+        factory=_utilization_detector,
     ),
     PluginType(
         "concurrency-detector",
@@ -140,7 +164,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("headroom", T.FLOAT, 0.0, "burst allowance above the limits", 0),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=pending("concurrency-detector", FLOW_CONTROL_ISSUE),
+        factory=_concurrency_detector,
     ),
     # -- usage limits (a ceiling on saturation per priority) --------------------
     PluginType(

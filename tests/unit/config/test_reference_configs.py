@@ -16,6 +16,7 @@ LOADING = {
     "epp-config.yaml",
     "epp-estimate-prefix-cache-config.yaml",
     "pd-epp-config.yaml",
+    "probabilistic-admitter-epp-config.yaml",
     "sim-e-p-d-epp-config.yaml",
     "sim-e-pd-epp-config.yaml",
     "sim-epp-config.yaml",
