@@ -71,6 +71,8 @@ class ExtProcService:
     ) -> None:
         self.admission = admission
         self.screen = screen
+        self.calls: dict[FlowRequest, ExtProcCall] = {}
+        """The open calls by the request they asked admission for."""
         self.priority_of = priority_of
         self.settings = settings or StreamSettings()
         self.clock = clock
@@ -80,6 +82,12 @@ class ExtProcService:
     def open(self, call: Call) -> ExtProcCall:
         self.open_streams += 1
         return ExtProcCall(self, call)
+
+    def evict(self, request: FlowRequest) -> None:
+        """End `request`'s call as evicted (nothing if its call is over)."""
+        call = self.calls.get(request)
+        if call is not None:
+            call.evict()
 
     def settle(self, event: Rejected | Release) -> None:
         if isinstance(event, Release):
@@ -154,7 +162,11 @@ class ExtProcCall:
         if answered:
             self._end(Status.OK)  # Envoy sends nothing more on this stream
 
+    def evict(self) -> None:
+        self._carry_out(self._machine.evict())
+
     def _offer(self, request: FlowRequest) -> None:
+        self._service.calls[request] = self
         try:
             screen = self._service.screen
             denial = screen(request) if screen is not None else None
@@ -204,5 +216,8 @@ class ExtProcCall:
             return
         self._closed = True
         self._service.open_streams -= 1
+        request = self._machine.request
+        if request is not None and self._service.calls.get(request) is self:
+            del self._service.calls[request]
         for event in self._machine.close():
             self._service.settle(event)

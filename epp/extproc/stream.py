@@ -195,6 +195,20 @@ class ExtProcStream:
             return [*self._reject(500, "internal-error", "no endpoint chosen"), *self._release()]
         return self._forward(request)
 
+    def evict(self) -> list[Event]:
+        """Flow control evicted the dispatched request: 429 with dropped
+        reason `evicted` (as the reference ends it), and its release."""
+        if self.phase is not Phase.UPSTREAM and self.phase is not Phase.RESPONSE_BODY:
+            return []
+        self._finish_usage()
+        rejected = self._reject(
+            429,
+            "evicted",
+            "request evicted by flow control",
+            headers=((h.DROPPED_REASON, "evicted"),),
+        )
+        return [*rejected, *self._release()]
+
     def denied(self, reason: str) -> list[Event]:
         """An admitter refused the request before flow control: 500, as the
         reference answers an admit-plugin denial (no dropped-reason header)."""

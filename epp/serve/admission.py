@@ -28,6 +28,7 @@ from collections.abc import Callable
 from math import inf
 
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
@@ -48,8 +49,13 @@ class AdmissionController:
         on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
         on_complete: Callable[[FlowRequest], None] | None = None,
         on_queued: Callable[[FlowRequest], None] | None = None,
+        evictor: Evictor | None = None,
+        on_evict: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.core = core
+        self.evictor = evictor
+        self._on_evict = on_evict
+        """Ends an evicted request's stream (which then completes it)."""
         self._clock = clock
         self._on_outcome = on_outcome
         self._on_complete = on_complete
@@ -127,6 +133,8 @@ class AdmissionController:
         next requests go."""
         now = self._clock()
         if self.core.complete(request, now, input_tokens, output_tokens):
+            if self.evictor is not None:
+                self.evictor.on_completed(request)
             if self._on_complete is not None:
                 self._on_complete(request)
             self._dispatch(now)
@@ -166,6 +174,8 @@ class AdmissionController:
             self._resolve(request, now)
         if self._closing and not self.core.queued_requests:
             self._drained.set()
+        if self.evictor is not None and self.core.queued_requests:
+            self._evict_for_waiting()
 
     def _resolve(self, request: FlowRequest, now: float) -> None:
         future = self._waiters.pop(request, None)
@@ -173,7 +183,20 @@ class AdmissionController:
             future.set_result(request.outcome)
         self._report(request, now)
 
+    def _evict_for_waiting(self) -> None:
+        """A band still waits after a pass: the pool is full for it, so a
+        lower sheddable request in flight may give its endpoint back."""
+        assert self.evictor is not None
+        waiting = next((band for band in self.core.bands() if band.count), None)
+        if waiting is None:
+            return
+        victim = self.evictor.victim_for(waiting.priority)
+        if victim is not None and self._on_evict is not None:
+            self._on_evict(victim)
+
     def _report(self, request: FlowRequest, now: float) -> None:
+        if self.evictor is not None and request.outcome is Outcome.DISPATCHED:
+            self.evictor.on_dispatched(request)
         if self._on_outcome is not None:
             self._on_outcome(request, now)
 

@@ -80,6 +80,7 @@ from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.detectors import DetectorGate
@@ -311,6 +312,8 @@ class EppServer:
             on_flows_collected=self.metrics.on_flows_collected,
             on_complete=self.metrics.on_complete,
             on_queued=self.metrics.on_queued,
+            evictor=Evictor(*eviction) if (eviction := self.config.flow_plugins.eviction) else None,
+            on_evict=lambda request: self.service.evict(request),
         )
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(

@@ -15,6 +15,7 @@ from epp.config.plugin import (
     configured,
     pending,
 )
+from epp.flowcontrol.eviction import PriorityThenTime, SheddableFilter
 from epp.flowcontrol.usagelimits import (
     Domain,
     PriorityHoldback,
@@ -199,14 +200,14 @@ ENTRIES: tuple[PluginType, ...] = (
         "sheddable-eviction-filter",
         Kind.EVICTION_FILTER,
         "only sheddable (negative-priority) in-flight requests may be evicted",
-        factory=pending("sheddable-eviction-filter", FLOW_CONTROL_ISSUE),
+        factory=lambda parameters: SheddableFilter(),
         stability=ALPHA,
     ),
     PluginType(
         "priority-then-time-eviction-order-policy",
         Kind.EVICTION_ORDERING,
         "evicts the lowest priority first, the newest first within it",
-        factory=pending("priority-then-time-eviction-order-policy", FLOW_CONTROL_ISSUE),
+        factory=lambda parameters: PriorityThenTime(),
         stability=ALPHA,
     ),
 )

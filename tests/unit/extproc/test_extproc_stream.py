@@ -463,3 +463,39 @@ def test_a_denial_after_the_request_ended_does_nothing():
     stream = machine()
     dispatch(stream)
     assert stream.denied("late") == []
+
+
+def test_an_evicted_request_gets_429_evicted_and_is_released_once():
+    stream = machine(priority=-1)
+    dispatch(stream)
+    events = stream.evict()
+    reply = events[0].immediate_response
+    assert reply.status.code == 429
+    assert ("x-llm-d-request-dropped-reason", "evicted") in [
+        (o.header.key, o.header.raw_value.decode()) for o in reply.headers.set_headers
+    ]
+    assert events[1:] == [
+        Rejected(429, "evicted", stream.request),
+        Release(stream.request, None, 0),
+    ]
+    assert stream.close() == []
+
+
+def test_a_request_evicted_while_its_response_streams_is_released_with_its_usage():
+    stream = machine(priority=-1)
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 6.0)
+    stream.receive(response_body(b'{"usage":{"prompt_tokens":3,', end_of_stream=False), 6.1)
+    events = stream.evict()
+    assert events[0].immediate_response.status.code == 429
+    assert isinstance(events[-1], Release) and events[-1].request is stream.request
+
+
+def test_eviction_before_dispatch_or_after_the_end_does_nothing():
+    waiting = machine(priority=-1)
+    admit(waiting)
+    assert waiting.evict() == []
+    over = machine(priority=-1)
+    dispatch(over)
+    over.close()
+    assert over.evict() == []
