@@ -440,6 +440,12 @@ class EppServer:
         if new.flow_control.gate != old.flow_control.gate:
             log.warning("%s: gate changes apply at the next restart", self.options.config_file)
             new = replace(new, flow_control=replace(new.flow_control, gate=old.flow_control.gate))
+        if new.flow_plugins.eviction != old.flow_plugins.eviction:
+            log.warning(
+                "%s: enableEviction changes apply at the next restart", self.options.config_file
+            )
+            plugins = replace(new.flow_plugins, eviction=old.flow_plugins.eviction)
+            new = replace(new, flow_plugins=plugins)
         if new.data_layer != old.data_layer:
             log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
             new = replace(new, data_layer=old.data_layer)

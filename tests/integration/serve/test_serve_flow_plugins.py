@@ -45,3 +45,19 @@ def test_a_concurrency_detector_is_the_gate_and_the_saturation_gauge() -> None:
     request.endpoint = "127.0.0.1:1"
     live.gate.on_dispatch(request)
     assert saturation_of(live.config.flow_control.gate, live.store, live.credits) == 0.25
+
+
+HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+
+
+def test_a_reload_applies_admitters_at_once_and_eviction_at_the_next_restart(tmp_path) -> None:
+    path = tmp_path / "epp.yaml"
+    path.write_text(HEAD)
+    live = EppServer(loopback_options(config_file=str(path), endpoints="127.0.0.1:1"))
+    assert live.admission.evictor is None
+    path.write_text(
+        HEAD + "plugins: [{type: probabilistic-admitter}]\nflowControl: {enableEviction: true}\n"
+    )
+    live.reload_config()
+    assert live.config.flow_plugins.eviction is None and live.admission.evictor is None
+    assert live.screen(FlowRequest("r", "f", -1, 0.0)) is not None
