@@ -1,10 +1,11 @@
 """The endpoint store: the one owner of the pool's endpoints and their metrics.
 
-Sources (pod watch, static list) add, update and remove endpoints; the
-scraper (live) or the simulator writes metrics. Readers take a `PoolSnapshot`,
-an immutable tuple rebuilt only on the first read after a change, so taking
-one costs nothing while nothing changed. The store does no I/O, so the
-simulator uses it as it is.
+Sources (pod watch, static list, the simulator's servers going up and down)
+add, update and remove endpoints; the scraper (live) or the simulator
+(`epp.sim.engine`) writes metrics. Readers take a `PoolSnapshot`, an
+immutable tuple rebuilt only on the first read after a change, so taking one
+costs nothing while nothing changed. The store does no I/O, so the simulator
+uses it as it is.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class EndpointStore:
         return True
 
     def replace_all(self, specs: Iterable[EndpointSpec]) -> bool:
-        """Make the pool exactly `specs` (a full resync from a source);
-        endpoints that stay keep their metrics. Returns whether anything changed."""
+        """Make the pool exactly `specs`, in their order (a full resync from a
+        source); endpoints that stay keep their metrics. Returns whether
+        anything changed."""
         wanted = {spec.address: spec for spec in specs}
         gone = [address for address in self._endpoints if address not in wanted]
         joined = [address for address in wanted if address not in self._endpoints]
@@ -100,6 +102,8 @@ class EndpointStore:
                 )
                 changed = True
         if gone or joined:
+            if joined:
+                self._endpoints = {address: self._endpoints[address] for address in wanted}
             self._changed(membership=True)
             self._notify()
             return True

@@ -9,18 +9,27 @@ endpoint; the first closed gate, or a request no endpoint has room for, ends
 the pass, so no lower band ever overtakes a waiting higher one. Inside a band
 the fairness policy chooses the flow and the flow's ordering its request.
 
-An arrival is `enqueue` then `dispatch`; `enqueue_and_dispatch` does both
-and, when nothing is queued, dispatches the request without queueing it,
-leaving the same state (the common case at light load).
+The controller drives itself: every call that can free room dispatches as
+much as possible before it returns, and returns the requests it settled
+(dispatched with `endpoint` set, or ended with `outcome` set), so no shell
+decides when to dispatch:
 
-TTLs expire on their exact deadline (`epp.flowcontrol.deadlines`): the
-caller asks when the next one falls due (`next_deadline`) and calls `expire`
-then; nothing sweeps periodically.
+- `enqueue_and_dispatch` (an arrival; when nothing is queued the request goes
+  to its endpoint without entering a queue, leaving the same state),
+- `complete`, `cancel`, `reconfigure`,
+- `poke(now)`: whatever falls due by `now` (TTL expiries, idle flows) and a
+  dispatch pass; a shell calls it when something outside the core changed
+  (new metrics, endpoints joining) and at `next_wakeup()`.
+
+`next_wakeup()` is the one time a shell must wake the core: the earliest of
+the next TTL deadline (`epp.flowcontrol.deadlines`, exact, no periodic sweep)
+and the next idle-flow check. `enqueue` and `dispatch` are the two halves of
+an arrival, kept for measuring and testing the queue itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from heapq import heappop, heappush
 from math import inf
 
@@ -42,9 +51,17 @@ DEADLINE_SLACK = 1024
 
 
 class FlowController:
-    def __init__(self, config: FlowControlConfig, gate: Gate, placer: Placer) -> None:
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        gate: Gate,
+        placer: Placer,
+        on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
+    ) -> None:
         self.gate = gate
         self.placer = placer
+        self.on_flows_collected = on_flows_collected
+        """Told of the flows `poke` forgot as idle (their keys)."""
         self._apply(config)
         self._bands: dict[int, Band] = {}
         self._bands_desc: list[Band] = []
@@ -60,8 +77,9 @@ class FlowController:
 
     # -- configuration -----------------------------------------------------
 
-    def reconfigure(self, config: FlowControlConfig) -> None:
-        """Apply new limits and band policies; queued requests stay queued."""
+    def reconfigure(self, config: FlowControlConfig, now: float) -> list[FlowRequest]:
+        """Apply new limits and band policies; queued requests stay queued.
+        Returns what the dispatch pass that follows settled."""
         self._apply(config)
         configured = {b.priority for b in config.bands}
         for priority, band in self._bands.items():
@@ -69,6 +87,7 @@ class FlowController:
             band.keep = band.keep or priority in configured
         for priority in configured - self._bands.keys():
             self._add_band(priority, keep=True)
+        return self.dispatch(now)
 
     def _apply(self, config: FlowControlConfig) -> None:
         self.config = config
@@ -253,12 +272,13 @@ class FlowController:
         now: float,
         input_tokens: int | None = None,
         output_tokens: int = 0,
-    ) -> bool:
-        """`request`, dispatched, is finished: its endpoint credit returns and
-        its fairness charge is corrected to the real usage. Returns False (and
-        changes nothing) when the request was not in flight."""
+    ) -> list[FlowRequest]:
+        """`request`, dispatched, is finished: its endpoint credit returns,
+        its fairness charge is corrected to the real usage, and the room it
+        freed is dispatched. Returns what that pass settled; nothing (and
+        nothing changes) when `request` was not in flight."""
         if request.state is not DISPATCHED:
-            return False
+            return []
         request.state = State.COMPLETED
         flow: Flow = request.flow
         flow.band.policy.on_complete(request, flow, input_tokens, output_tokens)
@@ -267,18 +287,54 @@ class FlowController:
         self.gate.on_complete(request)
         if not flow.count and not flow.in_flight:  # spares the call while the flow is busy
             self._note_if_idle(flow, now)
-        return True
+        return self.dispatch(now)
 
-    def cancel(self, request: FlowRequest, now: float) -> bool:
-        """Remove a queued request (its client went away). Returns False when
-        it was not queued (already dispatched or ended)."""
+    def cancel(self, request: FlowRequest, now: float) -> list[FlowRequest]:
+        """Remove a queued request (its client went away) and dispatch what its
+        leaving lets through. Returns `request` (outcome CANCELLED) then what
+        the pass settled; nothing when it was not queued (already dispatched
+        or ended)."""
         if request.state is not QUEUED:
-            return False
+            return []
         self._remove(request, Outcome.CANCELLED, now)
-        return True
+        return [request, *self.dispatch(now)]
 
     def expire(self, now: float) -> list[FlowRequest]:
-        """End every queued request whose deadline is at or before `now`."""
+        """End every queued request whose deadline is at or before `now`, then
+        dispatch. Returns the expired requests, then what the pass settled."""
+        expired = self._expire_due(now)
+        expired.extend(self.dispatch(now))
+        return expired
+
+    def poke(self, now: float) -> list[FlowRequest]:
+        """Do what is due by `now` and dispatch as much as possible: end the
+        requests whose TTL has passed, forget idle flows (told to
+        `on_flows_collected`), then one dispatch pass. Call it when something
+        outside the core may have freed room (metrics, endpoints) and at
+        `next_wakeup()`. Returns the expired requests, then what the pass
+        settled."""
+        settled = self._expire_due(now) if self.queued_requests else []
+        if self._idle and self._idle[0][0] <= now:
+            collected = self._collect_idle(now)
+            if collected and self.on_flows_collected is not None:
+                self.on_flows_collected(collected)
+        settled.extend(self.dispatch(now))
+        return settled
+
+    def next_wakeup(self) -> float | None:
+        """When `poke` next has something to do by itself (a TTL deadline, an
+        idle-flow check), or None."""
+        deadline = self._deadlines.next() if self.queued_requests else None
+        idle = self._idle[0][0] if self._idle else None
+        if deadline is None:
+            return idle
+        return deadline if idle is None or deadline < idle else idle
+
+    def next_deadline(self) -> float | None:
+        """When the next queued request expires, or None."""
+        return self._deadlines.next()
+
+    def _expire_due(self, now: float) -> list[FlowRequest]:
         outcome = (
             Outcome.REJECTED_TTL_EXPIRED
             if self.placer.has_endpoints()
@@ -288,10 +344,6 @@ class FlowController:
         for request in expired:
             self._remove(request, outcome, now)
         return expired
-
-    def next_deadline(self) -> float | None:
-        """When the next queued request expires, or None."""
-        return self._deadlines.next()
 
     def close(self) -> None:
         """Admit nothing more: every later enqueue is rejected-shutting-down."""
@@ -306,7 +358,7 @@ class FlowController:
 
     # -- idle flows ----------------------------------------------------------
 
-    def collect_idle(self, now: float) -> list[FlowKey]:
+    def _collect_idle(self, now: float) -> list[FlowKey]:
         """Forget flows idle (nothing queued or in flight) for at least the
         configured idle time, and bands that were neither configured nor
         announced once their last flow is gone. Returns the forgotten flows."""
@@ -330,10 +382,6 @@ class FlowController:
                 if not band.flows and not band.keep:
                     self._remove_band(band)
         return collected
-
-    def next_idle_check(self) -> float | None:
-        """When `collect_idle` next has something to look at, or None."""
-        return self._idle[0][0] if self._idle else None
 
     # -- statistics ------------------------------------------------------------
 

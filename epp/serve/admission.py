@@ -1,11 +1,14 @@
-"""The live shell's asyncio adapter over the flow-control core.
+"""The live shell's asyncio adapter over the flow-control core: futures for
+the requests that wait, and one timer.
 
 `admit` queues a request and returns its outcome when it is dispatched or
 ended; it is `offer` (decides at once if it can) then `wait`, for callers
 that would rather not start a task for a request that need not wait.
-Everything that can free room (an enqueue, a completion, a gate change
-announced through `poke`, an expired TTL) runs a dispatch pass at once: there
-is no polling tick, so a backlog drains as fast as the pool takes it.
+The core dispatches by itself (`epp.flowcontrol.controller`): every call
+here hands it one event (an arrival, a completion, a cancellation, `poke`
+for new metrics or endpoints) and resolves the futures of what it settled.
+Nothing here decides when to dispatch, so a backlog drains as fast as the
+pool takes it.
 
 A request dispatched in the pass that its own `admit` started returns without
 waiting for anything; only requests that really queue create a future.
@@ -13,10 +16,11 @@ Cancelling the task that awaits `admit` (or calling `withdraw`) removes a
 queued request at once, or hands back the endpoint credit of a request
 dispatched a moment earlier.
 
-TTL expiry is a timer set for the exact next deadline: a newly queued request
-with an earlier deadline re-arms it, and when it fires it expires what is due
-and re-arms for the next deadline. Idle flows are collected by a timer of
-their own.
+The timer: the core's `next_wakeup()` (the next TTL deadline or idle-flow
+check) is armed after every event when it is earlier than the armed time;
+when the timer fires it `poke`s the core and arms the next wakeup. A later
+wakeup never re-arms (that would cost a timer per dispatch): the timer may
+fire early, find nothing due and arm again.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ import time
 from collections.abc import Callable
 from math import inf
 
+from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.eviction import Evictor
-from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 
@@ -46,7 +50,6 @@ class AdmissionController:
         core: FlowController,
         clock: Callable[[], float] = time.monotonic,
         on_outcome: OutcomeListener | None = None,
-        on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
         on_complete: Callable[[FlowRequest], None] | None = None,
         on_queued: Callable[[FlowRequest], None] | None = None,
         evictor: Evictor | None = None,
@@ -59,12 +62,10 @@ class AdmissionController:
         self._clock = clock
         self._on_outcome = on_outcome
         self._on_complete = on_complete
-        self._on_flows_collected = on_flows_collected
         self._on_queued = on_queued
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
-        self._ttl_timer: asyncio.TimerHandle | None = None
-        self._ttl_timer_at = inf
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = inf
         self._drained = asyncio.Event()
         self._closing = False
 
@@ -93,7 +94,7 @@ class AdmissionController:
         if outcome is not None:
             self._report(request, now)
             return outcome
-        self._resolve_all(done, now)
+        self._settle(done, now)
         if request.outcome is None and self._on_queued is not None:
             self._on_queued(request)
         return request.outcome
@@ -106,8 +107,6 @@ class AdmissionController:
             return request.outcome
         future = asyncio.get_running_loop().create_future()
         self._waiters[request] = future
-        if request.deadline < self._ttl_timer_at:
-            self._arm_ttl_timer(request.deadline)
         try:
             return await future
         except asyncio.CancelledError:
@@ -118,33 +117,38 @@ class AdmissionController:
         """The request's client is gone: take it out of its queue, or give
         back the credit it was dispatched with a moment ago. Safe to repeat."""
         self._waiters.pop(request, None)
-        now = self._clock()
-        if self.core.cancel(request, now):
-            self._report(request, now)
-            self._after_queue_change()
-        elif request.state is State.DISPATCHED:
+        if request.state is State.DISPATCHED:
             self.complete(request)
+            return
+        now = self._clock()
+        self._settle(self.core.cancel(request, now), now)
 
     def complete(
         self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0
     ) -> None:
         """A dispatched request is finished (or its stream closed early):
-        release its endpoint credit, correct its fairness charge, and let the
-        next requests go."""
+        release its endpoint credit and correct its fairness charge; the
+        core lets the next requests go."""
+        if request.state is not State.DISPATCHED:
+            return
         now = self._clock()
-        if self.core.complete(request, now, input_tokens, output_tokens):
-            if self.evictor is not None:
-                self.evictor.on_completed(request)
-            if self._on_complete is not None:
-                self._on_complete(request)
-            self._dispatch(now)
-            if self._idle_timer is None:
-                self._arm_idle_timer()
+        settled = self.core.complete(request, now, input_tokens, output_tokens)
+        if self.evictor is not None:
+            self.evictor.on_completed(request)
+        if self._on_complete is not None:
+            self._on_complete(request)
+        self._settle(settled, now)
+
+    def reconfigure(self, config: FlowControlConfig) -> None:
+        """New flow-control limits and policies; the core dispatches what they let through."""
+        now = self._clock()
+        self._settle(self.core.reconfigure(config, now), now)
 
     def poke(self) -> None:
         """Something outside the core may have freed room (new metrics, new
-        endpoints): dispatch what can go now."""
-        self._dispatch(self._clock())
+        endpoints): let the core do what it can now."""
+        now = self._clock()
+        self._settle(self.core.poke(now), now)
 
     async def shutdown(self, grace: float) -> None:
         """Admit nothing more; let the queue drain for up to `grace` seconds,
@@ -158,24 +162,29 @@ class AdmissionController:
         now = self._clock()
         for request in self.core.drain(Outcome.REJECTED_SHUTTING_DOWN, now):
             self._resolve(request, now)
-        self._arm_ttl_timer(None)
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = -inf  # nothing arms the timer again
 
     # -- internals -------------------------------------------------------------
 
-    def _dispatch(self, now: float) -> None:
-        self._resolve_all(self.core.dispatch(now), now)
-
-    def _resolve_all(self, done: list[FlowRequest], now: float) -> None:
-        """Deliver the outcomes of a dispatch pass."""
-        for request in done:
+    def _settle(self, settled: list[FlowRequest], now: float) -> None:
+        """Deliver the outcomes the core settled, then arm the timer."""
+        for request in settled:
             self._resolve(request, now)
         if self._closing and not self.core.queued_requests:
             self._drained.set()
         if self.evictor is not None and self.core.queued_requests:
             self._evict_for_waiting()
+        when = self.core.next_wakeup()
+        if when is not None and when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = asyncio.get_running_loop().call_later(
+                max(0.0, when - self._clock()), self._on_timer
+            )
 
     def _resolve(self, request: FlowRequest, now: float) -> None:
         future = self._waiters.pop(request, None)
@@ -200,41 +209,7 @@ class AdmissionController:
         if self._on_outcome is not None:
             self._on_outcome(request, now)
 
-    def _after_queue_change(self) -> None:
-        self._dispatch(self._clock())
-        if self._idle_timer is None:
-            self._arm_idle_timer()
-
-    def _arm_ttl_timer(self, deadline: float | None) -> None:
-        """Fire at `deadline` (None: no timer), replacing a later timer."""
-        if self._ttl_timer is not None:
-            self._ttl_timer.cancel()
-            self._ttl_timer = None
-        if deadline is None:
-            self._ttl_timer_at = inf
-            return
-        self._ttl_timer_at = deadline
-        delay = max(0.0, deadline - self._clock())
-        self._ttl_timer = asyncio.get_running_loop().call_later(delay, self._on_ttl_timer)
-
-    def _on_ttl_timer(self) -> None:
-        self._ttl_timer = None
-        now = self._clock()
-        for request in self.core.expire(now):
-            self._resolve(request, now)
-        self._after_queue_change()
-        self._arm_ttl_timer(self.core.next_deadline())
-
-    def _arm_idle_timer(self) -> None:
-        when = self.core.next_idle_check()
-        if when is None:
-            return
-        delay = max(0.0, when - self._clock())
-        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._on_idle_timer)
-
-    def _on_idle_timer(self) -> None:
-        self._idle_timer = None
-        collected = self.core.collect_idle(self._clock())
-        if collected and self._on_flows_collected is not None:
-            self._on_flows_collected(collected)
-        self._arm_idle_timer()
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = inf
+        self.poke()

@@ -3,11 +3,11 @@
 Builds every piece from the options, serves until told to stop, and shuts
 down gracefully:
 
-    EndpointStore --snapshot--> gate (build_gate) + Scheduler (the placer)
-        |                              \\
-        +--> MetricsScraper --poke-->   FlowController <-- ObjectiveRegistry
-                                             |               (priorities -> bands)
-                                     AdmissionController --> EppMetrics
+    EndpointStore --snapshot--> build_core: gate + Scheduler + FlowController
+        |                                                 ^   (epp.scheduling.core)
+        +--> MetricsScraper --poke--> AdmissionController-+  <-- ObjectiveRegistry
+                                             |                (priorities -> bands)
+                                        EppMetrics
                                              |
                      ExtProcService + Health (epp.transport, port 9002); Health (9003)
 
@@ -79,13 +79,12 @@ from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
-from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.core import build_core
 from epp.scheduling.detectors import DetectorGate
-from epp.scheduling.gates import build_gate, pool_saturation
-from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.gates import pool_saturation
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -306,10 +305,10 @@ class EppServer:
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         if isinstance(self.credits, AdaptiveGate):
             self.metrics.watch_limits(self.credits)
+        self.core.on_flows_collected = self.metrics.on_flows_collected
         self.admission = AdmissionController(
             self.core,
             on_outcome=at_end_of_turn(self.metrics.on_outcome),
-            on_flows_collected=self.metrics.on_flows_collected,
             on_complete=self.metrics.on_complete,
             on_queued=self.metrics.on_queued,
             evictor=Evictor(*eviction) if (eviction := self.config.flow_plugins.eviction) else None,
@@ -367,19 +366,17 @@ class EppServer:
 
     def _build_core(self, config: EppConfig) -> None:
         seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)
-        self.gate, self.credits = build_gate(
-            config.flow_control.gate, self.store.snapshot, time.monotonic
-        )
-        self.scheduler = Scheduler(
+        self.wired = build_core(
+            config.flow_control,
             config.scheduling,
             self.store.snapshot,
             time.monotonic,
             random.Random(seed),
-            self.credits,
         )
-        self.core = FlowController(
-            config.flow_control, self.gate, TimedPlacer(self.scheduler, self.scheduler_latency)
-        )
+        self.gate, self.credits = self.wired.gate, self.wired.credits
+        self.scheduler = self.wired.scheduler
+        self.core = self.wired.controller
+        self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
         self._rng = random.Random(seed + 1)
 
     def _load_files(self) -> None:
@@ -449,21 +446,16 @@ class EppServer:
         if new.data_layer != old.data_layer:
             log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
             new = replace(new, data_layer=old.data_layer)
-        self.core.reconfigure(new.flow_control)
         if new.scheduling != old.scheduling:
-            self.scheduler = Scheduler(
-                new.scheduling,
-                self.store.snapshot,
-                time.monotonic,
-                random.Random(self._rng.randrange(1 << 63)),
-                self.credits,
+            self.scheduler = self.wired.reschedule(
+                new.scheduling, random.Random(self._rng.randrange(1 << 63))
             )
             self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
         if new.parsers != old.parsers:
             self.settings = replace(self.settings, parsers=parser_set(new.parsers))
             self.service.settings = self.settings
         self.config = new
-        self.admission.poke()
+        self.admission.reconfigure(new.flow_control)
 
     def any_endpoint(self) -> str | None:
         """A random endpoint of the pool (for requests without a body)."""

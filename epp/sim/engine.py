@@ -23,10 +23,11 @@ runs elsewhere ends `server-failed` when its KV would have arrived.
 A simulation built `aggregated` labels no server with a role: the same
 servers, each serving both stages.
 
-Metrics: every `scrape_interval` each live server's metrics are sampled and
-published `scrape_lag` later as a new `PoolSnapshot` (`version` grows with
-every publication, `membership` when servers go down or come back), so the
-routing policy sees values as stale as a live scraper would.
+Endpoints: the live path's `EndpointStore` holds the pool, so the policy
+reads the same snapshots a live EPP reads. Every `scrape_interval` each live
+server's metrics are sampled and written to the store `scrape_lag` later, so
+the routing policy sees values as stale as a live scraper would; servers
+going down or coming back leave or rejoin the store.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from math import inf
 from types import MappingProxyType
 from typing import Protocol
 
-from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.store import EndpointStore
+from epp.scheduling.endpoint import EndpointMetrics
 from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
@@ -98,10 +101,8 @@ class Policy(Protocol):
         ...
 
     def timer(self, now: float) -> None:
-        """The time returned by `next_timer` came."""
+        """The time the policy asked for (`Simulation.want_timer`) came."""
         ...
-
-    def next_timer(self) -> float: ...
 
     def queued_by_priority(self) -> dict[int, int]:
         """Requests waiting in the policy's own queues, per band."""
@@ -117,7 +118,7 @@ class Simulation:
 
     The policy calls back `send(request, server_index, now)` to hand a
     request to a server, and `end(request, outcome, now)` to end one
-    without a server. `snapshot()` and `clock()` are the pool and the clock
+    without a server. `store.snapshot` and `clock()` are the pool and the clock
     the policy's components read.
     """
 
@@ -167,10 +168,7 @@ class Simulation:
         self._finished: list[SimRequest] = []
         self._timer_at = inf
         self._transfers = 0
-        self._version = 0
-        self._membership = 1
-        self._metrics: list[EndpointMetrics] = [EndpointMetrics() for _ in self.servers]
-        self.snapshot_now = self._build_snapshot()
+        self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
         self._progress = progress
         tenants = len(scenario.tenants)
@@ -187,9 +185,6 @@ class Simulation:
 
     def clock(self) -> float:
         return self.now
-
-    def snapshot(self) -> PoolSnapshot:
-        return self.snapshot_now
 
     def live_servers(self) -> list[int]:
         return [index for index, up in enumerate(self.up) if up]
@@ -297,16 +292,15 @@ class Simulation:
         self._seq += 1
         heappush(self._heap, (when, self._seq, kind, data))
 
-    def _build_snapshot(self) -> PoolSnapshot:
-        self._version += 1
-        endpoints = tuple(
-            Endpoint(name, address, labels, metrics)
-            for name, address, labels, metrics, up in zip(
-                self.names, self.addresses, self.labels, self._metrics, self.up, strict=True
+    def _live_specs(self) -> list[EndpointSpec]:
+        """The servers that are up, in index order, as the store's sources give them."""
+        return [
+            EndpointSpec(name, address, labels)
+            for name, address, labels, up in zip(
+                self.names, self.addresses, self.labels, self.up, strict=True
             )
             if up
-        )
-        return PoolSnapshot(endpoints, self._version, self._membership)
+        ]
 
     def run(self, policy: Policy) -> None:
         self.policy = policy
@@ -359,7 +353,6 @@ class Simulation:
                         continue
                     self._timer_at = inf
                     policy.timer(when)
-                    self.want_timer(policy.next_timer())
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():
                         lag = pool.scrape_lag_s
@@ -367,8 +360,10 @@ class Simulation:
                         self._push(when + lag, PUBLISH, sampled)
                         self._push(when + pool.scrape_interval_s, SCRAPE, None)
                 elif kind == PUBLISH:
-                    self._metrics = data  # type: ignore[assignment]
-                    self.snapshot_now = self._build_snapshot()
+                    sampled: list[EndpointMetrics] = data  # type: ignore[assignment]
+                    set_metrics = self.store.set_metrics
+                    for address, metrics in zip(self.addresses, sampled, strict=True):
+                        set_metrics(address, metrics)
                     policy.pool_changed(when)
                 elif kind == SAMPLE:
                     self._sample(when)
@@ -420,10 +415,8 @@ class Simulation:
             return
         if event.up == self.up[index]:
             return
-        self._membership += 1
         if event.up:
             self.up[index] = True
-            self._metrics[index] = EndpointMetrics()
         else:
             self.up[index] = False
             server = self.servers[index]
@@ -435,5 +428,5 @@ class Simulation:
                     continue
                 self.end(request, SERVER_FAILED, now)
                 self.policy.finished(request, now)
-        self.snapshot_now = self._build_snapshot()
+        self.store.replace_all(self._live_specs())
         self.policy.pool_changed(now)

@@ -1,11 +1,13 @@
 """Who decides where a simulated request goes.
 
-`EppPolicy` is ours: the production `FlowController`, gate (`build_gate`)
-and `Scheduler`, wired as `epp serve` wires them and called as the live
-path calls them: enqueue on arrival, dispatch after every enqueue,
-completion, metrics publication and TTL expiry (at `next_deadline`),
-complete with the real usage, and idle flows collected when due. The
-objective's priority comes from the `ObjectiveRegistry`.
+`EppPolicy` is ours: the production core (`build_core`: gate, `Scheduler`,
+`FlowController`) wired as `epp serve` wires it, reading the simulation's
+`EndpointStore`, and driven as the live adapter drives it: one core call per
+event (an arrival, a completion with the real usage, a metrics publication
+or membership change as `poke`, the wakeup the core asked for as `poke`),
+whose settled requests are sent to their servers or ended. The core decides
+when to dispatch; the policy only asks the simulation to wake it at
+`next_wakeup()`. The objective's priority comes from the `ObjectiveRegistry`.
 
 A request the scheduler disaggregates (a prefill endpoint in the
 `x-prefiller-host-port` routing header) goes to its decode server by way of
@@ -31,12 +33,10 @@ from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
 from epp.config.loader import EppConfig
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import Fairness
-from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest
-from epp.scheduling.gates import build_gate
+from epp.scheduling.core import build_core
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scheduler import Scheduler
 from epp.sim.engine import COMPLETED, NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
 
@@ -126,12 +126,16 @@ class EppPolicy:
     def __init__(self, sim: Simulation, config: EppConfig, seed: int) -> None:
         scenario = sim.scenario
         self.sim = sim
-        gate, credits = build_gate(config.flow_control.gate, sim.snapshot, sim.clock)
-        self.adaptive = credits if isinstance(credits, AdaptiveGate) else None
-        self.scheduler = Scheduler(
-            config.scheduling, sim.snapshot, sim.clock, random.Random(seed), credits
+        wired = build_core(
+            config.flow_control,
+            config.scheduling,
+            sim.store.snapshot,
+            sim.clock,
+            random.Random(seed),
         )
-        self.core = FlowController(config.flow_control, gate, self.scheduler)
+        self.scheduler = wired.scheduler
+        self.core = wired.controller
+        self.adaptive = wired.credits if isinstance(wired.credits, AdaptiveGate) else None
         pool = InferencePool(POOL_NAME)
         self.registry = ObjectiveRegistry(pool, self.core.ensure_bands)
         self.registry.replace(
@@ -151,8 +155,6 @@ class EppPolicy:
         self._blocks = PromptBlocks(
             scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
         )
-        self._idle_checks = False
-        """Whether the core had an idle check due when last asked."""
 
     def arrive(self, request: SimRequest, now: float) -> None:
         tenant = request.tenant
@@ -188,50 +190,22 @@ class EppPolicy:
         if outcome is not None:
             self.sim.end(request, outcome.reason, now)
             return
-        self._deliver(done, now)
-        # Asking for the next deadline also drops dispatched requests from
-        # the core's deadline lanes. Arming from this request's own deadline
-        # alone leaves them referenced until the core's sweep (a thousand or
-        # so) and measured slower, though it runs fewer instructions. With
-        # nothing queued there is no deadline, and a request dispatched at
-        # once never entered a lane.
-        if self.core.queued_requests:
-            self.sim.want_timer(self.core.next_deadline())
+        self._settle(done, now)
 
     def finished(self, request: SimRequest, now: float) -> None:
-        core = self.core
         if request.outcome == COMPLETED:
             served = request.output_tokens
         else:  # the server was lost: one token at most
             served = 0 if request.first_token_at is None else 1
-        core.complete(request.owner, now, request.prompt_tokens, served)
+        settled = self.core.complete(request.owner, now, request.prompt_tokens, served)
         request.owner = None  # its FlowRequest is done with: let it go now
-        if core.queued_requests:
-            self._dispatch(now)
-        if not self._idle_checks:
-            # New idle checks fall due after every earlier one, so only the
-            # first one (the heap was empty) can bring the timer forward.
-            due = core.next_idle_check()
-            if due is not None:
-                self._idle_checks = True
-                self.sim.want_timer(due)
+        self._settle(settled, now)
 
     def pool_changed(self, now: float) -> None:
-        self._dispatch(now)
+        self._settle(self.core.poke(now), now)
 
     def timer(self, now: float) -> None:
-        core = self.core
-        for expired in core.expire(now):
-            self.sim.end(expired.payload.sim, expired.outcome.reason, now)
-        core.collect_idle(now)
-        self._dispatch(now)
-        self._idle_checks = core.next_idle_check() is not None
-
-    def next_timer(self) -> float:
-        times = [
-            t for t in (self.core.next_deadline(), self.core.next_idle_check()) if t is not None
-        ]
-        return min(times, default=float("inf"))
+        self._settle(self.core.poke(now), now)
 
     def queued_by_priority(self) -> dict[int, int]:
         return {band.priority: band.count for band in self.core.bands()}
@@ -239,14 +213,12 @@ class EppPolicy:
     def limits(self) -> dict[str, int]:
         return self.adaptive.limits() if self.adaptive is not None else {}
 
-    def _dispatch(self, now: float) -> None:
-        self._deliver(self.core.dispatch(now), now)
-
-    def _deliver(self, done: list[FlowRequest], now: float) -> None:
-        """Send the requests a dispatch pass placed, end those it ended."""
+    def _settle(self, settled: list[FlowRequest], now: float) -> None:
+        """Send the requests the core dispatched, end those it ended, and ask
+        to be woken when the core next wants to be."""
         sim = self.sim
         index_of = sim.index_of
-        for flow_request in done:
+        for flow_request in settled:
             payload = flow_request.payload
             request = payload.sim
             if flow_request.endpoint is None:
@@ -254,6 +226,7 @@ class EppPolicy:
                 continue
             payload.prefix_hashes = None
             sim.send(request, index_of[flow_request.endpoint], now)
+        sim.want_timer(self.core.next_wakeup())
 
 
 class RoundRobinPolicy:
@@ -278,9 +251,6 @@ class RoundRobinPolicy:
     def timer(self, now: float) -> None:
         pass
 
-    def next_timer(self) -> float:
-        return float("inf")
-
     def queued_by_priority(self) -> dict[int, int]:
         return {}
 
@@ -294,7 +264,7 @@ class LeastQueuePolicy(RoundRobinPolicy):
         self._rng = random.Random(seed)
 
     def arrive(self, request: SimRequest, now: float) -> None:
-        endpoints = self.sim.snapshot().endpoints
+        endpoints = self.sim.store.snapshot().endpoints
         if not endpoints:
             self.sim.end(request, NO_ENDPOINTS, now)
             return

@@ -8,6 +8,7 @@ from math import inf
 
 from epp.flowcontrol.config import BandConfig, FlowControlConfig
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.gate import Placement
 from epp.flowcontrol.request import FlowRequest
 
@@ -104,3 +105,12 @@ def dispatch_one(core: FlowController, now: float = 0.0) -> FlowRequest:
 
 def tenants(requests: list[FlowRequest]) -> list[str]:
     return [r.fairness_id for r in requests]
+
+
+def collected(core: FlowController, now: float) -> list[FlowKey]:
+    """The idle flows a `poke` at `now` forgets, as told to `on_flows_collected`."""
+    keys: list[FlowKey] = []
+    core.on_flows_collected = keys.extend
+    core.poke(now)
+    core.on_flows_collected = None
+    return keys

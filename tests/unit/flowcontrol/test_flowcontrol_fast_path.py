@@ -98,8 +98,7 @@ class Side:
             core.queued_requests,
             core.queued_bytes,
             core.in_flight,
-            core.next_deadline(),
-            core.next_idle_check(),
+            core.next_wakeup(),
             bands,
             requests,
             self.decided,
@@ -199,7 +198,9 @@ class FastPathMachine(RuleBasedStateMachine):
         running = [i for i, r in enumerate(self.slow.requests) if r.state is State.DISPATCHED]
         index = data.draw(st.sampled_from(running))
         for side in self.sides():
-            assert side.core.complete(side.requests[index], self.now, real_input, output_tokens)
+            request = side.requests[index]
+            side.note(side.core.complete(request, self.now, real_input, output_tokens))
+            assert request.state is State.COMPLETED
 
     @precondition(lambda self: self.slow.core.queued_requests)
     @rule(data=st.data())
@@ -207,15 +208,19 @@ class FastPathMachine(RuleBasedStateMachine):
         queued = [i for i, r in enumerate(self.slow.requests) if r.state is State.QUEUED]
         index = data.draw(st.sampled_from(queued))
         for side in self.sides():
-            assert side.core.cancel(side.requests[index], self.now)
-            side.note([side.requests[index]])
+            settled = side.core.cancel(side.requests[index], self.now)
+            assert settled[0] is side.requests[index]
+            side.note(settled)
 
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5]))
     def advance(self, dt):
         self.now += dt
+        collected = []
         for side in self.sides():
-            side.note(side.core.expire(self.now))
-        collected = [side.core.collect_idle(self.now) for side in self.sides()]
+            keys: list = []
+            side.core.on_flows_collected = keys.extend
+            side.note(side.core.poke(self.now))
+            collected.append(keys)
         assert collected[0] == collected[1]
 
     @invariant()

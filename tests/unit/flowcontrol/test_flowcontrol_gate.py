@@ -35,8 +35,7 @@ def test_concurrency_gate_completion_lets_the_next_one_through():
     first, second = request(), request()
     enqueue_all(core, first, second)
     core.dispatch(0.0)
-    core.complete(first, 1.0)
-    assert core.dispatch(1.0) == [second]
+    assert core.complete(first, 1.0) == [second]
     assert gate.in_flight == 1
 
 
@@ -58,8 +57,7 @@ def test_full_endpoints_hold_the_queue_until_one_frees_up():
     assert core.dispatch(0.0) == rs[:2]
     assert core.dispatch(0.0) == []
     on_b = next(r for r in rs[:2] if r.endpoint == B)
-    core.complete(on_b, 1.0)
-    assert core.dispatch(1.0) == [rs[2]]
+    assert core.complete(on_b, 1.0) == [rs[2]]
     assert rs[2].endpoint == B
 
 

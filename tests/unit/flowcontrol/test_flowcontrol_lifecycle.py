@@ -4,7 +4,7 @@ flows and bands: idle collection, ensure_bands, reconfigure."""
 from __future__ import annotations
 
 import pytest
-from flowcontrol_support import Credits, controller, enqueue_all, request, tenants
+from flowcontrol_support import Credits, collected, controller, enqueue_all, request, tenants
 
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, Ordering
 from epp.flowcontrol.flow import FlowKey
@@ -43,7 +43,7 @@ def test_cancel_removes_a_queued_request_with_every_count_exact():
     core = controller(gate=Credits(0))
     kept, gone = request(byte_size=7), request(byte_size=5)
     enqueue_all(core, kept, gone)
-    assert core.cancel(gone, 1.0) is True
+    assert core.cancel(gone, 1.0) == [gone]
     assert (gone.state, gone.outcome) == (State.DROPPED, Outcome.CANCELLED)
     assert counts(core) == (1, 7, 1, 7, 1, 7)
 
@@ -71,26 +71,26 @@ def test_cancelling_many_keeps_counts_exact_under_every_policy(fairness, orderin
     assert sorted(core.dispatch(0.0), key=lambda r: r.seq) == left
 
 
-def test_cancel_returns_false_for_a_dispatched_request():
+def test_cancel_of_a_dispatched_request_settles_nothing():
     core = controller()
     r = request()
     enqueue_all(core, r)
     core.dispatch(0.0)
-    assert core.cancel(r, 0.0) is False
+    assert core.cancel(r, 0.0) == []
     assert (r.state, core.in_flight) == (State.DISPATCHED, 1)
 
 
-def test_cancel_returns_false_the_second_time():
+def test_cancel_settles_nothing_the_second_time():
     core = controller(gate=Credits(0))
     r = request()
     enqueue_all(core, r)
     core.cancel(r, 0.0)
-    assert core.cancel(r, 0.0) is False
+    assert core.cancel(r, 0.0) == []
     assert r.outcome is Outcome.CANCELLED
 
 
-def test_cancel_returns_false_for_a_request_never_enqueued():
-    assert controller().cancel(request(), 0.0) is False
+def test_cancel_settles_nothing_for_a_request_never_enqueued():
+    assert controller().cancel(request(), 0.0) == []
 
 
 # -- complete --------------------------------------------------------------------
@@ -103,17 +103,17 @@ def test_complete_releases_the_in_flight_credit_once():
     enqueue_all(core, r)
     core.dispatch(0.0)
     assert core.in_flight == 1
-    assert core.complete(r, 1.0) is True
+    assert core.complete(r, 1.0) == []
     assert (r.state, r.outcome, core.in_flight) == (State.COMPLETED, Outcome.DISPATCHED, 0)
-    assert core.complete(r, 2.0) is False
+    assert core.complete(r, 2.0) == []
     assert (core.in_flight, gate.completed) == (0, [r])
 
 
-def test_complete_returns_false_for_a_queued_request():
+def test_complete_of_a_queued_request_changes_nothing():
     core = controller(gate=Credits(0))
     r = request()
     enqueue_all(core, r)
-    assert core.complete(r, 0.0) is False
+    assert core.complete(r, 0.0) == []
     assert (r.state, core.queued_requests, core.in_flight) == (State.QUEUED, 1, 0)
 
 
@@ -141,9 +141,9 @@ def test_flow_is_collected_after_the_idle_timeout_not_before():
     enqueue_all(core, r)
     core.dispatch(0.0)
     core.complete(r, 5.0)
-    assert core.next_idle_check() == 15.0
-    assert core.collect_idle(14.99) == []
-    assert core.collect_idle(15.0) == [FlowKey("tenant-a", 0)]
+    assert core.next_wakeup() == 15.0
+    assert collected(core, 14.99) == []
+    assert collected(core, 15.0) == [FlowKey("tenant-a", 0)]
     assert core.band(0).flows == {}
 
 
@@ -152,7 +152,7 @@ def test_flow_with_queued_requests_is_not_collected():
     gone, waiting = request(), request()
     enqueue_all(core, gone, waiting)
     core.cancel(gone, 0.0)
-    assert core.collect_idle(1000.0) == []
+    assert collected(core, 1000.0) == []
     assert "tenant-a" in core.band(0).flows
 
 
@@ -163,9 +163,9 @@ def test_flow_with_requests_in_flight_is_not_collected():
     core.cancel(gone, 0.0)
     enqueue_all(core, running)
     core.dispatch(0.0)
-    assert core.collect_idle(1000.0) == []
+    assert collected(core, 1000.0) == []
     core.complete(running, 1000.0)
-    assert core.collect_idle(1010.0) == [FlowKey("tenant-a", 0)]
+    assert collected(core, 1010.0) == [FlowKey("tenant-a", 0)]
 
 
 def test_flow_busy_again_restarts_its_idle_time():
@@ -177,8 +177,8 @@ def test_flow_busy_again_restarts_its_idle_time():
     enqueue_all(core, second, now=5.0)
     core.dispatch(5.0)
     core.complete(second, 8.0)
-    assert core.collect_idle(10.0) == []
-    assert core.collect_idle(18.0) == [FlowKey("tenant-a", 0)]
+    assert collected(core, 10.0) == []
+    assert collected(core, 18.0) == [FlowKey("tenant-a", 0)]
 
 
 def test_collected_flow_starts_afresh_when_it_comes_back():
@@ -187,7 +187,7 @@ def test_collected_flow_starts_afresh_when_it_comes_back():
     enqueue_all(core, r)
     core.dispatch(0.0)
     core.complete(r, 0.0)
-    core.collect_idle(1.0)
+    collected(core, 1.0)
     enqueue_all(core, request(), now=2.0)
     flow = core.band(0).flows["tenant-a"]
     assert (flow.count, flow.in_flight) == (1, 0)
@@ -198,7 +198,7 @@ def test_configured_band_stays_when_its_flows_are_collected():
     r = request()
     enqueue_all(core, r)
     core.cancel(r, 0.0)
-    core.collect_idle(10.0)
+    collected(core, 10.0)
     assert core.priorities == [0]
 
 
@@ -207,7 +207,7 @@ def test_unconfigured_band_goes_with_its_last_flow():
     r = request(priority=4)
     enqueue_all(core, r)
     core.cancel(r, 0.0)
-    assert core.collect_idle(10.0) == [FlowKey("tenant-a", 4)]
+    assert collected(core, 10.0) == [FlowKey("tenant-a", 4)]
     assert (core.priorities, core.band(4)) == ([0], None)
 
 
@@ -217,7 +217,7 @@ def test_ensured_band_stays_when_its_flows_are_collected():
     r = request(priority=4)
     enqueue_all(core, r)
     core.cancel(r, 0.0)
-    core.collect_idle(10.0)
+    collected(core, 10.0)
     assert core.priorities == [4, 0]
 
 
@@ -225,7 +225,7 @@ def test_request_rejected_at_a_new_priority_leaves_no_band_behind():
     core = idle_core(max_requests=1, gate=Credits(0))
     enqueue_all(core, request(priority=0))
     assert core.enqueue(request(priority=7), 0.0) is Outcome.REJECTED_SATURATED
-    core.collect_idle(1000.0)
+    collected(core, 1000.0)
     assert core.priorities == [0]
 
 
@@ -245,7 +245,7 @@ def test_ensure_bands_keeps_a_band_first_seen_in_traffic():
     enqueue_all(core, r)
     core.ensure_bands([5])
     core.cancel(r, 0.0)
-    core.collect_idle(1.0)
+    collected(core, 1.0)
     assert 5 in core.priorities
 
 
@@ -271,7 +271,7 @@ def test_reconfigure_to_another_policy_keeps_queued_requests_in_flow_order(befor
     core = controller(BandConfig(priority=0, fairness=before), gate=Credits(0))
     queued = [request(t, byte_size=2) for t in "abcabcaab"]
     enqueue_all(core, *queued)
-    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, fairness=after),)))
+    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, fairness=after),)), 0.0)
     assert (core.queued_requests, core.band(0).count, core.band(0).bytes) == (9, 9, 18)
     core.gate.credits = 100
     dispatched = core.dispatch(0.0)
@@ -285,7 +285,7 @@ def test_reconfigure_takes_the_new_policy_for_the_next_dispatches():
     core = controller(BandConfig(priority=0, fairness=Fairness.ROUND_ROBIN), gate=Credits(0))
     enqueue_all(core, *(request(t) for t in "aaab"))
     core.reconfigure(
-        FlowControlConfig(bands=(BandConfig(priority=0, fairness=Fairness.GLOBAL_STRICT),))
+        FlowControlConfig(bands=(BandConfig(priority=0, fairness=Fairness.GLOBAL_STRICT),)), 0.0
     )
     core.gate.credits = 10
     assert tenants(core.dispatch(0.0)) == list("aaab")
@@ -295,7 +295,7 @@ def test_reconfigure_to_edf_orders_already_queued_requests_by_deadline():
     core = controller(BandConfig(priority=0), gate=Credits(0))
     late, early = request(ttl=30.0), request(ttl=3.0)
     enqueue_all(core, late, early)
-    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, ordering=Ordering.EDF),)))
+    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, ordering=Ordering.EDF),)), 0.0)
     core.gate.credits = 10
     assert core.dispatch(0.0) == [early, late]
 
@@ -303,7 +303,7 @@ def test_reconfigure_to_edf_orders_already_queued_requests_by_deadline():
 def test_reconfigure_lowers_a_band_limit_for_later_enqueues():
     core = controller(BandConfig(priority=0, max_requests=5), gate=Credits(0))
     enqueue_all(core, request(), request())
-    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, max_requests=2),)))
+    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=0, max_requests=2),)), 0.0)
     assert core.enqueue(request(), 0.0) is Outcome.REJECTED_SATURATED
     assert core.queued_requests == 2
 
@@ -311,13 +311,13 @@ def test_reconfigure_lowers_a_band_limit_for_later_enqueues():
 def test_reconfigure_raises_the_global_limit():
     core = controller(max_requests=1, gate=Credits(0))
     enqueue_all(core, request())
-    core.reconfigure(FlowControlConfig(max_requests=2))
+    core.reconfigure(FlowControlConfig(max_requests=2), 0.0)
     assert core.enqueue(request(), 0.0) is None
 
 
 def test_reconfigure_adds_newly_configured_bands():
     core = controller()
-    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=-4),)))
+    core.reconfigure(FlowControlConfig(bands=(BandConfig(priority=-4),)), 0.0)
     assert core.priorities == [-4]
 
 

@@ -310,13 +310,15 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         running = [r for r in self.records if r.state is State.DISPATCHED]
         request = data.draw(st.sampled_from(running))
         self.count_completion(request, real_input, output_tokens)
-        assert self.core.complete(request, self.now, real_input, output_tokens) is True
-        assert self.core.complete(request, self.now, real_input, output_tokens) is False
+        self.core.complete(request, self.now, real_input, output_tokens)
+        assert request.state is State.COMPLETED
+        assert self.core.complete(request, self.now, real_input, output_tokens) == []
 
     @rule(request=consumes(requests))
     def cancel(self, request):
         was_queued = request.state is State.QUEUED
-        assert self.core.cancel(request, self.now) is was_queued
+        settled = self.core.cancel(request, self.now)
+        assert (settled[:1] == [request]) is was_queued
         if was_queued:
             assert request.outcome is Outcome.CANCELLED
 
@@ -324,16 +326,21 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
     def advance_and_expire(self, dt):
         self.now += dt
         due = {rec.request for rec in self.queued() if rec.deadline <= self.now}
-        expired = self.core.expire(self.now)
+        settled = self.core.expire(self.now)
+        expired, dispatched = settled[: len(due)], settled[len(due) :]
         assert set(expired) == due and len(expired) == len(due)
         assert all(r.outcome is Outcome.REJECTED_TTL_EXPIRED for r in expired)
+        assert all(r.outcome is Outcome.DISPATCHED for r in dispatched)
         next_deadline = self.core.next_deadline()
         expected = min((rec.deadline for rec in self.queued()), default=inf)
         assert (inf if next_deadline is None else next_deadline) == expected
 
     @rule()
-    def collect_idle(self):
-        for key in self.core.collect_idle(self.now):
+    def poke(self):
+        collected: list = []
+        self.core.on_flows_collected = collected.extend
+        self.core.poke(self.now)
+        for key in collected:
             assert not any(
                 rec.request.state in (State.QUEUED, State.DISPATCHED)
                 and (rec.request.fairness_id, rec.request.priority) == key
@@ -391,18 +398,17 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         core = self.core
         self.credit_gate.credits = inf
         self.placer.blocked.clear()
+        core.dispatch(self.now)
         for _ in range(len(self.records) + 1):
-            for request in core.dispatch(self.now):
-                core.complete(request, self.now, None, 1)
-            for rec in self.records.values():
-                if rec.request.state is State.DISPATCHED:
-                    core.complete(rec.request, self.now, None, 1)
-            if not core.queued_requests:
+            running = [r for r in self.records if r.state is State.DISPATCHED]
+            if not running:
                 break
+            for request in running:
+                core.complete(request, self.now, None, 1)  # dispatches what is queued
         assert (core.queued_requests, core.queued_bytes, core.in_flight) == (0, 0, 0)
         assert self.pool_gate.in_flight == 0
         assert all(rec.request.outcome is not None for rec in self.records.values())
-        core.collect_idle(self.now + IDLE_TIMEOUT)
+        core.poke(self.now + IDLE_TIMEOUT)
         assert all(not band.flows for band in core.bands())
 
 
@@ -476,7 +482,8 @@ class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
             self.credit_gate.credits = 1
             for request in self.core.dispatch(self.now):
                 self.count_completion(request, None, output_tokens)
-                assert self.core.complete(request, self.now, None, output_tokens)
+                self.core.complete(request, self.now, None, output_tokens)
+                assert request.state is State.COMPLETED
             self.check_fair_sharing()
 
     @precondition(lambda self: self.core.in_flight)
@@ -489,7 +496,8 @@ class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
         running = [r for r in self.all if r.state is State.DISPATCHED]
         request = data.draw(st.sampled_from(running))
         self.count_completion(request, real_input, output_tokens)
-        assert self.core.complete(request, self.now, real_input, output_tokens)
+        self.core.complete(request, self.now, real_input, output_tokens)
+        assert request.state is State.COMPLETED
 
     @precondition(lambda self: self.core.queued_requests)
     @rule(data=st.data())

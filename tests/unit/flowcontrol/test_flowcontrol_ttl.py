@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowcontrol_support import Credits, Placer, controller, enqueue_all, request
+from flowcontrol_support import Credits, Placer, collected, controller, enqueue_all, request
 
 from epp.flowcontrol.config import BandConfig
 from epp.flowcontrol.flow import FlowKey
@@ -131,7 +131,7 @@ def core_after_collecting_a_band():
     gone = request(priority=6, ttl=100.0)
     enqueue_all(core, keeps_band_5, gone)
     core.cancel(gone, 0.0)
-    core.collect_idle(1.0)
+    collected(core, 1.0)
     assert core.priorities == [5]
     return core, keeps_band_5
 
@@ -151,4 +151,4 @@ def test_collecting_bands_one_after_another_succeeds():
     enqueue_all(core, takes_band_ttl, now=2.0)
     core.cancel(takes_band_ttl, 2.0)
     core.cancel(keeper, 2.0)
-    assert set(core.collect_idle(3.0)) == {FlowKey("keeper", 5), FlowKey("tenant-a", 5)}
+    assert set(collected(core, 3.0)) == {FlowKey("keeper", 5), FlowKey("tenant-a", 5)}

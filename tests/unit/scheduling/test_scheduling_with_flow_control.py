@@ -62,8 +62,7 @@ def test_a_completion_frees_one_credit_on_its_endpoint():
     controller = controller_over(idle_pool(2), max_per_endpoint=3)
     enqueue(controller, 20)
     first = controller.dispatch(NOW)[0]
-    controller.complete(first, NOW)
-    assert [request.endpoint for request in controller.dispatch(NOW)] == [first.endpoint]
+    assert [request.endpoint for request in controller.complete(first, NOW)] == [first.endpoint]
 
 
 def test_a_pool_with_stale_metrics_dispatches_nothing():

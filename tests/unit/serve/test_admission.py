@@ -30,17 +30,17 @@ class Pool:
     def __init__(self, max_in_flight: int = 1, **config) -> None:
         self.gate = ConcurrencyGate(max_in_flight=max_in_flight)
         self.core = FlowController(
-            FlowControlConfig(**config), self.gate, LeastLoadedPlacer(lambda: [ENDPOINT], self.gate)
+            FlowControlConfig(**config),
+            self.gate,
+            LeastLoadedPlacer(lambda: [ENDPOINT], self.gate),
+            on_flows_collected=self.on_collected,
         )
         self.reported: list[tuple[FlowRequest, Outcome, float]] = []
         self.collected: list[list[FlowKey]] = []
         self.collected_event = asyncio.Event()
         self.completed: list[FlowRequest] = []
         self.admission = AdmissionController(
-            self.core,
-            on_outcome=self.report,
-            on_flows_collected=self.on_collected,
-            on_complete=self.completed.append,
+            self.core, on_outcome=self.report, on_complete=self.completed.append
         )
 
     def report(self, request: FlowRequest, now: float) -> None:
