@@ -67,18 +67,17 @@ class Band:
         if _policy_settings(old) == _policy_settings(config):
             return
         queued: list[FlowRequest] = self.policy.requests()
-        self.policy = make_policy(config)
+        self.policy = policy = make_policy(config)
         for flow in self.flows.values():
-            flow.reset_queue()
-            flow.count = 0
-            flow.ring_member = False
-            flow.heap_seq = -1
+            flow.count = flow.bytes = 0
+            policy.adopt(flow)
         for request in queued:
             request.prev = request.next = None
             request.order_key = order_key(config.ordering, request)
             flow = request.flow
             flow.count += 1
-            self.policy.push(request, flow)
+            flow.bytes += request.byte_size
+            policy.push(request, flow)
 
 
 def _policy_settings(config: BandConfig) -> tuple:

@@ -8,10 +8,13 @@ binary heap instead, O(log n). The next deadline is the earliest of the lane
 heads and the heap top; there are as many lanes as bands, a handful.
 
 A request that leaves its queue before its deadline is not searched for: its
-entry stays and is skipped when it reaches the front. The owner sweeps all
-dead entries out once the entries outnumber twice what is queued, so memory
-stays proportional to what is queued and no dispatched request is kept alive
-long.
+entry stays and is skipped when it reaches the front. `track` sweeps all dead
+entries out once the entries outnumber twice what is queued (plus
+`SWEEP_SLACK`), so memory stays proportional to what is queued and no
+dispatched request is kept alive long.
+
+`Deadlines` owns its lanes, heap and entry count; the controller only hands
+it each queued request with a TTL (`track`) and asks what is due.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from heapq import heapify, heappop, heappush
 from epp.flowcontrol.request import FlowRequest, State
 
 QUEUED = State.QUEUED
+SWEEP_SLACK = 1024
+"""Dead entries tolerated beyond twice the queued requests."""
 
 
 class Deadlines:
@@ -31,8 +36,7 @@ class Deadlines:
         self._heap: list[tuple[float, int, FlowRequest]] = []
         self._lanes: list[deque[FlowRequest]] = []
         self.entries = 0
-        """Entries in lanes and heap, dead or alive; the owner counts the
-        requests it appends to a lane itself."""
+        """Entries in lanes and heap, dead or alive."""
 
     def new_lane(self) -> deque[FlowRequest]:
         lane: deque[FlowRequest] = deque()
@@ -44,12 +48,19 @@ class Deadlines:
         self._lanes = [kept for kept in self._lanes if kept is not lane]
         self.entries -= len(lane)
 
-    def add(self, request: FlowRequest) -> None:
-        """Track `request.deadline` in the heap. (The owner appends a request
-        to its band's lane itself when the lane's last deadline is not later
-        than the request's.)"""
-        heappush(self._heap, (request.deadline, request.seq, request))
+    def track(self, request: FlowRequest, lane: deque[FlowRequest] | None, queued: int) -> None:
+        """Track `request.deadline`: in `lane` (its band's, given when the
+        request takes the band's TTL) if the lane's last deadline is not
+        later, else in the heap. `queued`: how many requests are queued, to
+        know when dead entries are worth a sweep."""
+        deadline = request.deadline
+        if lane is not None and (not lane or lane[-1].deadline <= deadline):
+            lane.append(request)
+        else:
+            heappush(self._heap, (deadline, request.seq, request))
         self.entries += 1
+        if self.entries > 2 * queued + SWEEP_SLACK:
+            self.sweep()
 
     def pop_due(self, now: float) -> list[FlowRequest]:
         """Remove and return the queued requests whose deadline is at or

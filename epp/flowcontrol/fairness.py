@@ -1,9 +1,11 @@
 """Fair sharing between the flows of one priority band.
 
-A policy owns the band's queues and decides which queued request is next.
-The band keeps the counts; a policy sees a flow's `count` already updated
-when it is told of a push (count includes the new request) or a take (count
-excludes the taken request).
+A policy owns the band's queues and decides which queued request is next,
+and owns the per-flow state it keeps on the flows (`ring_member`; `counter`
+and `heap_seq`): nothing else writes it, and `adopt` resets it when a band
+changes policy. The controller keeps the counts (`count`, `bytes`); a policy
+sees a flow's counts already updated when it is told of a push (they include
+the new request) or a take (they exclude the taken request).
 
 `round-robin`: dispatch turns. Backlogged flows stand in a ring; the flow at
 the front dispatches one request and goes to the back if it still has any.
@@ -78,8 +80,10 @@ class FairnessPolicy(Protocol):
         """Every queued request, in arrival order within each flow."""
         ...
 
-    def flow_bytes(self, flow: Flow) -> int:
-        """Bytes of `flow`'s queued requests."""
+    def adopt(self, flow: Flow) -> None:
+        """Take over `flow`, emptied, from the band's previous policy (a
+        reconfiguration): a fresh queue of this policy, and this policy's
+        per-flow state reset (the previous policy may have left it set)."""
         ...
 
 
@@ -145,8 +149,9 @@ class RoundRobin:
     def requests(self) -> list[FlowRequest]:
         return _flow_requests(self._ring)
 
-    def flow_bytes(self, flow: Flow) -> int:
-        return _queue_bytes(flow.queue)
+    def adopt(self, flow: Flow) -> None:
+        flow.reset_queue()
+        flow.ring_member = False
 
 
 class VirtualTokenCounter:
@@ -262,49 +267,36 @@ class VirtualTokenCounter:
         flows = [e[2] for e in self._heap if e[2].count and e[1] == e[2].heap_seq]
         return _flow_requests(flows)
 
-    def flow_bytes(self, flow: Flow) -> int:
-        return _queue_bytes(flow.queue)
+    def adopt(self, flow: Flow) -> None:
+        flow.reset_queue()
+        flow.heap_seq = -1  # no live entry in this policy's heap
 
 
 class GlobalStrict:
-    """The flows' requests share one queue, so each flow's bytes are counted
-    here as they come and go."""
+    """The flows' requests share one queue."""
 
-    __slots__ = ("_bytes", "_queue")
+    __slots__ = ("_queue",)
 
     def __init__(self, ordering: Ordering) -> None:
         self._queue = make_queue(ordering)
-        self._bytes: dict[Flow, int] = {}
 
     def new_queue(self) -> None:
         return None
 
     def push(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.push(request)
-        self._bytes[flow] = self._bytes.get(flow, 0) + request.byte_size
 
     def peek(self) -> FlowRequest | None:
         return self._queue.head
 
-    def _uncount(self, request: FlowRequest, flow: Flow) -> None:
-        if flow.count:
-            self._bytes[flow] -= request.byte_size
-        else:
-            del self._bytes[flow]
-
     def take(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.pop_head()
-        self._uncount(request, flow)
 
     def discard(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.discard(request)
-        self._uncount(request, flow)
 
     def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
         pass
-
-    def flow_bytes(self, flow: Flow) -> int:
-        return self._bytes.get(flow, 0)
 
     def on_complete(
         self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
@@ -314,9 +306,8 @@ class GlobalStrict:
     def requests(self) -> list[FlowRequest]:
         return sorted(self._queue.queued(), key=lambda r: r.seq)
 
-
-def _queue_bytes(queue: RequestQueue) -> int:
-    return sum(request.byte_size for request in queue.queued())
+    def adopt(self, flow: Flow) -> None:
+        flow.reset_queue()
 
 
 def _flow_requests(flows) -> list[FlowRequest]:
