@@ -4,12 +4,13 @@ that each endpoint can name its engine)."""
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from epp.api.address import canonical_ip, format_address, parse_address, valid_port
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,11 +20,6 @@ class EndpointSpec:
     name: str
     address: str
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-def format_address(ip: str, port: int) -> str:
-    """`ip:port`, with an IPv6 address in brackets."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def pod_endpoints(
@@ -55,18 +51,10 @@ def parse_static_endpoints(
         entry = raw.strip()
         if not entry:
             continue
-        host, sep, port_text = entry.rpartition(":")
-        if not sep or not host:
-            raise ValueError(f"static endpoint {entry!r} is not ip:port")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
         try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(f"static endpoint {entry!r}: {host!r} is not an IP address") from None
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"static endpoint {entry!r}: port must be 1-65535")
-        address = format_address(str(ip), int(port_text))
+            address = format_address(*parse_address(entry))
+        except ValueError as error:
+            raise ValueError(f"static endpoint {error}") from None
         if address in seen:
             raise ValueError(f"static endpoint {entry!r} is listed twice")
         seen.add(address)
@@ -113,14 +101,16 @@ def _document_entry(entry: Any, path: str) -> EndpointSpec:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{path}.name: required")
     try:
-        ip = ipaddress.ip_address(str(address))
-    except ValueError:
-        raise ValueError(f"{path}.address: {address!r} is not an IP address") from None
-    if isinstance(port, bool) or not str(port).isdigit() or not 0 < int(str(port)) < 65536:
-        raise ValueError(f"{path}.port: must be 1-65535, got {port!r}")
+        ip = canonical_ip(str(address))
+    except ValueError as error:
+        raise ValueError(f"{path}.address: {error}") from None
+    try:
+        port = valid_port(port)
+    except ValueError as error:
+        raise ValueError(f"{path}.port: {error}") from None
     labels = entry.get("labels") or {}
     if not isinstance(labels, dict) or not all(
         isinstance(key, str) and isinstance(value, str) for key, value in labels.items()
     ):
         raise ValueError(f"{path}.labels: must map strings to strings")
-    return EndpointSpec(name, format_address(str(ip), int(str(port))), labels)
+    return EndpointSpec(name, format_address(ip, port), labels)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from epp.api.address import format_address, parse_address
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.reader import MetricsReader
 from epp.datalayer.store import EndpointStore
@@ -84,10 +85,10 @@ class MetricsSource:
             raise ValueError(f"max_page_bytes must be positive, got {self.max_page_bytes}")
 
     def url(self, endpoint: Endpoint, engine_path: str) -> str:
-        host, _, port = endpoint.address.rpartition(":")
+        ip, port = parse_address(endpoint.address)
         if self.port is not None:
-            port = str(self.port)
-        return f"{self.scheme}://{host}:{port}{self.path or engine_path}"
+            port = self.port
+        return f"{self.scheme}://{format_address(ip, port)}{self.path or engine_path}"
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         """What aiohttp is given per request: False skips verification."""

@@ -27,6 +27,7 @@ from string import Template
 
 import aiohttp
 
+from epp.api.address import parse_address
 from epp.demo.processes import PartFailed, log_tail
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "envoy"
@@ -95,7 +96,7 @@ async def _wait_ready(
                     _, body = await _get(session, f"http://{admin}/listeners?format=json")
                     listeners = json.loads(body)["listener_statuses"]
                     port = listeners[0]["local_address"]["socket_address"]["port_value"]
-                    return int(admin.rsplit(":", 1)[1]), int(port)
+                    return parse_address(admin)[1], int(port)
             await asyncio.sleep(0.05)
     raise PartFailed("envoy", f"not ready after {timeout:.0f} s\n{log_tail(workdir / 'envoy.log')}")
 

@@ -31,6 +31,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.api.address import parse_address
 from epp.datalayer.engines import ENGINE_LABEL
 from epp.demo.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
 from epp.demo.processes import Child, start_child
@@ -170,12 +171,12 @@ class LiveStack:
         """The model servers as the reference's file-discovery document."""
         entries = []
         for address in self.endpoints:
-            host, _, port = address.rpartition(":")
+            ip, port = parse_address(address)
             entries.append(
                 {
                     "name": address,
-                    "address": host,
-                    "port": port,
+                    "address": ip,
+                    "port": str(port),
                     "labels": {ENGINE_LABEL: self.settings.engine}
                     if self.settings.label_engine
                     else {},

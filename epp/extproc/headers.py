@@ -68,20 +68,3 @@ def parse_ttft_slo(value: str) -> float:
     if not milliseconds > 0 or milliseconds == float("inf"):
         raise BadHeader(f"{TTFT_SLO_MS[0]}: must be positive, got {value!r}")
     return milliseconds / 1000.0
-
-
-def format_endpoint(endpoint: str) -> str:
-    """`host:port` with an IPv6 host in brackets, as Envoy's ORIGINAL_DST expects."""
-    if endpoint.startswith("[") or endpoint.count(":") <= 1:
-        return endpoint
-    host, _, port = endpoint.rpartition(":")
-    return f"[{host}]:{port}"
-
-
-def endpoint_ip(endpoint: str) -> str:
-    """The IP of an `ip:port` subset entry (`[v6]:port`, `v4:port` or a bare IP)."""
-    if endpoint.startswith("["):
-        return endpoint[1 : endpoint.index("]")]
-    if endpoint.count(":") == 1:
-        return endpoint.split(":", 1)[0]
-    return endpoint

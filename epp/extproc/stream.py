@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from epp.api.address import address_ip
 from epp.extproc import headers as h
 from epp.extproc import messages
 from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
@@ -260,7 +261,7 @@ class ExtProcStream:
             return self._reject(400, "bad-request", f"bad request: {error}")
         subset = messages.lb_subset(message) if self._settings.honour_subset else None
         if subset is not None:
-            self._subset = frozenset(h.endpoint_ip(endpoint) for endpoint in subset)
+            self._subset = frozenset(address_ip(endpoint) for endpoint in subset)
         self.phase = Phase.REQUEST_BODY
         return []
 
@@ -331,7 +332,7 @@ class ExtProcStream:
     def _forward(self, request: FlowRequest) -> list[Event]:
         payload = request.payload
         destination = payload.destination if payload is not None else None
-        endpoint = h.format_endpoint(destination or request.endpoint or "")
+        endpoint = destination or request.endpoint or ""  # `ip:port` (epp.api.address)
         body = self._upstream_body
         self._upstream_body = b""
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]

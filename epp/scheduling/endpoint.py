@@ -1,7 +1,7 @@
 """What the scheduler knows about the pool: immutable endpoint snapshots.
 
-The data layer (live: scraped over HTTP; simulator: fed directly) owns the
-endpoints and hands out a `PoolSnapshot`; the scheduler and the utilization
+The data layer's `EndpointStore` (live: scraped over HTTP; simulator: fed
+directly) owns the endpoints and hands out a `PoolSnapshot`; the scheduler and the utilization
 gate only read it. Staleness is not stored: it depends on when you ask, so it
 is computed against a `now` the caller passes in.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import NamedTuple
+
+from epp.api.address import address_ip
 
 
 class EndpointMetrics(NamedTuple):
@@ -59,18 +60,6 @@ class EndpointMetrics(NamedTuple):
 
 
 NO_METRICS = EndpointMetrics()
-
-
-@lru_cache(maxsize=4096)
-def address_ip(address: str) -> str:
-    """The IP of an `ip:port` address (IPv6 in brackets: `[::1]:8000`);
-    memoised, since every snapshot re-creates its endpoints."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"endpoint address {address!r} is not ip:port")
-    if host.startswith("[") and host.endswith("]"):
-        return host[1:-1]
-    return host
 
 
 @dataclass(slots=True, eq=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from epp.api.address import format_address
 from epp.flowcontrol.outcome import Outcome
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.request import InferenceRequest
@@ -77,8 +78,7 @@ class DataParallelProfileHandler:
             routing = request.routing if request.routing is not None else {}
             routing[DATA_PARALLEL_HEADER] = chosen.address
             request.routing = routing
-            host = chosen.address.rpartition(":")[0]
-            request.destination = f"{host}:{self.primary_port}"
+            request.destination = format_address(chosen.ip, self.primary_port)
         return chosen
 
 

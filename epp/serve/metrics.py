@@ -88,6 +88,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from epp.api.address import parse_address
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.flow import FlowKey
@@ -602,7 +603,7 @@ class EppMetrics:
         name, namespace, port = "", "", ""
         if address:
             name, namespace = self._endpoint_names(address)
-            port = address.rpartition(":")[2]
+            port = str(parse_address(address)[1])
         self.attempts.add((status, target, name, namespace, port))
 
     def on_stream_event(self, event: Rejected | Release) -> None:

@@ -1,4 +1,4 @@
-"""Control header values: durations, TTFT, endpoint formatting."""
+"""Control header values: durations, TTFT."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import pytest
 
 from epp.extproc.headers import (
     BadHeader,
-    endpoint_ip,
     first,
-    format_endpoint,
     parse_ttft_slo,
     parse_ttl,
 )
@@ -39,19 +37,3 @@ def test_first_prefers_the_first_name():
     assert first({"b": "2", "a": "1"}, ("a", "b")) == "1"
     assert first({"b": "2"}, ("a", "b")) == "2"
     assert first({}, ("a",)) is None
-
-
-@pytest.mark.parametrize(
-    ("endpoint", "formatted"),
-    [("10.0.0.1:80", "10.0.0.1:80"), ("fd00::1:80", "[fd00::1]:80"), ("[::1]:80", "[::1]:80")],
-)
-def test_ipv6_hosts_are_bracketed(endpoint, formatted):
-    assert format_endpoint(endpoint) == formatted
-
-
-@pytest.mark.parametrize(
-    ("entry", "ip"),
-    [("10.0.0.1:80", "10.0.0.1"), ("[fd00::1]:80", "fd00::1"), ("10.0.0.2", "10.0.0.2")],
-)
-def test_subset_entries_match_by_ip(entry, ip):
-    assert endpoint_ip(entry) == ip

@@ -16,6 +16,7 @@ from extproc_wire import (
     streamed,
 )
 
+from epp.api.address import format_address
 from epp.extproc.events import AdmissionNeeded, Rejected, Release
 from epp.extproc.messages import CHUNK_BYTES, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, Phase, StreamSettings
@@ -146,8 +147,9 @@ def test_dispatch_replies_headers_then_body_with_endpoint_and_metadata():
     assert [streamed(reply) for reply in events[1:]] == [(BODY, True)]
 
 
-def test_ipv6_endpoint_is_bracketed():
-    events = dispatch(machine(), endpoint="fd00::1:8000")
+def test_an_ipv6_endpoint_goes_to_envoy_in_brackets_as_its_address_is_written():
+    address = format_address("fd00::1", 8000)
+    events = dispatch(machine(), endpoint=address)
     assert set_headers(events[0])["x-gateway-destination-endpoint"] == "[fd00::1]:8000"
 
 
