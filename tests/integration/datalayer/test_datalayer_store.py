@@ -108,10 +108,7 @@ def test_a_static_list_gives_one_endpoint_per_address():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("10.0.0.1", "is not ip:port"),
-        ("host.example:80", "is not an IP address"),
-        ("10.0.0.1:0", "port must be 1-65535"),
-        ("10.0.0.1:http", "port must be 1-65535"),
+        ("10.0.0.2:80,host.example:80", "static endpoint 'host.example:80': 'host.example'"),
         ("10.0.0.1:80,10.0.0.1:80", "listed twice"),
         (" , ", "empty"),
     ],
