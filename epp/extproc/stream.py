@@ -56,6 +56,16 @@ from epp.scheduling.request import InferenceRequest
 PriorityResolver = Callable[[Mapping[str, str]], int]
 """Request headers -> priority (the objective registry's lookup)."""
 
+REJECTION_STATUS: dict[Outcome, int] = {
+    Outcome.REJECTED_SATURATED: 429,
+    Outcome.REJECTED_TTL_EXPIRED: 429,
+    Outcome.REJECTED_NO_ENDPOINTS: 503,
+    Outcome.CANCELLED: 503,
+    Outcome.REJECTED_SHUTTING_DOWN: 503,
+}
+"""The HTTP status of a request flow control ended, as the reference EPP answers
+(its `outcome.reason` goes in `x-llm-d-request-dropped-reason`)."""
+
 
 @dataclass(slots=True, frozen=True)
 class StreamSettings:
@@ -187,7 +197,7 @@ class ExtProcStream:
             return []
         if not outcome.is_dispatched:
             return self._reject(
-                outcome.http_status,
+                REJECTION_STATUS[outcome],
                 outcome.reason,
                 f"request dropped: {outcome.reason}",
                 headers=((h.DROPPED_REASON, outcome.reason),),

@@ -1,8 +1,9 @@
 """How a request's stay in the flow-control layer ends.
 
-Every request ends with exactly one outcome. Each outcome carries the HTTP
-status the live shell answers with and the reason string it puts in
-`x-llm-d-request-dropped-reason` (the reference EPP's names).
+Every request ends with exactly one outcome. Its `reason` is the reference
+EPP's name for it, which the live shell puts in
+`x-llm-d-request-dropped-reason`; the HTTP status is the edge's business
+(`epp.extproc.stream.REJECTION_STATUS`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from enum import Enum
 
 
 class Outcome(Enum):
-    DISPATCHED = ("dispatched", 200)
-    REJECTED_SATURATED = ("rejected-saturated", 429)
-    REJECTED_NO_ENDPOINTS = ("rejected-no-endpoints", 503)
-    REJECTED_TTL_EXPIRED = ("rejected-ttl-expired", 429)
-    CANCELLED = ("rejected-context-cancelled", 503)
-    REJECTED_SHUTTING_DOWN = ("rejected-shutting-down", 503)
+    DISPATCHED = "dispatched"
+    REJECTED_SATURATED = "rejected-saturated"
+    REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
+    REJECTED_TTL_EXPIRED = "rejected-ttl-expired"
+    CANCELLED = "rejected-context-cancelled"
+    REJECTED_SHUTTING_DOWN = "rejected-shutting-down"
 
-    def __init__(self, reason: str, http_status: int) -> None:
+    def __init__(self, reason: str) -> None:
         self.reason = reason
-        self.http_status = http_status
 
     @property
     def is_dispatched(self) -> bool:

@@ -77,6 +77,11 @@ class AdmissionController:
     def in_flight(self) -> int:
         return self.core.in_flight
 
+    @property
+    def wakeup_at(self) -> float:
+        """When (on `clock`) the timer will next poke the core; inf: not armed."""
+        return self._timer_at
+
     async def admit(self, request: FlowRequest) -> Outcome:
         """Queue `request` and return its outcome. When it is DISPATCHED the
         request holds an endpoint credit until `complete` is called."""

@@ -174,18 +174,50 @@ def test_model_rewrite_alias_header_is_honoured():
     assert needed.request.payload.target_model == "other"
 
 
-def test_rejected_outcome_is_immediate_response_with_reason_header():
+OUTCOME_REPLIES = [
+    (Outcome.REJECTED_SATURATED, 429, "rejected-saturated"),
+    (Outcome.REJECTED_TTL_EXPIRED, 429, "rejected-ttl-expired"),
+    (Outcome.REJECTED_NO_ENDPOINTS, 503, "rejected-no-endpoints"),
+    (Outcome.CANCELLED, 503, "rejected-context-cancelled"),
+    (Outcome.REJECTED_SHUTTING_DOWN, 503, "rejected-shutting-down"),
+]
+
+
+def test_the_outcome_table_covers_every_outcome_but_dispatch():
+    assert {row[0] for row in OUTCOME_REPLIES} == set(Outcome) - {Outcome.DISPATCHED}
+
+
+@pytest.mark.parametrize(("outcome", "status", "reason"), OUTCOME_REPLIES)
+def test_an_ended_request_gets_its_status_and_reason_header(outcome, status, reason):
     stream = machine()
     admit(stream)
-    events = stream.admitted(Outcome.REJECTED_SATURATED)
+    events = stream.admitted(outcome)
     immediate = events[0].immediate_response
-    assert immediate.status.code == 429
+    assert immediate.status.code == status
     assert [(o.header.key, o.header.raw_value) for o in immediate.headers.set_headers] == [
-        ("x-llm-d-request-dropped-reason", b"rejected-saturated")
+        ("x-llm-d-request-dropped-reason", reason.encode())
     ]
-    assert b"rejected-saturated" in immediate.body
-    assert events[1] == Rejected(429, "rejected-saturated", stream.request)
+    assert reason.encode() in immediate.body
+    assert events[1] == Rejected(status, reason, stream.request)
     assert stream.close() == []
+
+
+CONTROL_HEADERS = {
+    "x-llm-d-inference-objective": "premium",
+    "x-gateway-inference-objective": "premium",
+    "x-llm-d-inference-fairness-id": "tenant",
+    "x-gateway-inference-fairness-id": "tenant",
+    "x-llm-d-inference-ttl": "30s",
+    "x-llm-d-slo-ttft-ms": "500",
+    "x-slo-ttft-ms": "500",
+}
+
+
+def test_every_control_header_is_stripped_before_the_request_goes_upstream():
+    events = dispatch(machine(), headers={**CONTROL_HEADERS, "x-kept": "yes"})
+    mutation = events[0].request_headers.response.header_mutation
+    assert sorted(mutation.remove_headers) == sorted(CONTROL_HEADERS)
+    assert not set(set_headers(events[0])) & set(CONTROL_HEADERS)
 
 
 @pytest.mark.parametrize(

@@ -83,13 +83,39 @@ def test_vtc_keeps_the_estimate_when_completion_reports_no_input():
     assert counter(core, "a") == 100 + 3 * 10
 
 
-def test_vtc_completion_charge_changes_who_goes_next():
-    core = controller(band(Fairness.VTC), gate=Credits(0))
+def test_vtc_completion_charge_reorders_backlogged_flows():
+    """Before the completion `a` (counter 10) is behind `b` (50) and would go
+    next; its output charge puts it at 210, so `b` goes first."""
+    core = controller(band(Fairness.VTC, output_weight=2.0), gate=Credits(0))
     first = request("a", input_tokens=10)
-    enqueue_all(core, first, request("a", input_tokens=10), request("b", input_tokens=10))
-    assert dispatch_one(core) is first
+    enqueue_all(
+        core,
+        first,
+        request("a", input_tokens=10),
+        request("b", input_tokens=50),
+        request("b", input_tokens=10),
+    )
+    assert tenants([dispatch_one(core), dispatch_one(core)]) == ["a", "b"]
+    assert (counter(core, "a"), counter(core, "b")) == (10.0, 50.0)
     core.complete(first, 1.0, output_tokens=100)
-    assert dispatch_one(core).fairness_id == "b"
+    assert tenants([dispatch_one(core), dispatch_one(core)]) == ["b", "a"]
+
+
+def test_vtc_completion_that_lowers_the_charge_reorders_backlogged_flows():
+    """A real input smaller than the estimate lowers `a`'s counter below `b`'s."""
+    core = controller(band(Fairness.VTC, output_weight=0.0), gate=Credits(0))
+    first = request("a", input_tokens=100)
+    enqueue_all(
+        core,
+        request("b", input_tokens=50),
+        first,
+        request("b", input_tokens=10),
+        request("a", input_tokens=10),
+    )
+    assert tenants([dispatch_one(core), dispatch_one(core)]) == ["b", "a"]
+    assert (counter(core, "a"), counter(core, "b")) == (100.0, 50.0)
+    core.complete(first, 1.0, input_tokens=5)
+    assert tenants([dispatch_one(core), dispatch_one(core)]) == ["a", "b"]
 
 
 def test_vtc_lifts_a_newly_backlogged_flow_to_the_smallest_backlogged_counter():

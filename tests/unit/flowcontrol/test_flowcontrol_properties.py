@@ -97,8 +97,10 @@ class BlockingPlacer(LeastLoadedPlacer):
 
 class FairShareTracking:
     """Tracks every pair of flows of a band while both stay backlogged: their
-    dispatches under round-robin and, when the pool serves one request at a
-    time, their VTC counters against the largest single-request cost U."""
+    dispatches under round-robin, and their VTC counters against 2U, U the
+    most a flow can be charged for the requests it has in flight at once
+    (bounded by the most requests a flow has had in flight at once times the
+    largest single-request cost)."""
 
     core: FlowController
     config: FlowControlConfig
@@ -106,6 +108,7 @@ class FairShareTracking:
 
     def start_tracking(self) -> None:
         self.largest_cost: dict[int, float] = {}
+        self.most_in_flight: dict[int, int] = {}
         self.periods: dict[tuple[int, str, str], Period] = {}
 
     def note_cost(self, priority: int, cost: float) -> None:
@@ -114,6 +117,10 @@ class FairShareTracking:
     def count_dispatch(self, request: FlowRequest) -> None:
         config = self.config.band(request.priority)
         self.note_cost(request.priority, config.input_weight * request.input_tokens)
+        flow = self.core.band(request.priority).flows[request.fairness_id]
+        in_flight = flow.in_flight + (request.state is not State.DISPATCHED)
+        most = self.most_in_flight
+        most[request.priority] = max(most.get(request.priority, 0), in_flight)
         for (priority, first, second), period in self.periods.items():
             if priority == request.priority and request.fairness_id in (first, second):
                 period.dispatches[request.fairness_id] += 1
@@ -141,10 +148,11 @@ class FairShareTracking:
                 if fairness is Fairness.ROUND_ROBIN:
                     turns = period.dispatches
                     assert abs(turns[first] - turns[second]) <= 1, turns
-                if fairness is Fairness.VTC and self.serial:
+                if fairness is Fairness.VTC:
                     gap = abs(band.flows[first].counter - band.flows[second].counter)
-                    bound = 2 * self.largest_cost.get(band.priority, 0.0)
-                    assert gap <= bound, (gap, bound)
+                    in_flight = max(1, self.most_in_flight.get(band.priority, 0))
+                    bound = 2 * in_flight * self.largest_cost.get(band.priority, 0.0)
+                    assert gap <= bound, (gap, bound, in_flight)
         self.periods = {
             key: period for key, period in self.periods.items() if self.core.band(key[0])
         }

@@ -63,6 +63,17 @@ def test_expire_ends_a_request_exactly_at_its_deadline_not_before():
     assert (r.state, r.outcome) == (State.DROPPED, Outcome.REJECTED_TTL_EXPIRED)
 
 
+def test_a_request_taking_its_bands_ttl_expires_exactly_at_its_deadline_through_poke():
+    core = controller(BandConfig(priority=0, ttl=0.25), gate=Credits(0))
+    r = request(arrival=100.0)
+    enqueue_all(core, r, now=100.0)
+    assert core.next_wakeup() == 100.25
+    assert core.poke(100.24999) == []
+    assert r.state is State.QUEUED
+    assert core.poke(100.25) == [r]
+    assert (r.state, r.outcome) == (State.DROPPED, Outcome.REJECTED_TTL_EXPIRED)
+
+
 def test_expire_ends_every_request_due_and_keeps_counts_exact():
     core = controller(gate=Credits(0))
     due = [request(arrival=0.0, ttl=t, byte_size=3) for t in (1.0, 2.0)]
