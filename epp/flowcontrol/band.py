@@ -69,14 +69,13 @@ class Band:
         queued: list[FlowRequest] = self.policy.requests()
         self.policy = policy = make_policy(config)
         for flow in self.flows.values():
-            flow.count = flow.bytes = 0
+            flow.count = 0
             policy.adopt(flow)
         for request in queued:
             request.prev = request.next = None
             request.order_key = order_key(config.ordering, request)
             flow = request.flow
             flow.count += 1
-            flow.bytes += request.byte_size
             policy.push(request, flow)
 
 

@@ -29,7 +29,7 @@ an arrival, kept for measuring and testing the queue itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from heapq import heappop, heappush
 from math import inf
 
@@ -133,7 +133,6 @@ class FlowController:
         flow = request.flow
         request.state = QUEUED
         flow.count += 1
-        flow.bytes += size
         band.count += 1
         band.bytes += size
         self.queued_requests += 1
@@ -243,7 +242,6 @@ class FlowController:
                 flow = request.flow
                 size = request.byte_size
                 flow.count -= 1
-                flow.bytes -= size
                 band.count -= 1
                 band.bytes -= size
                 self.queued_requests -= 1
@@ -386,15 +384,6 @@ class FlowController:
     def band(self, priority: int) -> Band | None:
         return self._bands.get(priority)
 
-    def flow_counts(self) -> Iterator[tuple[str, int, int, int]]:
-        """(fairness id, priority, queued requests, queued bytes) of every
-        flow, read from the counters the controller keeps: O(flows), no
-        request is visited (for a metrics scrape)."""
-        for band in self._bands_desc:
-            priority = band.priority
-            for fairness_id, flow in band.flows.items():
-                yield fairness_id, priority, flow.count, flow.bytes
-
     def bands(self) -> list[Band]:
         return list(self._bands_desc)
 
@@ -428,7 +417,6 @@ class FlowController:
         request.state = State.DROPPED
         request.outcome = outcome
         flow.count -= 1
-        flow.bytes -= size
         band.count -= 1
         band.bytes -= size
         self.queued_requests -= 1

@@ -3,8 +3,8 @@
 A policy owns the band's queues and decides which queued request is next,
 and owns the per-flow state it keeps on the flows (`ring_member`; `counter`
 and `heap_seq`): nothing else writes it, and `adopt` resets it when a band
-changes policy. The controller keeps the counts (`count`, `bytes`); a policy
-sees a flow's counts already updated when it is told of a push (they include
+changes policy. The controller keeps the counts; a policy sees a flow's
+`count` already updated when it is told of a push (they include
 the new request) or a take (they exclude the taken request).
 
 `round-robin`: dispatch turns. Backlogged flows stand in a ring; the flow at

@@ -28,10 +28,11 @@ class FlowHead(FifoQueue):
 
 
 class Flow(FlowHead):
-    """Counters are exact at all times: `count` and `bytes` cover the queued
-    requests, `in_flight` the dispatched ones not yet completed; the
-    controller writes them. The fairness policy keeps its own state here
-    (`counter`, `ring_member`, `heap_seq`) and is the only writer of it.
+    """Counters are exact at all times: `count` covers the queued requests,
+    `in_flight` the dispatched ones not yet completed; the controller writes
+    them (bytes are counted per band, `Band.bytes`). The fairness policy keeps
+    its own state here (`counter`, `ring_member`, `heap_seq`) and is the only
+    writer of it.
 
     A flow is a FIFO queue itself: under `fcfs` its `queue` is the flow, so
     the policy reaches the head request without touching another object (with
@@ -40,7 +41,6 @@ class Flow(FlowHead):
 
     __slots__ = (
         "band",
-        "bytes",
         "counter",
         "fairness_id",
         "heap_seq",
@@ -52,7 +52,6 @@ class Flow(FlowHead):
         self.band = band
         self.reset_queue()
         self.count = 0
-        self.bytes = 0
         self.in_flight = 0
         self.counter = 0.0
         self.ring_member = False

@@ -83,8 +83,7 @@ class Side:
                 band.count,
                 band.bytes,
                 sorted(
-                    (f.fairness_id, f.count, f.in_flight, f.counter, f.bytes)
-                    for f in band.flows.values()
+                    (f.fairness_id, f.count, f.in_flight, f.counter) for f in band.flows.values()
                 ),
                 [r.request_id for r in band.policy.requests()],
             )

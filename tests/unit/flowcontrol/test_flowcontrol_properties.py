@@ -377,15 +377,14 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         assert core.queued_bytes == sum(b.bytes for b in core.bands())
         for band in core.bands():
             assert band.count == sum(flow.count for flow in band.flows.values())
-            assert band.bytes == sum(flow.bytes for flow in band.flows.values())
-        by_flow = {(f, p): (c, b) for f, p, c, b in core.flow_counts()}
-        for (fairness_id, priority), (count, nbytes) in by_flow.items():
-            mine = [
-                rec.request
-                for rec in queued
-                if (rec.request.fairness_id, rec.request.priority) == (fairness_id, priority)
-            ]
-            assert (count, nbytes) == (len(mine), sum(r.byte_size for r in mine))
+            for fairness_id, flow in band.flows.items():
+                mine = [
+                    rec
+                    for rec in queued
+                    if (rec.request.fairness_id, rec.request.priority)
+                    == (fairness_id, band.priority)
+                ]
+                assert flow.count == len(mine)
         assert core.in_flight == len(running) == self.pool_gate.in_flight
         for endpoint in ENDPOINTS:
             on_it = sum(1 for r in running if r.endpoint == endpoint)
