@@ -152,7 +152,8 @@ def test_the_tenant_leaves_the_waiting_count_once_when_its_prefill_starts():
 def test_roles_label_the_servers_and_an_aggregated_run_labels_none():
     chosen = scenario()
     sim = Simulation(chosen, [], lambda _: (1.0, 2.0))
-    assert [e.labels.get(ROLE_LABEL) for e in sim.store.snapshot().endpoints] == ["prefill", "decode"]
+    roles = [e.labels.get(ROLE_LABEL) for e in sim.store.snapshot().endpoints]
+    assert roles == ["prefill", "decode"]
     aggregated = Simulation(chosen, [], lambda _: (1.0, 2.0), aggregated=True)
     assert [dict(e.labels) for e in aggregated.store.snapshot().endpoints] == [{}, {}]
 
