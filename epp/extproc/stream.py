@@ -287,7 +287,7 @@ class ExtProcStream:
             set_headers.append((h.REQUEST_ID, self._new_request_id()))
         remove = [name for name in (*h.CONTROL_HEADERS, *h.ROUTING_HEADERS) if name in self.headers]
         self.phase = Phase.UPSTREAM
-        return [messages.routed_headers_reply(h.format_endpoint(endpoint), set_headers, remove)]
+        return [messages.routed_headers_reply(endpoint, set_headers, remove)]
 
     def _on_request_body(self, chunk: bytes, end_of_stream: bool, now: float) -> list[Event]:
         if chunk:
