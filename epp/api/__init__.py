@@ -1,1 +1,1 @@
-"""api"""
+"""The interface's types (core): see README.md in this package."""

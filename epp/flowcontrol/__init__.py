@@ -1,1 +1,1 @@
-"""flowcontrol"""
+"""The queues (core): see README.md in this package."""

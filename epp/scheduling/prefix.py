@@ -38,11 +38,9 @@ the prefix.
 Blocks are kept as the keys of dicts (values None) rather than in sets: a
 dict holding only ints is not tracked by the garbage collector, whereas a
 set always is. With sets, every full collection walked each of the pool's
-hundreds of thousands of blocks, touching every int object (in the
-simulator, most of the prefix index's cache misses; a full collection of an
-8-endpoint pool took about twice as long). Inserting into a dict one block
-at a time costs more than set.update: 140 to 210 instructions more per
-block, cheaper than dict.update(dict.fromkeys(...)) or map(setdefault).
+hundreds of thousands of blocks, touching every int object. Inserting into
+a dict one block at a time costs more than set.update, but less than
+dict.update(dict.fromkeys(...)) or map(setdefault) (`bench.simulator`).
 """
 
 from __future__ import annotations

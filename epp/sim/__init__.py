@@ -1,1 +1,1 @@
-"""sim"""
+"""The simulator (virtual time): see README.md in this package."""
