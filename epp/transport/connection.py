@@ -1,10 +1,11 @@
 """One HTTP/2 connection of the gRPC server: its calls, limits and backpressure.
 
-`GrpcConnection` is the asyncio protocol of one client connection. It feeds
-h2 at most `max_bytes_per_turn` bytes, `max_frames_per_turn` frames and
-`max_new_streams_per_turn` new streams per turn of the event loop, turns h2's events into handler
-callbacks, and keeps every resource of the connection bounded (see
-epp/transport/README.md for the list and the reasoning):
+`GrpcConnection` is the asyncio protocol of one client connection. Each
+turn of the event loop it hands h2 at most `max_frames_per_turn` frames,
+`max_new_streams_per_turn` new streams and about `max_bytes_per_turn` bytes
+(`FrameCounter`), turns h2's events into handler callbacks, and keeps every
+resource of the connection bounded (see epp/transport/README.md for the
+list and the reasoning):
 
 - work per frame does not depend on the number of open streams: a
   WINDOW_UPDATE or SETTINGS frame pumps only the calls blocked on flow
@@ -50,11 +51,51 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.transport")
 
 MAX_STREAM_ID = 2**31 - 1
-WHOLE_READ_BYTES = 4096
-"""A read up to this size goes to h2 at once (a request from Envoy); a
-larger one in slices of SLICE_BYTES, so that the turn's limits are checked
-at least that often."""
-SLICE_BYTES = 1024
+FRAME_HEADER_BYTES = 9
+HEADERS_FRAME = 0x1
+PREFACE_BYTES = 24
+
+
+class FrameCounter:
+    """Where a turn's share of a connection's bytes ends: walks the HTTP/2
+    frame headers (9 bytes each) across reads, without parsing frames."""
+
+    __slots__ = ("_header", "_skip")
+
+    def __init__(self) -> None:
+        self._skip = PREFACE_BYTES
+        """Bytes of the current frame's payload (or the preface) still to come."""
+        self._header = b""
+        """The start of a frame header cut by the end of a read."""
+
+    def cut(self, data: bytes, frames: int, streams: int, size: int) -> int:
+        """The length of `data`'s prefix that starts at most `frames` frames,
+        `streams` HEADERS frames and, once past `size` bytes, no new frame;
+        walks that prefix."""
+        position, end = 0, len(data)
+        while position < end:
+            if self._skip:
+                step = min(self._skip, end - position)
+                position += step
+                self._skip -= step
+                continue
+            if self._header:
+                header = self._header + data[position : position + 9 - len(self._header)]
+            else:
+                header = data[position : position + FRAME_HEADER_BYTES]
+            if len(header) < FRAME_HEADER_BYTES:
+                self._header = header
+                return end
+            if frames <= 0 or position >= size or (header[3] == HEADERS_FRAME and streams <= 0):
+                return position
+            position += FRAME_HEADER_BYTES - len(self._header)
+            self._header = b""
+            frames -= 1
+            streams -= header[3] == HEADERS_FRAME
+            self._skip = int.from_bytes(header[:3], "big")
+        return end
+
+
 WRITE_BATCH_BYTES = 64 * 1024
 LINGER_SECONDS = 1.0
 """How long a connection ended by a limit still reads (and drops) input."""
@@ -157,8 +198,7 @@ class GrpcConnection(asyncio.Protocol):
         self._paused = 0
         self._writing_paused = False
         self._backlog: bytes | None = None
-        self._turn_streams = 0
-        self._turn_frames = 0
+        self._counter = FrameCounter()
         self._streams_opened = 0
         self._premature_resets = 0
         self._control_frames = 0
@@ -210,8 +250,6 @@ class GrpcConnection(asyncio.Protocol):
         if self._backlog is not None:
             self._backlog += data
             return
-        self._turn_streams = 0
-        self._turn_frames = 0
         self._flush()  # a GOAWAY in `data` would make h2 drop what is not yet written
         self._receive(data)
 
@@ -313,37 +351,30 @@ class GrpcConnection(asyncio.Protocol):
     # -- reading ----------------------------------------------------------------------
 
     def _receive(self, data: bytes) -> None:
-        """Feed `data` to h2 slice by slice; yield the loop once this turn's
-        share is used, keeping the rest for the next turn."""
+        """Feed h2 this turn's share of `data` (`FrameCounter`), at once;
+        keep the rest for the next turn and yield the loop."""
         limits = self.limits
-        size = len(data)
-        step = size if size <= WHOLE_READ_BYTES else SLICE_BYTES
-        view = memoryview(data) if step < size else data  # no copies either way
-        position = 0
+        cut = self._counter.cut(
+            data,
+            limits.max_frames_per_turn,
+            limits.max_new_streams_per_turn,
+            limits.max_bytes_per_turn,
+        )
         self._receiving = True
         try:
-            while position < len(view):
-                chunk = view[position : position + step]
-                position += len(chunk)
-                try:
-                    events = self._h2.receive_data(chunk)
-                except h2.exceptions.ProtocolError as error:
-                    self._protocol_error(error)
-                    return
-                self._turn_frames += len(events)
-                self._handle(events)
-                if self._closed:
-                    return
-                if position < len(view) and (
-                    self._turn_streams >= limits.max_new_streams_per_turn
-                    or self._turn_frames >= limits.max_frames_per_turn
-                    or position >= limits.max_bytes_per_turn
-                ):
-                    self._backlog = bytes(view[position:])
-                    self._pause(PAUSED_FOR_TURN)
-                    asyncio.get_running_loop().call_soon(self._next_turn)
-                    self._server.trip("turn_yield")
-                    break
+            try:
+                events = self._h2.receive_data(data if cut == len(data) else data[:cut])
+            except h2.exceptions.ProtocolError as error:
+                self._protocol_error(error)
+                return
+            self._handle(events)
+            if self._closed:
+                return
+            if cut < len(data):
+                self._backlog = data[cut:]
+                self._pause(PAUSED_FOR_TURN)
+                asyncio.get_running_loop().call_soon(self._next_turn)
+                self._server.trip("turn_yield")
         finally:
             self._receiving = False
         self._flush()
@@ -351,8 +382,6 @@ class GrpcConnection(asyncio.Protocol):
     def _next_turn(self) -> None:
         data, self._backlog = self._backlog, None
         self._resume(PAUSED_FOR_TURN)
-        self._turn_streams = 0
-        self._turn_frames = 0
         if data and not self._closed:
             self._receive(data)
 
@@ -383,7 +412,6 @@ class GrpcConnection(asyncio.Protocol):
                     received[stream_id] = received.get(stream_id, 0) + event.flow_controlled_length
                 self._on_data(event)
             elif kind is h2.events.RequestReceived:
-                self._turn_streams += 1
                 self._on_request(event)
             elif kind is h2.events.StreamEnded:
                 self._on_stream_ended(event.stream_id)

@@ -67,9 +67,9 @@ class TransportLimits:
     """New streams a connection handles before it yields the event loop to
     the other connections (the rest of its read waits for the next turn)."""
     max_frames_per_turn: int = 128
-    """Frames (h2 events) a connection handles before yielding likewise ..."""
+    """Frames a connection hands to h2 before yielding likewise ..."""
     max_bytes_per_turn: int = 64 * KIB
-    """... and bytes of a read it hands to h2."""
+    """... and bytes after which it starts no new frame in the turn."""
 
     def __post_init__(self) -> None:
         for name in self.__slots__:

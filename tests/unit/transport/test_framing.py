@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epp.transport.connection import FrameCounter
 from epp.transport.framing import FramingError, MessageReader, Status, prefix, trailers
 
 
@@ -78,3 +79,38 @@ def test_trailers_carry_the_status_and_a_percent_encoded_message():
         (b"grpc-message", b"no such thing%3A 100%25"),
     ]
     assert trailers(Status.OK, "") == [(b"grpc-status", b"0")]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.sampled_from([0, 1, 3, 8])), max_size=30),
+    st.lists(st.integers(0, 2000), max_size=10),
+)
+def test_a_turn_is_cut_only_at_a_frame_start_and_within_its_frame_budget(frames, cuts):
+    """FrameCounter, fed reads as they come and what a turn left over first."""
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    starts, stream = [], bytearray(preface)
+    for length, kind in frames:
+        starts.append(len(stream))
+        stream += length.to_bytes(3, "big") + bytes([kind, 0, 0, 0, 0, 1]) + b"x" * length
+    bounds = [0, *sorted(cut for cut in cuts if cut <= len(stream)), len(stream)]
+    counter, fed, backlog = FrameCounter(), 0, b""
+    for start, end in itertools.pairwise(bounds):
+        backlog += bytes(stream[start:end])
+        while backlog:
+            cut = counter.cut(backlog, 3, 2, 10_000)
+            turn = range(fed, fed + cut)
+            # a frame is the turn's whose header is complete in it
+            assert sum(1 for s in starts if s + 8 in turn) <= 3
+            assert (
+                sum(
+                    1
+                    for s, (_, kind) in zip(starts, frames, strict=True)
+                    if s + 8 in turn and kind == 1
+                )
+                <= 2
+            )
+            fed += cut
+            backlog = backlog[cut:]
+            if backlog:
+                assert fed in starts
+    assert fed == len(stream)
