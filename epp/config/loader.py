@@ -520,6 +520,7 @@ GATE_FIELDS = frozenset(
         "kinds",
         "maxInFlight",
         "maxPerEndpoint",
+        "maxPerPrefillEndpoint",
         "queueDepthThreshold",
         "kvCacheUtilThreshold",
         "metricsStalenessThreshold",
@@ -551,6 +552,11 @@ def _gate(reader: _Reader, value: Any) -> GateConfig:
             fields.get("maxPerEndpoint"),
             "flowControl.gate.maxPerEndpoint",
             defaults.max_per_endpoint,
+        ),
+        max_per_prefill_endpoint=reader.integer(
+            fields.get("maxPerPrefillEndpoint"),
+            "flowControl.gate.maxPerPrefillEndpoint",
+            defaults.max_per_prefill_endpoint,
         ),
         queue_depth_threshold=reader.number(
             fields.get("queueDepthThreshold"),

@@ -40,6 +40,15 @@ class Release:
 
 
 @dataclass(slots=True)
+class PrefillDone:
+    """The response of a request sent through a prefill server began: its
+    prefill stage is over (the decode server's sidecar starts the decode leg
+    only once the prefill has answered), so its prefill credit returns."""
+
+    request: FlowRequest
+
+
+@dataclass(slots=True)
 class Rejected:
     """The request was answered locally with an error (already in the replies).
 
@@ -51,5 +60,5 @@ class Rejected:
     request: FlowRequest | None
 
 
-Event = ProcessingResponse | AdmissionNeeded | Release | Rejected
+Event = ProcessingResponse | AdmissionNeeded | Release | Rejected | PrefillDone
 """A ProcessingResponse means: send it to Envoy, in the order given."""

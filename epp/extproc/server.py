@@ -23,7 +23,7 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
+from epp.extproc.events import AdmissionNeeded, Event, PrefillDone, Rejected, Release
 from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
@@ -68,6 +68,7 @@ class ExtProcService:
         clock: Callable[[], float] = time.monotonic,
         listener: StreamListener | None = None,
         screen: Screen | None = None,
+        on_prefill_done: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.admission = admission
         self.screen = screen
@@ -77,6 +78,8 @@ class ExtProcService:
         self.settings = settings or StreamSettings()
         self.clock = clock
         self.listener = listener
+        self.on_prefill_done = on_prefill_done
+        """Told when a disaggregated request's prefill stage is over."""
         self.open_streams = 0
 
     def open(self, call: Call) -> ExtProcCall:
@@ -89,7 +92,11 @@ class ExtProcService:
         if call is not None:
             call.evict()
 
-    def settle(self, event: Rejected | Release) -> None:
+    def settle(self, event: Rejected | Release | PrefillDone) -> None:
+        if isinstance(event, PrefillDone):
+            if self.on_prefill_done is not None:
+                self.on_prefill_done(event.request)
+            return
         if isinstance(event, Release):
             self.admission.complete(event.request, event.input_tokens, event.output_tokens)
         if self.listener is not None:

@@ -44,7 +44,7 @@ from enum import Enum
 from epp.api.address import address_ip
 from epp.extproc import headers as h
 from epp.extproc import messages
-from epp.extproc.events import AdmissionNeeded, Event, Rejected, Release
+from epp.extproc.events import AdmissionNeeded, Event, PrefillDone, Rejected, Release
 from epp.extproc.messages import ProcessingRequest
 from epp.extproc.openai import BadRequest
 from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
@@ -52,6 +52,7 @@ from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_fr
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.stages import prefiller_of
 
 PriorityResolver = Callable[[Mapping[str, str]], int]
 """Request headers -> priority (the objective registry's lookup)."""
@@ -374,6 +375,8 @@ class ExtProcStream:
         elif self._restorer is not None:
             self._held = []
         replies: list[Event] = [messages.response_headers_reply()]
+        if self.request is not None and prefiller_of(self.request) is not None:
+            replies.append(PrefillDone(self.request))
         if http_headers.end_of_stream:
             self.phase = Phase.DONE
             replies.extend(self._release())

@@ -60,6 +60,9 @@ class GateConfig:
     `max_per_endpoint` for each endpoint (0 = unlimited). With `adaptive`,
     `max_per_endpoint` is the limit of an endpoint whose metrics cannot be
     read (nothing to learn from).
+    `max_per_prefill_endpoint`: under prefill/decode disaggregation, the
+    requests in their prefill stage per prefill endpoint (0 = unlimited;
+    see `epp.scheduling.stages`).
     `utilization`: scraped waiting queue and KV-cache usage against the
     thresholds, metrics older than `metrics_staleness` count as saturated.
     The core reads none of this; the shells build the gates from it.
@@ -68,6 +71,7 @@ class GateConfig:
     kinds: frozenset[GateKind] = frozenset({GateKind.ADAPTIVE})
     max_in_flight: int = 0
     max_per_endpoint: int = 32
+    max_per_prefill_endpoint: int = 8
     queue_depth_threshold: float = 5.0
     kv_cache_threshold: float = 0.8
     metrics_staleness: float = 0.2

@@ -24,6 +24,7 @@ from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.gates import build_gate
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.stages import PrefillCredits, stage_gate
 
 
 @dataclass(slots=True)
@@ -38,11 +39,15 @@ class Core:
     scheduler: Scheduler
     pool: Callable[[], PoolSnapshot]
     clock: Callable[[], float]
+    prefill_credits: PrefillCredits | None = None
+    """The prefill stage's credits under P/D (`epp.scheduling.stages`)."""
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
         reload); the gate and its credits stay, so nothing in flight is lost."""
-        self.scheduler = Scheduler(config, self.pool, self.clock, rng, self.credits)
+        self.scheduler = Scheduler(
+            config, self.pool, self.clock, rng, self.credits, self.prefill_credits
+        )
         self.controller.placer = self.scheduler
         return self.scheduler
 
@@ -58,6 +63,7 @@ def build_core(
     """Gate, scheduler and flow controller for `flow_control` and
     `scheduling`, reading the pool from `pool` at the time `clock` gives."""
     gate, credits = build_gate(flow_control.gate, pool, clock)
-    scheduler = Scheduler(scheduling, pool, clock, rng, credits)
+    gate, prefill = stage_gate(gate, flow_control.gate.max_per_prefill_endpoint, scheduling)
+    scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill)
     controller = FlowController(flow_control, gate, scheduler, on_flows_collected)
-    return Core(controller, gate, credits, scheduler, pool, clock)
+    return Core(controller, gate, credits, scheduler, pool, clock, prefill)

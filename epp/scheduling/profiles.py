@@ -126,7 +126,11 @@ class DisaggProfileHandler:
             and decider is not None
             and decider.disaggregate(request, decode)
         ):
-            prefiller = prefill_runner.choose(request, False)
+            # With prefill credits (`epp.scheduling.stages`) the prefill
+            # profile answers None when no prefill endpoint has one: wait.
+            prefiller = prefill_runner.choose(request, True)
+            if prefiller is None:
+                return None
             if isinstance(prefiller, Endpoint):
                 routing[PREFILLER_HEADER] = prefiller.address
         request.routing = routing or None

@@ -41,10 +41,11 @@ from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import ProfileConfig, SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import fresh_unsaturated, in_subset, reachable, with_room
-from epp.scheduling.profiles import ProfileHandler, SingleProfileHandler
+from epp.scheduling.profiles import DisaggProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
 from epp.scheduling.spec import BuildContext
+from epp.scheduling.stages import PrefillCredits
 
 
 class Scheduler:
@@ -83,6 +84,7 @@ class Scheduler:
         clock: Callable[[], float],
         rng: random.Random,
         concurrency: Credits | None = None,
+        prefill_credits: PrefillCredits | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
@@ -92,7 +94,13 @@ class Scheduler:
             profile.name: ProfileRunner(self, profile, context, concurrency)
             for profile in config.profiles
         }
+        # After the profiles: a decider finds the plugins they built.
         self._handler: ProfileHandler = context.build(config.handler)
+        handler = self._handler
+        if prefill_credits is not None and isinstance(handler, DisaggProfileHandler):
+            prefill = self._runners.get(handler.prefill)
+            if prefill is not None:
+                prefill.credits = prefill_credits
         self._single = (
             next(iter(self._runners.values()))
             if isinstance(self._handler, SingleProfileHandler)
@@ -154,9 +162,11 @@ class Scheduler:
         picks.clear()
         chosen = self._handler.choose(request, self._runners)
         # Scorers learn only once every profile has chosen, so a decider
-        # reading the prefix index sees it as it was before this request.
-        for runner, endpoint in picks:
-            runner.learn(request, endpoint)
+        # reading the prefix index sees it as it was before this request;
+        # and only when it goes (it may wait for a prefill credit).
+        if isinstance(chosen, Endpoint):
+            for runner, endpoint in picks:
+                runner.learn(request, endpoint)
         return chosen
 
     def total_scores(
@@ -197,7 +207,6 @@ class ProfileRunner:
     filters, weighted scorers, picker (see the module docstring)."""
 
     __slots__ = (
-        "_concurrency",
         "_dense",
         "_dense_pair",
         "_dense_weights",
@@ -208,6 +217,7 @@ class ProfileRunner:
         "_positions_of",
         "_source",
         "_sparse",
+        "credits",
         "name",
         "scorers",
     )
@@ -221,7 +231,9 @@ class ProfileRunner:
     ) -> None:
         self._source = source
         self.name = profile.name
-        self._concurrency = concurrency
+        self.credits = concurrency
+        """The credits this profile's choice must respect (the prefill profile's are
+        the prefill stage's)."""
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
             (scorer.weight, context.build(scorer.plugin)) for scorer in profile.scorers
         )
@@ -282,7 +294,7 @@ class ProfileRunner:
         else:
             candidates = candidates or reachable(endpoints) or endpoints
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
-        gate = self._concurrency
+        gate = self.credits
         if take_credit and gate is not None:
             priority = source.priority_now
             if not gate.has_room(chosen.address, priority):

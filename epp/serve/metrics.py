@@ -31,7 +31,16 @@ Per request (label children cached per label tuple):
   endpoint_name, namespace, port}` (twin: `pod_name` for `endpoint_name`) per
   dispatch (success) or per request no endpoint could take (failure);
   `scheduler_e2e_duration_seconds`, each call of the scheduler, tallied by
-  `TimedPlacer` and read at scrape time.
+  `TimedPlacer` and read at scrape time;
+- credits (ours, no twin): `epp_flow_control_credits_in_use{inference_pool,
+  stage}` at scrape time, `decode` (per-endpoint credits) and, under P/D,
+  `prefill` (see `epp.scheduling.stages`);
+- disaggregation, with a disaggregating profile handler (`watch_scheduling`):
+  `disagg_decision_total{plugin_name, plugin_type, model_name,
+  decision_type}` per dispatched request (`decode-only`, `prefill-decode`,
+  `encode-decode`, `encode-prefill-decode`; the model is the target model, as
+  the reference), twin `llm_d_inference_scheduler_disagg_decision_total`
+  (`model_name, decision_type`).
 
 At scrape time: the pool's gauges (`average_kv_cache_utilization`,
 `average_queue_size`, `average_running_requests`, `std_dev_*`,
@@ -96,7 +105,9 @@ from epp.flowcontrol.gate import Placement, Placer
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import PoolSnapshot
+from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.stages import DISAGG_HANDLERS
 
 if TYPE_CHECKING:
     from epp.transport import GrpcServer
@@ -341,6 +352,15 @@ def _models(request: FlowRequest | None) -> tuple[str, str]:
     return "", ""
 
 
+def decision_type(routing: dict[str, str] | None) -> str:
+    """The reference's name for the stages a dispatched request was sent through."""
+    prefill = routing is not None and PREFILLER_HEADER in routing
+    encode = routing is not None and ENCODERS_HEADER in routing
+    if encode:
+        return "encode-prefill-decode" if prefill else "encode-decode"
+    return "prefill-decode" if prefill else "decode-only"
+
+
 def flow_control_outcome(outcome: Outcome, queued: bool) -> str:
     """The reference's name for how a request left flow control: Rejected*
     at the door, Evicted* after waiting in a queue."""
@@ -529,6 +549,16 @@ class EppMetrics:
         self.scheduler_latency = self.scheduler_e2e.values[()] = scheduler_latency or Tally(
             SCHEDULER_BUCKETS
         )
+        self.disagg_decisions = Family(
+            counter,
+            "disagg_decision_total",
+            "Disaggregation decisions of dispatched requests.",
+            ("plugin_name", "plugin_type", "model_name", "decision_type"),
+            "llm_d_inference_scheduler_disagg_decision_total",
+            (2, 3),
+        )
+        self.disagg_handler: str | None = None
+        """The scheduling configuration's profile handler type when it disaggregates."""
         info = Family(
             gauge,
             "info",
@@ -543,7 +573,8 @@ class EppMetrics:
                 self.request_size, self.input_tokens, self.output_tokens, self.ntpot,
                 self.response_size, self.ttft, self.streaming_tpot,
                 self.running, self.processing, self.queue_duration, self.flow_control_total,
-                self.queue_size, self.queue_bytes, self.attempts, self.scheduler_e2e, info,
+                self.queue_size, self.queue_bytes, self.attempts, self.scheduler_e2e,
+                self.disagg_decisions, info,
             ])
         )  # fmt: skip
 
@@ -596,8 +627,17 @@ class EppMetrics:
             if model:
                 self.running.add(labels)
             self._attempt("success", target, request.endpoint)
+            handler = self.disagg_handler
+            if handler is not None:
+                payload = request.payload
+                decision = decision_type(payload.routing if payload is not None else None)
+                self.disagg_decisions.add((handler, handler, target, decision))
         elif outcome is Outcome.REJECTED_NO_ENDPOINTS:
             self._attempt("failure", target, None)
+
+    def watch_scheduling(self, handler_type: str) -> None:
+        """Count disaggregation decisions when `handler_type` disaggregates."""
+        self.disagg_handler = handler_type if handler_type in DISAGG_HANDLERS else None
 
     def _attempt(self, status: str, target: str, address: str | None) -> None:
         name, namespace, port = "", "", ""
@@ -651,6 +691,11 @@ class EppMetrics:
     def watch_limits(self, gate: AdaptiveGate) -> None:
         """Report the adaptive gate's learned limits at scrape time."""
         self.registry.register(_LimitsCollector(self.pool_name, gate))
+
+    def watch_credits(self, in_flight: Callable[[], dict[str, int]]) -> None:
+        """Report the in-flight credits in use per stage (`decode`, and
+        `prefill` under P/D), at scrape time: `epp_flow_control_credits_in_use`."""
+        self.registry.register(_CreditsCollector(self.pool_name, in_flight))
 
     def watch_pool(
         self,
@@ -748,6 +793,23 @@ class _LimitsCollector(Collector):
         yield limit
         yield headroom
         yield adjustments
+
+
+class _CreditsCollector(Collector):
+    def __init__(self, pool_name: str, in_flight: Callable[[], dict[str, int]]) -> None:
+        self._pool_name = pool_name
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "epp_flow_control_credits_in_use",
+            "In-flight credits held, per stage: decode (the endpoint a request is sent "
+            "to) and prefill (its prefill endpoint, until its prefill is over).",
+            labels=["inference_pool", "stage"],
+        )
+        for stage, count in self._in_flight().items():
+            family.add_metric([self._pool_name, stage], count)
+        yield family
 
 
 class _PoolCollector(Collector):

@@ -97,6 +97,7 @@ from epp.serve.metrics import (
     serve_metrics,
 )
 from epp.serve.options import ServeOptions
+from epp.serve.prefill_stage import PrefillStage
 from epp.transport import HEALTH_LIMITS, GrpcServer
 
 if TYPE_CHECKING:
@@ -305,11 +306,30 @@ class EppServer:
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         if isinstance(self.credits, AdaptiveGate):
             self.metrics.watch_limits(self.credits)
+        self.metrics.watch_credits(self._credits_in_use)
+        self.metrics.watch_scheduling(self.config.scheduling.handler.name)
         self.core.on_flows_collected = self.metrics.on_flows_collected
+        on_outcome = at_end_of_turn(self.metrics.on_outcome)
+        on_complete = self.metrics.on_complete
+        self.prefill_stage: PrefillStage | None = None
+        if self.prefill_credits is not None:
+            stage = self.prefill_stage = PrefillStage(
+                self.prefill_credits, lambda: self.admission.poke()
+            )
+            metrics_outcome, metrics_complete = on_outcome, on_complete
+
+            def on_outcome(request: FlowRequest, now: float) -> None:
+                stage.on_outcome(request, now)
+                metrics_outcome(request, now)
+
+            def on_complete(request: FlowRequest) -> None:
+                stage.on_complete(request)
+                metrics_complete(request)
+
         self.admission = AdmissionController(
             self.core,
-            on_outcome=at_end_of_turn(self.metrics.on_outcome),
-            on_complete=self.metrics.on_complete,
+            on_outcome=on_outcome,
+            on_complete=on_complete,
             on_queued=self.metrics.on_queued,
             evictor=Evictor(*eviction) if (eviction := self.config.flow_plugins.eviction) else None,
             on_evict=lambda request: self.service.evict(request),
@@ -328,6 +348,7 @@ class EppServer:
             self.settings,
             listener=self.metrics.on_stream_event,
             screen=self.screen,
+            on_prefill_done=self.prefill_stage.prefill_done if self.prefill_stage else None,
         )
 
     # -- building ------------------------------------------------------------
@@ -374,10 +395,19 @@ class EppServer:
             random.Random(seed),
         )
         self.gate, self.credits = self.wired.gate, self.wired.credits
+        self.prefill_credits = self.wired.prefill_credits
         self.scheduler = self.wired.scheduler
         self.core = self.wired.controller
         self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
         self._rng = random.Random(seed + 1)
+
+    def _credits_in_use(self) -> dict[str, int]:
+        stages: dict[str, int] = {}
+        if self.credits is not None:
+            stages["decode"] = self.credits.in_flight
+        if self.prefill_credits is not None:
+            stages["prefill"] = self.prefill_credits.in_flight
+        return stages
 
     def _load_files(self) -> None:
         options = self.options
@@ -451,6 +481,7 @@ class EppServer:
                 new.scheduling, random.Random(self._rng.randrange(1 << 63))
             )
             self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
+            self.metrics.watch_scheduling(new.scheduling.handler.name)
         if new.parsers != old.parsers:
             self.settings = replace(self.settings, parsers=parser_set(new.parsers))
             self.service.settings = self.settings

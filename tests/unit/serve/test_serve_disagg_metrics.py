@@ -1,0 +1,59 @@
+"""The EPP counts the disaggregation decision of every dispatched request,
+with the reference's metric names, when its profile handler disaggregates."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.profiles import PREFILLER_HEADER
+from epp.scheduling.request import InferenceRequest
+from epp.serve.metrics import EppMetrics
+
+
+def dispatched(routing=None) -> FlowRequest:
+    payload = InferenceRequest("m", "target", routing=routing)
+    request = FlowRequest("r", "f", 0, 0.0, payload=payload)
+    request.outcome = Outcome.DISPATCHED
+    return request
+
+
+def decisions(metrics: EppMetrics, name: str) -> dict[str, float]:
+    text = metrics.exposition().decode()
+    return {
+        sample.labels["decision_type"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_each_dispatched_request_counts_its_decision_under_a_disagg_handler():
+    metrics = EppMetrics("pool")
+    metrics.watch_scheduling("disagg-profile-handler")
+    metrics.on_outcome(dispatched({PREFILLER_HEADER: "10.0.0.1:8000"}), 1.0)
+    metrics.on_outcome(dispatched(), 1.0)
+    metrics.on_outcome(dispatched(), 1.0)
+    expected = {"prefill-decode": 1.0, "decode-only": 2.0}
+    assert decisions(metrics, "llm_d_epp_disagg_decision") == expected
+    assert decisions(metrics, "llm_d_inference_scheduler_disagg_decision") == expected
+
+
+def test_no_decisions_are_counted_without_a_disagg_handler():
+    metrics = EppMetrics("pool")
+    metrics.watch_scheduling("single-profile-handler")
+    metrics.on_outcome(dispatched(), 1.0)
+    assert decisions(metrics, "llm_d_epp_disagg_decision") == {}
+
+
+def test_credits_in_use_are_reported_per_stage():
+    metrics = EppMetrics("pool")
+    metrics.watch_credits(lambda: {"decode": 3, "prefill": 1})
+    text = metrics.exposition().decode()
+    found = {
+        sample.labels["stage"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "epp_flow_control_credits_in_use"
+        for sample in family.samples
+    }
+    assert found == {"decode": 3.0, "prefill": 1.0}
