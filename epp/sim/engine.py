@@ -100,6 +100,11 @@ class Policy(Protocol):
         """A metrics publication or a membership change."""
         ...
 
+    def prefill_done(self, request: SimRequest, now: float) -> None:
+        """`request`'s remote prefill is over: the decode server takes it
+        (after the KV transfer, or for a local prefill after a failure)."""
+        ...
+
     def timer(self, now: float) -> None:
         """The time the policy asked for (`Simulation.want_timer`) came."""
         ...
@@ -236,6 +241,7 @@ class Simulation:
 
     def _transferred(self, request: SimRequest, now: float) -> None:
         self._transfers -= 1
+        self.policy.prefill_done(request, now)
         if not self.up[request.server]:
             self.end(request, SERVER_FAILED, now)
             self.policy.finished(request, now)
@@ -249,6 +255,7 @@ class Simulation:
         """The prefill server failed with the leg: prefill on the decode server."""
         request = leg.parent
         request.fallback = True
+        self.policy.prefill_done(request, now)
         if not self.up[request.server]:
             self.end(request, SERVER_FAILED, now)
             self.policy.finished(request, now)

@@ -36,6 +36,7 @@ from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
 from epp.scheduling.prefix import block_hashes
+from epp.scheduling.profiles import PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
 from epp.sim.engine import COMPLETED, NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
@@ -136,6 +137,7 @@ class EppPolicy:
         self.scheduler = wired.scheduler
         self.core = wired.controller
         self.adaptive = wired.credits if isinstance(wired.credits, AdaptiveGate) else None
+        self.prefill_credits = wired.prefill_credits
         pool = InferencePool(POOL_NAME)
         self.registry = ObjectiveRegistry(pool, self.core.ensure_bands)
         self.registry.replace(
@@ -204,6 +206,14 @@ class EppPolicy:
     def pool_changed(self, now: float) -> None:
         self._settle(self.core.poke(now), now)
 
+    def prefill_done(self, request: SimRequest, now: float) -> None:
+        """The decode server took `request` after its remote prefill (or
+        instead of it): its response begins, which is how the EPP learns
+        that the prefill stage is over."""
+        credits = self.prefill_credits
+        if credits is not None and credits.release(request.owner):
+            self._settle(self.core.poke(now), now)
+
     def timer(self, now: float) -> None:
         self._settle(self.core.poke(now), now)
 
@@ -225,8 +235,14 @@ class EppPolicy:
                 sim.end(request, flow_request.outcome.reason, now)
                 continue
             payload.prefix_hashes = None
-            sim.send(request, index_of[flow_request.endpoint], now)
-        sim.want_timer(self.core.next_wakeup())
+            routing = payload.routing
+            prefiller = routing.get(PREFILLER_HEADER) if routing is not None else None
+            sim.send(
+                request,
+                index_of[flow_request.endpoint],
+                now,
+                -1 if prefiller is None else index_of[prefiller],
+            )
 
 
 class RoundRobinPolicy:
@@ -246,6 +262,9 @@ class RoundRobinPolicy:
         pass
 
     def pool_changed(self, now: float) -> None:
+        pass
+
+    def prefill_done(self, request: SimRequest, now: float) -> None:
         pass
 
     def timer(self, now: float) -> None:

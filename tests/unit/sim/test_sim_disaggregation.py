@@ -55,6 +55,7 @@ class Sidecar:
         self.sim = sim
         self.prefill = prefill
         self.finished_requests = []
+        self.prefilled = []
 
     def arrive(self, request, now):
         self.sim.send(request, DECODE, now, self.prefill)
@@ -64,6 +65,9 @@ class Sidecar:
 
     def pool_changed(self, now):
         pass
+
+    def prefill_done(self, request, now):
+        self.prefilled.append((request.request_id, now))
 
     def timer(self, now):
         pass

@@ -21,6 +21,9 @@ SCENARIOS = [
         "adaptive-uniform",
         "adaptive-heterogeneous",
         "adaptive-slowdown",
+        "pd-long-prompts",
+        "pd-short-prompts",
+        "pd-prefix-heavy",
     )
 ]
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)
