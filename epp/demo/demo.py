@@ -4,6 +4,11 @@ The scenario's pool becomes simulated model servers (its `pool` parameters),
 its objectives and EPP configuration go to `epp serve`, and its tenants are
 played in real time through a real Envoy. Server events (`events:`) are a
 simulator feature and are not played live.
+
+A scenario with `pool.roles` runs disaggregated: the decode servers behind
+their routing sidecars, the KV pull priced by `kv_transfer`, and the report
+gains `stages`: the EPP's disaggregation decisions (from its /metrics) and
+the remote prefills the servers ran (from theirs), which must agree.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.loadgen import LoadGenerator
 from epp.demo.loadwatch import LoadWatch, summarize
@@ -38,14 +46,17 @@ def stack_settings(scenario: Scenario, engine: str = "vllm") -> StackSettings:
         model=scenario.model,
         engine=engine,
         scrape_interval_s=pool.scrape_interval_s,
+        roles=pool.roles,
+        kv_transfer=scenario.kv_transfer,
     )
 
 
 def describe(stack: LiveStack) -> str:
     assert stack.epp is not None and stack.envoy is not None
     return (
-        f"model servers: {', '.join(stack.endpoints)}\n"
-        f"epp serve: pid {stack.epp.pid}, ext_proc 127.0.0.1:{stack.epp_port}, "
+        f"model servers: {', '.join(stack.servers)}\n"
+        + (f"routing sidecars: {', '.join(stack.endpoints)}\n" if stack.sidecars else "")
+        + f"epp serve: pid {stack.epp.pid}, ext_proc 127.0.0.1:{stack.epp_port}, "
         f"metrics {stack.epp_metrics_url}\n"
         f"envoy: {stack.envoy.url} (admin {stack.envoy.admin_url})"
     )
@@ -65,7 +76,40 @@ async def run_demo(scenario: Scenario, say=print, engine: str = "vllm") -> DemoR
             ).run()
         wall = time.monotonic() - started
         crashed = stack.epp_crashed()
+        stages = await read_stages(stack) if scenario.pool.roles else None
     report = live_report(scenario, requests, wall, scenario.epp_config_path)
     report["scenario"]["engine"] = engine
     report["load_view"] = summarize(watch.samples, settings.scrape_interval_s)
+    if stages is not None:
+        report["policies"]["epp"]["stages"] = stages
     return DemoRun(report, crashed)
+
+
+def _sum_of(text: str, family_name: str, by: str | None = None) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != family_name:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                key = sample.labels.get(by, "") if by else ""
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+async def read_stages(stack: LiveStack) -> dict[str, Any]:
+    """The EPP's disaggregation decisions and the remote prefills the servers ran."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(stack.epp_metrics_url) as response:
+            decisions = _sum_of(await response.text(), "llm_d_epp_disagg_decision", "decision_type")
+        prefills = 0.0
+        for server in stack.servers:
+            async with session.get(f"http://{server}/metrics") as response:
+                prefills += _sum_of(await response.text(), "epp_sim_remote_prefills").get("", 0.0)
+    decided = sum(decisions.values())
+    remote = decisions.get("prefill-decode", 0.0) + decisions.get("encode-prefill-decode", 0.0)
+    return {
+        "decisions": {kind: int(count) for kind, count in sorted(decisions.items())},
+        "disaggregated_share": remote / decided if decided else 0.0,
+        "remote_prefills_run": int(prefills),
+    }

@@ -95,6 +95,13 @@ def render_live_text(report: dict[str, Any]) -> str:
             others = {k: v for k, v in s["outcomes"].items() if k != "completed"}
             if others:
                 lines.append(f"  {objective}: not completed {others}")
+        stages = policy.get("stages")
+        if stages is not None:
+            lines.append(
+                f"  stages: EPP decisions {stages['decisions']} "
+                f"(disaggregated {stages['disaggregated_share']:.1%}); "
+                f"remote prefills the servers ran: {stages['remote_prefills_run']}"
+            )
     if "load_view" in report:
         lines.append("")
         lines.extend(render_load_view(report["load_view"], info.get("engine", "vllm")))

@@ -12,9 +12,16 @@ The EPP runs as `python -m epp serve` with files written into the work
 directory from the settings: an InferencePool, one InferenceObjective per
 objective, and the endpoints (`@FILE`, reloaded when changed: the
 reference's file-discovery document, each endpoint labelled with the
-engine the servers pose as, `llm-d.ai/engine-type`). Its ext_proc port is
-chosen at the first start and kept, so `restart_epp()` brings it back where
-Envoy expects it.
+engine the servers pose as, `llm-d.ai/engine-type`, and its
+`llm-d.ai/role` when the servers have roles).
+
+With roles (prefill/decode disaggregation), every server that can decode
+gets a routing sidecar (`epp.demo.sidecar`) in front of it, as a decode pod
+has, and the EPP's endpoint for it is the sidecar; a prefill-only server is
+its own endpoint.
+
+The EPP's ext_proc port is chosen at the first start and kept, so
+`restart_epp()` brings it back where Envoy expects it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from epp.api.address import parse_address
 from epp.datalayer.engines import ENGINE_LABEL
 from epp.demo.envoy_process import DEFAULT_TEMPLATE, RunningEnvoy, running_envoy
 from epp.demo.processes import Child, start_child
-from epp.sim.scenario import Objective
+from epp.scheduling.filters import DECODE_ROLES, ROLE_LABEL
+from epp.sim.scenario import KvTransfer, Objective
 from epp.sim.server_model import ServerParams
 
 POOL_NAME = "demo-pool"
@@ -61,6 +69,14 @@ class StackSettings:
     epp_args: tuple[str, ...] = ()
     envoy_template: Path = DEFAULT_TEMPLATE
     epp_grace_s: float = 2.0
+    roles: tuple[str, ...] = ()
+    """Server i's `llm-d.ai/role` ("" none); empty: no server has a role."""
+    kv_transfer: KvTransfer = field(default_factory=KvTransfer)
+
+    def decodes(self, index: int) -> bool:
+        """Whether server `index` serves the decode stage (and so has a sidecar)."""
+        role = self.roles[index] if self.roles else ""
+        return not role or role in DECODE_ROLES
 
 
 def pool_manifest() -> dict:
@@ -114,7 +130,11 @@ class LiveStack:
         self.settings = settings
         self.workdir = workdir
         self.server_processes: list[Child] = []
+        self.servers: list[str] = []
+        """The model servers' own addresses, in the settings' order."""
         self.endpoints: list[str] = []
+        """The EPP's endpoints: a server's sidecar when it has one, else the server."""
+        self.sidecars: Child | None = None
         self.epp: Child | None = None
         self.epp_port = 0
         self.envoy: RunningEnvoy | None = None
@@ -130,6 +150,7 @@ class LiveStack:
             for i in range(processes)
         ]
         params = json.dumps(asdict(settings.params))
+        transfer = json.dumps(asdict(settings.kv_transfer))
         for index, count in enumerate(counts):
             name = "model servers" if processes == 1 else f"model server {index}"
             child = await start_child(
@@ -145,11 +166,27 @@ class LiveStack:
                     params,
                     "--engine",
                     settings.engine,
+                    "--kv-transfer",
+                    transfer,
                 ],
                 self.workdir,
             )
             self.server_processes.append(child)
-            self.endpoints.extend(f"127.0.0.1:{port}" for port in child.ready["ports"])
+            self.servers.extend(f"127.0.0.1:{port}" for port in child.ready["ports"])
+        self.endpoints = list(self.servers)
+        if settings.roles:
+            await self._start_sidecars()
+
+    async def _start_sidecars(self) -> None:
+        decoding = [i for i in range(len(self.servers)) if self.settings.decodes(i)]
+        if not decoding:
+            return
+        decoders = ",".join(self.servers[i] for i in decoding)
+        self.sidecars = await start_child(
+            "sidecars", ["-m", "epp.demo.sidecar", "--decoders", decoders], self.workdir
+        )
+        for index, port in zip(decoding, self.sidecars.ready["ports"], strict=True):
+            self.endpoints[index] = f"127.0.0.1:{port}"
 
     # -- the EPP -------------------------------------------------------------------
 
@@ -170,18 +207,13 @@ class LiveStack:
     def endpoints_document(self) -> dict:
         """The model servers as the reference's file-discovery document."""
         entries = []
-        for address in self.endpoints:
+        roles = self.settings.roles
+        for index, address in enumerate(self.endpoints):
             ip, port = parse_address(address)
-            entries.append(
-                {
-                    "name": address,
-                    "address": ip,
-                    "port": str(port),
-                    "labels": {ENGINE_LABEL: self.settings.engine}
-                    if self.settings.label_engine
-                    else {},
-                }
-            )
+            labels = {ENGINE_LABEL: self.settings.engine} if self.settings.label_engine else {}
+            if roles and roles[index]:
+                labels[ROLE_LABEL] = roles[index]
+            entries.append({"name": address, "address": ip, "port": str(port), "labels": labels})
         return {"endpoints": entries}
 
     async def start_epp(self) -> Child:
@@ -245,6 +277,8 @@ class LiveStack:
 
     async def stop(self) -> None:
         await self.stop_epp()
+        if self.sidecars is not None:
+            await self.sidecars.stop()
         for child in reversed(self.server_processes):
             await child.stop()
 
