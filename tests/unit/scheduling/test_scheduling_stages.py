@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.config.loader import load_config
-from epp.flowcontrol.config import FlowControlConfig, GateConfig
+from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
@@ -23,6 +23,8 @@ NOW = 10.0
 PD_CONFIG = Path(__file__).resolve().parents[3] / "config" / "scenarios" / "pd-epp.yaml"
 SCHEDULING = load_config(PD_CONFIG).scheduling
 HIGH, LOW = 10, 0
+CONCURRENCY = frozenset({GateKind.CONCURRENCY})
+"""Fixed per-endpoint credits for the decode stage, so each test knows them."""
 
 
 def pool(prefill: int, decode: int) -> PoolSnapshot:
@@ -43,7 +45,9 @@ def pd_core(
     prefill: int, decode: int, per_decode: int, per_prefill: int
 ) -> tuple[FlowController, PrefillCredits]:
     snapshot = pool(prefill, decode)
-    config = GateConfig(max_per_endpoint=per_decode, max_per_prefill_endpoint=per_prefill)
+    config = GateConfig(
+        kinds=CONCURRENCY, max_per_endpoint=per_decode, max_per_prefill_endpoint=per_prefill
+    )
     gate, credits = build_gate(config, lambda: snapshot, lambda: NOW)
     gate, prefill_credits = stage_gate(gate, per_prefill, SCHEDULING)
     assert prefill_credits is not None
@@ -89,7 +93,7 @@ def test_a_higher_band_waiting_for_a_prefill_slot_is_not_overtaken_by_a_lower_ba
 
 def test_without_prefill_credits_a_long_prompt_goes_to_prefill_at_once():
     snapshot = pool(1, 1)
-    gate, credits = build_gate(GateConfig(), lambda: snapshot, lambda: NOW)
+    gate, credits = build_gate(GateConfig(kinds=CONCURRENCY), lambda: snapshot, lambda: NOW)
     scheduler = Scheduler(SCHEDULING, lambda: snapshot, lambda: NOW, random.Random(1), credits)
     core = FlowController(FlowControlConfig(), gate, scheduler)
     requests = [request(str(i), LOW, True) for i in range(20)]
