@@ -35,16 +35,14 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import signal
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from epp.demo.processes import serve_until_signalled
 from epp.demo.server_formats import Api, Reply, RequestError, read_request
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
 from epp.sim.scenario import KvTransfer
@@ -398,20 +396,7 @@ async def _serve(
     servers = [
         SimulatedServer(params, model_name, kv_transfer, engine=engine) for _ in range(count)
     ]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        ports = [await server.start() for server in servers]
-        path = Path(ready_file)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({"ports": ports, "pid": os.getpid()}))
-        temporary.replace(path)
-        await stop.wait()
-    finally:
-        for server in servers:
-            await server.stop()
+    await serve_until_signalled(servers, ready_file)
 
 
 def main(argv: list[str] | None = None) -> int:

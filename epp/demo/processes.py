@@ -17,7 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 class PartFailed(RuntimeError):
@@ -34,6 +34,33 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return ""
     text = path.read_text(errors="replace").strip().splitlines()[-lines:]
     return "\n".join(text)
+
+
+class Part(Protocol):
+    """A server a child process runs: started on a free port, stopped at the end."""
+
+    async def start(self) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signalled(parts: Sequence[Part], ready_file: str) -> None:
+    """The child's side of the ready-file protocol: start `parts`, announce
+    their ports atomically in `ready_file`, and serve until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        ports = [await part.start() for part in parts]
+        path = Path(ready_file)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps({"ports": ports, "pid": os.getpid()}))
+        temporary.replace(path)
+        await stop.wait()
+    finally:
+        for part in parts:
+            await part.stop()
 
 
 @dataclass(slots=True)

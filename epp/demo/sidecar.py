@@ -33,14 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from epp.demo.processes import serve_until_signalled
 
 PREFILLER_HEADER = "x-prefiller-host-port"
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -210,20 +209,7 @@ class Sidecar:
 
 async def _serve(decoders: list[str], ready_file: str, retries: int) -> None:
     sidecars = [Sidecar(decoder, retries) for decoder in decoders]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        ports = [await sidecar.start() for sidecar in sidecars]
-        path = Path(ready_file)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({"ports": ports, "pid": os.getpid()}))
-        temporary.replace(path)
-        await stop.wait()
-    finally:
-        for sidecar in sidecars:
-            await sidecar.stop()
+    await serve_until_signalled(sidecars, ready_file)
 
 
 def main(argv: list[str] | None = None) -> int:
