@@ -88,6 +88,27 @@ def api_for_path(path: str) -> Api:
     return Api.COMPLETIONS
 
 
+def read_stream(document: dict[str, Any]) -> bool:
+    """The request's `stream` flag; absent or null is False."""
+    stream = document.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise BadRequest("field 'stream' must be a boolean")
+    return stream
+
+
+def rewrite_model(
+    document: dict[str, Any], body: bytes, model: str, rewrite_to: str | None
+) -> tuple[str, bytes]:
+    """(target model, body to send): the body is re-serialised only when the
+    rewrite target differs from the client's model."""
+    if not rewrite_to or rewrite_to == model:
+        return model, body
+    document["model"] = rewrite_to
+    return rewrite_to, orjson.dumps(document)
+
+
 def parse_body(
     path: str, body: bytes, rewrite_to: str | None = None, default_model: str | None = None
 ) -> ParsedBody:
@@ -112,17 +133,9 @@ def parse_body(
     if not isinstance(model, str) or not model:
         raise BadRequest("field 'model' must be a non-empty string")
     prompt, tokens = _read_request_prompt(api, document)
-    stream = document.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("field 'stream' must be a boolean")
+    stream = read_stream(document)
     max_tokens = _read_max_tokens(api, document)
-    target = model
-    if rewrite_to and rewrite_to != model:
-        target = rewrite_to
-        document["model"] = target
-        body = orjson.dumps(document)
+    target, body = rewrite_model(document, body, model, rewrite_to)
     messages = document.get("messages") if api is not Api.RESPONSES else document.get("input")
     multimodal = isinstance(messages, list) and has_media(messages)
     return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body, multimodal)

@@ -32,6 +32,8 @@ from epp.extproc.openai import (
     has_media,
     parse_body,
     parts_text,
+    read_stream,
+    rewrite_model,
 )
 
 Parse = Callable[[str, bytes, str | None, str | None], ParsedBody]
@@ -59,15 +61,6 @@ def _model(document: dict[str, Any], default_model: str | None) -> str:
     return model
 
 
-def _stream(document: dict[str, Any]) -> bool:
-    stream = document.get("stream", False)
-    if stream is None:
-        return False
-    if not isinstance(stream, bool):
-        raise BadRequest("field 'stream' must be a boolean")
-    return stream
-
-
 def parse_anthropic(
     path: str, body: bytes, rewrite_to: str | None, default_model: str | None
 ) -> ParsedBody:
@@ -89,17 +82,13 @@ def parse_anthropic(
     ):
         raise BadRequest("field 'max_tokens' must be a non-negative integer")
     model = _model(document, default_model)
-    target = model
-    if rewrite_to and rewrite_to != model:
-        target = rewrite_to
-        document["model"] = target
-        body = orjson.dumps(document)
+    target, body = rewrite_model(document, body, model, rewrite_to)
     return ParsedBody(
         Api.CHAT_COMPLETIONS,
         model,
         target,
         prompt,
-        _stream(document),
+        read_stream(document),
         max_tokens,
         estimate_tokens(len(prompt)),
         body,
@@ -127,7 +116,9 @@ def parse_vllm_generate(
             raise BadRequest("field 'prompt' must be a string")
         tokens = estimate_tokens(len(prompt))
     model = _model(document, default_model)
-    return ParsedBody(Api.COMPLETIONS, model, model, prompt, _stream(document), None, tokens, body)
+    return ParsedBody(
+        Api.COMPLETIONS, model, model, prompt, read_stream(document), None, tokens, body
+    )
 
 
 def parse_passthrough(
