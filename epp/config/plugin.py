@@ -272,6 +272,13 @@ class Configured:
     parameters: Mapping[str, Any]
 
 
+NEEDS_LATENCY_PREDICTOR = (
+    "needs the reference's latency-predictor sidecar (trained XGBoost models), "
+    "which epp does not run"
+)
+"""The refusal of every plugin type that predicts latency with the reference's sidecar."""
+
+
 def configured(plugin_type: str) -> Factory:
     """The factory that returns `Configured(plugin_type, parameters)`."""
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.config.plugin import (
+    NEEDS_LATENCY_PREDICTOR,
     Configured,
     Kind,
     Param,
@@ -26,10 +27,6 @@ T = ParamType
 ALPHA = Stability.ALPHA
 PART3 = "issue #14, scheduling plugins"
 
-_NEEDS_LATENCY_PREDICTOR = (
-    "needs the reference's latency-predictor sidecar (trained XGBoost models), "
-    "which epp does not run"
-)
 
 _TOKEN_PRODUCER_PARAMETERS = (
     Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
@@ -201,7 +198,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "predicted-latency-producer",
         Kind.PRODUCER,
         "per-pod TTFT and TPOT predictions from a trained model",
-        refusal=_NEEDS_LATENCY_PREDICTOR,
+        refusal=NEEDS_LATENCY_PREDICTOR,
     ),
     PluginType(
         "p2p-source-producer",
@@ -255,7 +252,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "latency-slo-admitter",
         Kind.ADMITTER,
         "rejects requests predicted to miss their SLO",
-        refusal=_NEEDS_LATENCY_PREDICTOR,
+        refusal=NEEDS_LATENCY_PREDICTOR,
     ),
     PluginType(
         "request-attribute-reporter",

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.config.plugin import (
+    NEEDS_LATENCY_PREDICTOR,
     Kind,
     Param,
     ParameterError,
@@ -24,10 +25,6 @@ T = ParamType
 ALPHA = Stability.ALPHA
 PART3 = "issue #14, scheduling plugins"
 
-_NEEDS_LATENCY_PREDICTOR = (
-    "needs the reference's latency-predictor sidecar (trained XGBoost models), "
-    "which epp does not run"
-)
 _MULTICLUSTER = "cluster-scoped (multi-cluster) EPPs are not supported"
 _TOPOLOGY = "needs node topology attributes (topology-extractor), which epp does not collect"
 _ENDPOINT_ATTRIBUTE = "needs endpoint attributes from plugins epp does not run"
@@ -306,7 +303,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "slo-headroom-tier-filter",
         Kind.FILTER,
         "tiers pods by predicted SLO headroom",
-        refusal=_NEEDS_LATENCY_PREDICTOR,
+        refusal=NEEDS_LATENCY_PREDICTOR,
     ),
     PluginType(
         "multicluster-session-affinity-filter",
@@ -451,7 +448,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "latency-scorer",
         Kind.SCORER,
         "scores pods by predicted latency",
-        refusal=_NEEDS_LATENCY_PREDICTOR,
+        refusal=NEEDS_LATENCY_PREDICTOR,
     ),
     PluginType(
         "endpoint-attribute-scorer",
