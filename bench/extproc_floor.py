@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvloop
@@ -65,16 +66,25 @@ class FixedEndpoint:
 
 async def serve(endpoint: str, port_file: Path) -> None:
     server = GrpcServer({PROCESS_METHOD: lambda call: FixedEndpoint(call, endpoint)})
-    port = await server.start("127.0.0.1", 0, server_ssl_context())
-    temporary = port_file.with_name(port_file.name + ".tmp")
-    temporary.write_text(str(port))
-    temporary.replace(port_file)
+    announce_port(await server.start("127.0.0.1", 0, server_ssl_context()), port_file)
     await asyncio.Event().wait()
 
 
-def main() -> None:
+def announce_port(port: int, port_file: Path) -> None:
+    """Tell the bench the bound port: written whole, so it never reads half a file."""
+    temporary = port_file.with_name(port_file.name + ".tmp")
+    temporary.write_text(str(port))
+    temporary.replace(port_file)
+
+
+def run(serve: Callable[[str, Path], Awaitable[None]]) -> None:
+    """A floor's command line: ENDPOINT PORT_FILE."""
     endpoint, port_file = sys.argv[1:]
     uvloop.run(serve(endpoint, Path(port_file)))
+
+
+def main() -> None:
+    run(serve)
 
 
 if __name__ == "__main__":

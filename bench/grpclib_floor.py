@@ -13,13 +13,12 @@ one by one (`async for`).
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
-import uvloop
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Server, Stream
 
+from bench.extproc_floor import announce_port, run
 from epp.extproc import messages
 from epp.extproc.server import PROCESS_METHOD
 from epp.serve.tls import server_ssl_context
@@ -72,16 +71,12 @@ async def serve(endpoint: str, port_file: Path) -> None:
     server = Server([FixedEndpointService(endpoint)])
     await server.start("127.0.0.1", 0, ssl=server_ssl_context())
     assert server._server is not None
-    port = server._server.sockets[0].getsockname()[1]
-    temporary = port_file.with_name(port_file.name + ".tmp")
-    temporary.write_text(str(port))
-    temporary.replace(port_file)
+    announce_port(server._server.sockets[0].getsockname()[1], port_file)
     await asyncio.Event().wait()
 
 
 def main() -> None:
-    endpoint, port_file = sys.argv[1:]
-    uvloop.run(serve(endpoint, Path(port_file)))
+    run(serve)
 
 
 if __name__ == "__main__":
