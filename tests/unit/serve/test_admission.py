@@ -92,6 +92,20 @@ class Clock:
         return self.now
 
 
+async def cancel_just_after_dispatch(pool: Pool) -> tuple[FlowRequest, FlowRequest]:
+    """(holder, waiting): `waiting` is dispatched by the holder's completion,
+    then its client's task is cancelled before it runs again."""
+    holder = await pool.occupy()
+    waiting = new_request()
+    task = await pool.queue(waiting)
+    pool.admission.complete(holder)
+    assert waiting.state is State.DISPATCHED
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return holder, waiting
+
+
 async def test_admit_returns_dispatched_without_waiting_when_there_is_room():
     pool = Pool(max_in_flight=1)
     r = new_request()
@@ -147,14 +161,7 @@ async def test_thousand_tasks_cancelled_while_queued_leave_nothing_queued_or_in_
 
 async def test_cancelling_a_task_dispatched_a_moment_earlier_hands_back_its_credit():
     pool = Pool(max_in_flight=1)
-    running = await pool.occupy()
-    waiting = new_request()
-    task = await pool.queue(waiting)
-    pool.admission.complete(running)
-    assert waiting.state is State.DISPATCHED
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_just_after_dispatch(pool)
     assert (pool.admission.in_flight, pool.gate.in_flight) == (0, 0)
 
 
@@ -308,13 +315,6 @@ async def test_idle_flows_are_collected_by_the_timer_and_reported():
 
 async def test_on_complete_is_told_of_a_request_dispatched_just_before_its_client_left():
     pool = Pool(max_in_flight=1)
-    holder = await pool.occupy()
-    waiting = new_request()
-    task = await pool.queue(waiting)
-    pool.admission.complete(holder)
-    assert waiting.state is State.DISPATCHED
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    holder, waiting = await cancel_just_after_dispatch(pool)
     assert pool.completed == [holder, waiting]
     assert pool.core.in_flight == 0
