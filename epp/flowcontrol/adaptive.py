@@ -42,7 +42,10 @@ The control law (measured against the alternatives in
   cannot be read) is not learned from: it gets the fixed limit
   (`maxPerEndpoint`, as the concurrency gate) and no pending budget, so a
   pool without metrics works as before. A request that completes before a
-  sample showed it running comes off the pending count. An endpoint that
+  sample showed it running comes off the pending count. When most requests
+  complete between two samples, the samples cannot see what the server
+  runs, so they cannot teach a limit either: the endpoint gets the fixed
+  limit too, until its requests outlast the sampling interval again. An endpoint that
   leaves the pool is forgotten; back, it starts again.
 
 Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
@@ -144,6 +147,8 @@ class LimitEstimator:
 
     __slots__ = (
         "adjustments",
+        "done",
+        "done_unseen",
         "found",
         "limit",
         "most",
@@ -157,6 +162,7 @@ class LimitEstimator:
         "seen_seq",
         "sent_seq",
         "settings",
+        "too_fast_to_see",
         "window_end",
     )
 
@@ -185,6 +191,13 @@ class LimitEstimator:
         """The server's queue at the last sample."""
         self.seen: float | None = None
         self.adjustments = 0
+        self.done = 0
+        """Requests completed since the last sample."""
+        self.done_unseen = 0
+        """Of those, the ones sent after the last sample: no sample saw them."""
+        self.too_fast_to_see = False
+        """Whether most requests completed unseen in the last interval with
+        completions: `running` cannot show what the server runs."""
 
     def observe(self, sample: Sample, binding: bool) -> int | None:
         """Use `sample` if it is new and was read; `binding` tells whether
@@ -195,6 +208,9 @@ class LimitEstimator:
             return None
         self.seen = now
         self.seen_seq = self.sent_seq
+        if self.done >= 2:
+            self.too_fast_to_see = self.done_unseen * 2 >= self.done
+        self.done = self.done_unseen = 0
         running = int(sample.running)
         waiting = int(sample.waiting)
         self.pending = self.queue = waiting
@@ -346,10 +362,14 @@ class AdaptiveGate:
             else:
                 del self._in_flight[endpoint]
             estimator = self._estimators.get(endpoint)
-            if estimator is not None and estimator.pending and request.seq > estimator.seen_seq:
-                # Sent after the last sample, so counted as pending: done, it
-                # is not waiting any more.
-                estimator.pending -= 1
+            if estimator is not None:
+                estimator.done += 1
+                if request.seq > estimator.seen_seq:
+                    # Sent after the last sample, so counted as pending: done,
+                    # it is not waiting any more.
+                    estimator.done_unseen += 1
+                    if estimator.pending:
+                        estimator.pending -= 1
 
     # -- the scheduler's credits -----------------------------------------------
 
@@ -395,7 +415,7 @@ class AdaptiveGate:
             estimator = estimators.get(address)
             held = in_flight.get(address, 0)
             seen = estimator.seen if estimator is not None else None
-            if seen is None or now - seen > blind_after:
+            if seen is None or now - seen > blind_after or estimator.too_fast_to_see:
                 if blind_limit <= 0 or held < blind_limit:
                     kept.append(endpoint)
                 continue
@@ -411,8 +431,14 @@ class AdaptiveGate:
 
     def _check(self, endpoint: str, priority: int, now: float) -> bool:
         estimator = self._estimators.get(endpoint)
-        if estimator is None or estimator.seen is None or now - estimator.seen > self._blind_after:
-            # No recent sample to learn from: the fixed limit, if any.
+        if (
+            estimator is None
+            or estimator.seen is None
+            or now - estimator.seen > self._blind_after
+            or estimator.too_fast_to_see
+        ):
+            # No recent sample to learn from, or none that could see the
+            # requests: the fixed limit, if any.
             blind = self.blind_limit
             return blind <= 0 or self._in_flight.get(endpoint, 0) < blind
         band = self._bands.get(priority)

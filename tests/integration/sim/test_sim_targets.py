@@ -129,6 +129,24 @@ def test_adaptive_limits_settle_within_10_s_of_the_load(adaptive):
     assert adaptive["epp"]["limit_settled_s"] <= 10.0
 
 
+@pytest.fixture(scope="module")
+def short_requests():
+    policies = report_of("short-requests")
+    return policies["epp"], policies["round-robin"]
+
+
+def test_requests_shorter_than_the_scrape_interval_are_served_at_the_offered_rate(short_requests):
+    ours, round_robin = short_requests
+    assert ours["throughput_rps"] >= 0.97 * round_robin["throughput_rps"]
+
+
+def test_requests_shorter_than_the_scrape_interval_wait_about_as_long_as_round_robin(
+    short_requests,
+):
+    ours, round_robin = (side["objectives"]["standard"] for side in short_requests)
+    assert ours["ttft_p50_s"] <= 2 * round_robin["ttft_p50_s"]
+
+
 def test_adaptive_learns_each_servers_batch_size():
     uniform = report_of("adaptive-uniform", 30.0, baselines=(), isolation=False)
     assert set(uniform["epp"]["learned_limits"].values()) == {16}

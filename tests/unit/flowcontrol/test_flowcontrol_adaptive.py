@@ -271,3 +271,43 @@ def test_a_request_done_before_any_sample_showed_it_running_is_no_longer_pending
     assert gate._estimators[A].pending == 1  # `earlier` was seen running
     gate.on_complete(later)
     assert gate._estimators[A].pending == 0
+
+
+def test_an_endpoint_whose_requests_finish_between_samples_gets_the_fixed_limit():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    for _ in range(2):  # each sent after the sample and done before the next
+        gate.on_complete(dispatch(gate, A))
+    pool.publish(0.05)
+    for _ in range(32):
+        assert gate.has_room(A, 0)
+        dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # maxPerEndpoint (32) in flight
+
+
+def test_an_endpoint_learns_again_once_its_requests_outlast_the_sampling_interval():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    for _ in range(2):
+        gate.on_complete(dispatch(gate, A))
+    pool.publish(0.05)
+    gate.has_room(A, 0)
+    long = [dispatch(gate, A) for _ in range(2)]
+    pool.publish(0.1, a=(2, 0))
+    gate.has_room(A, 0)
+    for request in long:  # seen by the sample at 0.1 s, done after it
+        gate.on_complete(request)
+    pool.publish(0.15)
+    gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # learning: one pending request at a time
+
+
+def test_one_request_done_unseen_in_an_interval_says_nothing():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    gate.on_complete(dispatch(gate, A))
+    pool.publish(0.05)
+    gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
