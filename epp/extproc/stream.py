@@ -59,6 +59,7 @@ PriorityResolver = Callable[[Mapping[str, str]], int]
 
 REJECTION_STATUS: dict[Outcome, int] = {
     Outcome.REJECTED_SATURATED: 429,
+    Outcome.REJECTED_FILTERED: 429,
     Outcome.REJECTED_TTL_EXPIRED: 429,
     Outcome.REJECTED_NO_ENDPOINTS: 503,
     Outcome.CANCELLED: 503,

@@ -18,9 +18,13 @@ class Outcome(Enum):
     REJECTED_TTL_EXPIRED = "rejected-ttl-expired"
     CANCELLED = "rejected-context-cancelled"
     REJECTED_SHUTTING_DOWN = "rejected-shutting-down"
+    REJECTED_FILTERED = "rejected-filtered"
+    """A scheduling profile's filters kept no endpoint of a non-empty pool.
+    The reference reads that as a busy pool, not a broken one, and answers
+    it as saturation; so does its reason."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    def __init__(self, value: str) -> None:
+        self.reason = "rejected-saturated" if value == "rejected-filtered" else value
 
     @property
     def is_dispatched(self) -> bool:

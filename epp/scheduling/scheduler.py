@@ -17,7 +17,8 @@ The profile handler (`profiles`) then runs one or more profiles. A profile
 (`ProfileRunner`) applies its filters to those candidates (to the
 fresh-and-unsaturated ones first, then the reachable ones, then all: a
 label filter must not fall back to endpoints it excludes; when it excludes
-every endpoint the request ends with `rejected-no-endpoints`); every
+every endpoint the request ends with `REJECTED_FILTERED`, which the
+reference answers 429 `rejected-saturated`); every
 scorer rates the candidates in [0, 1], the weighted scores are summed, the
 picker chooses, and the scorers are told where the request went (the
 prefix scorer records the prompt's blocks there). Each configured plugin is
@@ -290,7 +291,7 @@ class ProfileRunner:
                     request, endpoints
                 )
                 if not candidates:
-                    return Outcome.REJECTED_NO_ENDPOINTS
+                    return Outcome.REJECTED_FILTERED
         else:
             candidates = candidates or reachable(endpoints) or endpoints
         chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]

@@ -364,7 +364,8 @@ def decision_type(routing: dict[str, str] | None) -> str:
 def flow_control_outcome(outcome: Outcome, queued: bool) -> str:
     """The reference's name for how a request left flow control: Rejected*
     at the door, Evicted* after waiting in a queue."""
-    if outcome is Outcome.DISPATCHED:
+    if outcome is Outcome.DISPATCHED or outcome is Outcome.REJECTED_FILTERED:
+        # The reference's flow control dispatched it; its scheduler failed after.
         return "Dispatched"
     if outcome is Outcome.REJECTED_TTL_EXPIRED:
         return "EvictedTTL"
@@ -632,7 +633,7 @@ class EppMetrics:
                 payload = request.payload
                 decision = decision_type(payload.routing if payload is not None else None)
                 self.disagg_decisions.add((handler, handler, target, decision))
-        elif outcome is Outcome.REJECTED_NO_ENDPOINTS:
+        elif outcome is Outcome.REJECTED_NO_ENDPOINTS or outcome is Outcome.REJECTED_FILTERED:
             self._attempt("failure", target, None)
 
     def watch_scheduling(self, handler_type: str) -> None:

@@ -176,6 +176,7 @@ def test_model_rewrite_alias_header_is_honoured():
 
 OUTCOME_REPLIES = [
     (Outcome.REJECTED_SATURATED, 429, "rejected-saturated"),
+    (Outcome.REJECTED_FILTERED, 429, "rejected-saturated"),
     (Outcome.REJECTED_TTL_EXPIRED, 429, "rejected-ttl-expired"),
     (Outcome.REJECTED_NO_ENDPOINTS, 503, "rejected-no-endpoints"),
     (Outcome.CANCELLED, 503, "rejected-context-cancelled"),

@@ -87,13 +87,13 @@ def test_single_profile_decode_filter_keeps_decode_pods_and_unlabelled_ones() ->
     assert "10.0.0.3:8000" in chosen
 
 
-def test_a_filter_that_keeps_no_pod_ends_the_request_with_no_endpoints() -> None:
+def test_a_filter_that_keeps_no_pod_ends_the_request_as_filtered() -> None:
     document = {
         "plugins": [{"type": "prefill-filter"}],
         "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "prefill-filter"}]}],
     }
     placer = scheduler_for(document, pod(1, "decode"), pod(2))
-    assert placer.choose(request()) is Outcome.REJECTED_NO_ENDPOINTS
+    assert placer.choose(request()) is Outcome.REJECTED_FILTERED
 
 
 def test_a_filter_does_not_fall_back_to_pods_it_excludes_when_its_pods_are_saturated() -> None:

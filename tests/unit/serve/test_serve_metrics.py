@@ -165,6 +165,7 @@ def test_flow_control_outcomes_read_the_references_names(metrics):
     ("outcome", "queued", "name"),
     [
         (Outcome.DISPATCHED, True, "Dispatched"),
+        (Outcome.REJECTED_FILTERED, True, "Dispatched"),
         (Outcome.REJECTED_SATURATED, False, "RejectedCapacity"),
         (Outcome.REJECTED_SATURATED, True, "EvictedOther"),
         (Outcome.REJECTED_NO_ENDPOINTS, False, "RejectedNoEndpoints"),
