@@ -642,14 +642,10 @@ def _flow_control(
     default_ttl = reader.duration(
         fields.get("defaultRequestTTL"), "flowControl.defaultRequestTTL", defaults.default_ttl
     )
+    # Unset, it follows defaultRequestTTL (None), as the reference's does.
     no_endpoint_ttl = reader.duration(
-        fields.get("noEndpointRequestTTL"), "flowControl.noEndpointRequestTTL", default_ttl
+        fields.get("noEndpointRequestTTL"), "flowControl.noEndpointRequestTTL", None
     )
-    if no_endpoint_ttl != default_ttl:
-        reader.warn(
-            "flowControl.noEndpointRequestTTL",
-            "epp applies defaultRequestTTL while the pool has no endpoints too",
-        )
     return FlowControlConfig(
         max_requests=reader.quantity(
             fields.get("maxRequests"), "flowControl.maxRequests", defaults.max_requests
@@ -664,6 +660,7 @@ def _flow_control(
         )
         or 0.0,
         gate=_gate(reader, fields.get("gate")),
+        no_endpoint_ttl=no_endpoint_ttl,
     )
 
 

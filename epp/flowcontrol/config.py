@@ -97,6 +97,15 @@ class FlowControlConfig:
     bands: tuple[BandConfig, ...] = ()
     flow_idle_timeout: float = 300.0
     gate: GateConfig = field(default_factory=GateConfig)
+    no_endpoint_ttl: float | None = None
+    """The queue-wait budget while the pool has no endpoint (0 disables it);
+    None: `default_ttl`, as the reference's `noEndpointRequestTTL` follows
+    `defaultRequestTTL` when unset."""
+
+    @property
+    def empty_pool_ttl(self) -> float:
+        """The budget while the pool has no endpoint (0: none)."""
+        return self.default_ttl if self.no_endpoint_ttl is None else self.no_endpoint_ttl
 
     def band(self, priority: int) -> BandConfig:
         """The configuration of the band for `priority`, configured or templated."""

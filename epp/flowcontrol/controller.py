@@ -23,8 +23,18 @@ decides when to dispatch:
 
 `next_wakeup()` is the one time a shell must wake the core: the earliest of
 the next TTL deadline (`epp.flowcontrol.deadlines`, exact, no periodic sweep)
-and the next idle-flow check. `enqueue` and `dispatch` are the two halves of
-an arrival, kept for measuring and testing the queue itself.
+and the next idle-flow check.
+
+Two regimes, as the reference's: while the pool has endpoints a queued
+request's budget is its effective TTL (its own, capped by its band's); while
+it has none (scale from zero) the budget is `no_endpoint_ttl` (capped by the
+request's own TTL), it ends `rejected-no-endpoints`, and a full queue rejects
+with that reason too. Each change of regime, seen at the next dispatch pass,
+starts every queued request's budget afresh, so a request that waited out an
+empty pool is not shed the moment an endpoint appears.
+
+`enqueue` and `dispatch` are the two halves of an arrival, kept for
+measuring and testing the queue itself.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from heapq import heappop, heappush
 from math import inf
 
 from epp.flowcontrol.band import Band
-from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.config import FlowControlConfig, effective_ttl
 from epp.flowcontrol.deadlines import Deadlines
 from epp.flowcontrol.flow import Flow, FlowKey
 from epp.flowcontrol.gate import Gate, Placer
@@ -66,6 +76,10 @@ class FlowController:
         self._deadlines = Deadlines()
         self._idle: list[tuple[float, int, Flow]] = []
         self._seq = 0
+        self._empty = False
+        """The regime: whether the pool had no endpoint at the last look."""
+        self._regime_since = -inf
+        """When the regime last changed; budgets are charged from then at the earliest."""
         self._closed = False
         self.queued_requests = 0
         self.queued_bytes = 0
@@ -89,6 +103,7 @@ class FlowController:
 
     def _apply(self, config: FlowControlConfig) -> None:
         self.config = config
+        self._no_endpoint_ttl = effective_ttl(config.empty_pool_ttl)
         self._max_requests = config.max_requests or inf
         self._max_bytes = config.max_bytes or inf
         self._global_limits = bool(config.max_requests or config.max_bytes)
@@ -123,13 +138,13 @@ class FlowController:
         if self._over_capacity(band, size):
             if not band.flows and not band.keep:
                 self._remove_band(band)
-            return self._drop_new(request, Outcome.REJECTED_SATURATED)
-
-        ttl = self._stamp(request, band)
-        if ttl is not None:
-            self._deadlines.track(
-                request, band.lane if ttl is band.ttl else None, self.queued_requests
+            return self._drop_new(
+                request,
+                Outcome.REJECTED_NO_ENDPOINTS if self._empty else Outcome.REJECTED_SATURATED,
             )
+
+        self._stamp(request, band)
+        self._track(request, band)
         flow = request.flow
         request.state = QUEUED
         flow.count += 1
@@ -140,10 +155,10 @@ class FlowController:
         band.policy.push(request, flow)
         return None
 
-    def _stamp(self, request: FlowRequest, band: Band) -> float | None:
+    def _stamp(self, request: FlowRequest, band: Band) -> None:
         """Set the fields the core gives a request arriving in `band`: its
-        sequence number, deadline, order key and flow. Returns its effective
-        TTL (the smallest of its own and the band's; None: no TTL)."""
+        sequence number, deadline (arrival + effective TTL: the smallest of
+        its own and the band's), order key and flow."""
         request.seq = self._seq = self._seq + 1
         ttl = request.ttl
         if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
@@ -153,7 +168,40 @@ class FlowController:
         if not band.fcfs:
             request.order_key = order_key(band.config.ordering, request)
         request.flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
-        return ttl
+
+    def _track(self, request: FlowRequest, band: Band) -> None:
+        """Track the queued `request`'s expiry under the current regime (see
+        the module docstring); its band's lane when it takes the band's
+        budget, in arrival order."""
+        own = request.ttl if request.ttl is not None and request.ttl > 0 else None
+        shared = self._no_endpoint_ttl if self._empty else band.ttl
+        if own is not None and (shared is None or own < shared):
+            lane, budget = None, own
+        elif shared is not None:
+            lane, budget = band.lane, shared
+        else:
+            return
+        start = request.arrival
+        if start < self._regime_since:
+            start = self._regime_since
+        request.deadline = start + budget
+        self._deadlines.track(request, lane, self.queued_requests)
+
+    def _observe_regime(self, now: float) -> None:
+        """Look whether the pool has endpoints; on a change of regime every
+        queued request's budget starts again from `now`."""
+        empty = not self.placer.has_endpoints()
+        if empty is self._empty:
+            return
+        self._empty = empty
+        self._regime_since = now
+        self._deadlines.clear()
+        queued = sorted(
+            (request for band in self._bands_desc for request in band.policy.requests()),
+            key=lambda request: request.seq,
+        )
+        for request in queued:
+            self._track(request, request.flow.band)
 
     def _over_capacity(self, band: Band, size: int) -> bool:
         """Would one more request of `size` bytes overflow `band` or the global limits?"""
@@ -197,6 +245,8 @@ class FlowController:
             return None, []
         placement = self.placer.place(request)
         if placement.__class__ is not str:
+            if placement is None:
+                self._observe_regime(now)  # as the pass would, before it waits
             self.enqueue(request, now)
             band.policy.peek()  # what the pass would have dropped on its way
             if placement is None:
@@ -217,6 +267,7 @@ class FlowController:
         done: list[FlowRequest] = []
         if not self.queued_requests:
             return done
+        self._observe_regime(now)
         gate = self.gate
         placer = self.placer
         for band in self._bands_desc:
@@ -325,11 +376,8 @@ class FlowController:
         return self._deadlines.next()
 
     def _expire_due(self, now: float) -> list[FlowRequest]:
-        outcome = (
-            Outcome.REJECTED_TTL_EXPIRED
-            if self.placer.has_endpoints()
-            else Outcome.REJECTED_NO_ENDPOINTS
-        )
+        self._observe_regime(now)
+        outcome = Outcome.REJECTED_NO_ENDPOINTS if self._empty else Outcome.REJECTED_TTL_EXPIRED
         expired = self._deadlines.pop_due(now)
         for request in expired:
             self._remove(request, outcome, now)

@@ -97,6 +97,14 @@ class Deadlines:
             best = heap[0][0]
         return best
 
+    def clear(self) -> None:
+        """Forget every entry (the lanes stay, empty): the requests are
+        about to be tracked again with new deadlines."""
+        for lane in self._lanes:
+            lane.clear()
+        self._heap = []
+        self.entries = 0
+
     def sweep(self) -> None:
         """Drop every dead entry."""
         for lane in self._lanes:

@@ -353,3 +353,20 @@ def test_without_a_usage_limit_policy_the_gate_holds_back_by_priority():
     from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS
 
     assert EppConfig().flow_control.gate.usage_limits == DEFAULT_USAGE_LIMITS
+
+
+def test_no_endpoint_request_ttl_is_read() -> None:
+    parsed = parse_config(config(flowControl={"noEndpointRequestTTL": "5m"})).flow_control
+    assert parsed.empty_pool_ttl == 300.0
+
+
+def test_no_endpoint_request_ttl_follows_the_default_request_ttl_when_unset() -> None:
+    parsed = parse_config(config(flowControl={"defaultRequestTTL": "20s"})).flow_control
+    assert parsed.empty_pool_ttl == 20.0
+
+
+def test_a_zero_no_endpoint_request_ttl_stays_zero() -> None:
+    parsed = parse_config(
+        config(flowControl={"defaultRequestTTL": "20s", "noEndpointRequestTTL": "0s"})
+    ).flow_control
+    assert parsed.empty_pool_ttl == 0.0

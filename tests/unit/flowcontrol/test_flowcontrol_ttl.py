@@ -130,7 +130,7 @@ def test_next_deadline_is_none_when_nothing_is_queued():
 def test_expiry_without_any_endpoint_reports_no_endpoints():
     core = controller(gate=Credits(0), placer=Placer(endpoints=False))
     r = request(ttl=1.0)
-    enqueue_all(core, r)
+    core.enqueue_and_dispatch(r, 0.0)
     assert core.expire(1.0) == [r]
     assert r.outcome is Outcome.REJECTED_NO_ENDPOINTS
 
