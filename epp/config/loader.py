@@ -47,6 +47,7 @@ from epp.scheduling.config import (
     SchedulingConfig,
     ScorerConfig,
 )
+from epp.scheduling.saturation import SaturationThresholds
 from epp.scheduling.spec import PluginSpec
 
 API_VERSION = "llm-d.ai/v1alpha1"
@@ -440,16 +441,24 @@ def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> Sch
     block_chars, max_blocks, lru_capacity = _prefix_blocks(
         _declared(reader, plugins, PREFIX_PRODUCER), defaults
     )
-    saturation = _declared(reader, plugins, SATURATION_FILTER).parameters
+    saturation_filter = _declared(reader, plugins, SATURATION_FILTER)
+    parameters = saturation_filter.parameters
+    try:
+        saturation = SaturationThresholds(
+            queue_depth=parameters["queueDepthThreshold"],
+            kv_cache=parameters["kvCacheUtilThreshold"],
+            staleness=parameters["metricsStalenessThreshold"],
+        )
+    except ValueError as error:
+        reader.fail(f"{saturation_filter.path}.parameters", str(error))
+        saturation = defaults.saturation
     return SchedulingConfig(
         profiles=profiles,
         handler=handler,
         prefix_block_chars=block_chars,
         prefix_max_blocks=max_blocks,
         prefix_lru_capacity=lru_capacity,
-        metrics_staleness=saturation["metricsStalenessThreshold"],
-        saturation_queue_depth=saturation["queueDepthThreshold"],
-        saturation_kv_cache=saturation["kvCacheUtilThreshold"],
+        saturation=saturation,
     )
 
 
@@ -558,24 +567,41 @@ def _gate(reader: _Reader, value: Any) -> GateConfig:
             "flowControl.gate.maxPerPrefillEndpoint",
             defaults.max_per_prefill_endpoint,
         ),
-        queue_depth_threshold=reader.number(
-            fields.get("queueDepthThreshold"),
-            "flowControl.gate.queueDepthThreshold",
-            defaults.queue_depth_threshold,
-        ),
-        kv_cache_threshold=reader.number(
-            fields.get("kvCacheUtilThreshold"),
-            "flowControl.gate.kvCacheUtilThreshold",
-            defaults.kv_cache_threshold,
-            maximum=1.0,
-        ),
-        metrics_staleness=reader.duration(
-            fields.get("metricsStalenessThreshold"),
-            "flowControl.gate.metricsStalenessThreshold",
-            defaults.metrics_staleness,
-        )
-        or 0.0,
     )
+
+
+GATE_THRESHOLDS = {
+    "queueDepthThreshold": "queue_depth",
+    "kvCacheUtilThreshold": "kv_cache",
+    "metricsStalenessThreshold": "staleness",
+}
+"""The gate's former copies of the saturation thresholds, by the field of
+`SaturationThresholds` each one names."""
+
+
+def _gate_thresholds(reader: _Reader, flow: Any, saturation: SaturationThresholds) -> None:
+    """The gate's former threshold fields: accepted with a warning when they
+    say what the saturation filter says (a configuration written before the
+    thresholds were one set), refused when they differ."""
+    gate = flow.get("gate") if isinstance(flow, Mapping) else None
+    if not isinstance(gate, Mapping):
+        return
+    for name, field_name in GATE_THRESHOLDS.items():
+        if name not in gate:
+            continue
+        path = f"flowControl.gate.{name}"
+        expected = getattr(saturation, field_name)
+        if field_name == "staleness":
+            value = reader.duration(gate[name], path, expected)
+        else:
+            value = reader.number(gate[name], path, expected)
+        where = f"the saturation thresholds are set once, in {SATURATION_FILTER}'s parameters"
+        if value == expected:
+            reader.warn(path, f"deprecated: {where}; this one says the same, so it is ignored")
+        else:
+            reader.fail(
+                path, f"{value:g} differs from {SATURATION_FILTER}'s {name} {expected:g}: {where}"
+            )
 
 
 FLOW_CONTROL_FIELDS = frozenset(
@@ -944,9 +970,11 @@ def parse_config(document: Any) -> EppConfig:
         # The adaptive gate applies the policy to each endpoint's learned limit.
         gate = replace(flow_control.gate, usage_limits=flow_plugins.usage_limit)
         flow_control = replace(flow_control, gate=gate)
+    scheduling = _scheduling(reader, fields.get("schedulingProfiles"), plugins)
+    _gate_thresholds(reader, flow_fields, scheduling.saturation)
     config = EppConfig(
         flow_control=flow_control,
-        scheduling=_scheduling(reader, fields.get("schedulingProfiles"), plugins),
+        scheduling=scheduling,
         plugins=tuple((name, plugin.type) for name, plugin in plugins.items()),
         feature_gates=feature_gates,
         data_layer=_data_layer(reader, fields.get("dataLayer"), plugins),

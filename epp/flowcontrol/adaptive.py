@@ -501,6 +501,12 @@ class AdaptiveGate:
         estimator = self._estimators.get(endpoint)
         return estimator.limit if estimator is not None else self.settings.initial
 
+    def saturation(self) -> float:
+        """The pool's saturation as this gate sees it: requests in flight
+        over the sum of the pool's learned limits (1.0: every credit used)."""
+        total = sum(self.limit_of(endpoint.address) for endpoint in self._pool().endpoints)
+        return self.in_flight / total if total else 1.0
+
     def limits(self) -> dict[str, int]:
         """Every known endpoint's learned limit."""
         return {address: e.limit for address, e in self._estimators.items()}

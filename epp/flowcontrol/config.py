@@ -63,18 +63,16 @@ class GateConfig:
     `max_per_prefill_endpoint`: under prefill/decode disaggregation, the
     requests in their prefill stage per prefill endpoint (0 = unlimited;
     see `epp.scheduling.stages`).
-    `utilization`: scraped waiting queue and KV-cache usage against the
-    thresholds, metrics older than `metrics_staleness` count as saturated.
-    The core reads none of this; the shells build the gates from it.
+    `utilization`: the pool's saturation from scraped waiting queue and
+    KV-cache usage, against the one set of saturation thresholds (the
+    saturation filter's, `epp.scheduling.saturation`).
+    The controller reads none of this; `build_core` builds the gate from it.
     """
 
     kinds: frozenset[GateKind] = frozenset({GateKind.ADAPTIVE})
     max_in_flight: int = 0
     max_per_endpoint: int = 32
     max_per_prefill_endpoint: int = 8
-    queue_depth_threshold: float = 5.0
-    kv_cache_threshold: float = 0.8
-    metrics_staleness: float = 0.2
     usage_limits: UsageLimitPolicy = DEFAULT_USAGE_LIMITS
     """The share of each endpoint's learned limit each band may use
     (adaptive), or each band's ceiling on the detector's saturation."""

@@ -129,6 +129,11 @@ class ConcurrencyGate:
                 del self._per_endpoint[endpoint]
 
 
+def gate_parts(gate: Gate) -> tuple[Gate, ...]:
+    """The gates `gate` is made of: its members if it is `AllGates`, else itself."""
+    return gate.gates if isinstance(gate, AllGates) else (gate,)
+
+
 class AllGates:
     """Open only when every gate is open; tells each of them everything."""
 

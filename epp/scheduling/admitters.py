@@ -3,10 +3,10 @@
 `ProbabilisticAdmitter` is the reference's `probabilistic-admitter`: a
 request with priority >= 0 is always admitted; a sheddable one (priority < 0)
 is refused with probability min(saturation ** power * k, 1.0), where the
-saturation is the pool's mean of max(waiting / queueDepthThreshold,
-kv_usage / kvCacheUtilThreshold) (`gates.pool_saturation`; an endpoint
-without metrics counts 1.0, and metrics are never stale to it, as in the
-reference). An empty pool admits. The caller draws the random number so that
+saturation is the pool's by the rule of `epp.scheduling.saturation` (mean
+of max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold); an
+endpoint without metrics counts 1.0, and metrics are never stale to it, as
+in the reference). An empty pool admits. The caller draws the random number so that
 the plugin stays a plain value and a test can choose the draw.
 
 The live shell runs the configured admitters in declaration order when a
@@ -17,25 +17,25 @@ pass over the pool's endpoints per sheddable request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import inf
 
 from epp.scheduling.endpoint import PoolSnapshot
-from epp.scheduling.gates import pool_saturation
+from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds, pool_saturation
+
+NEVER_STALE = replace(DEFAULT_THRESHOLDS, staleness=inf)
+"""The reference's thresholds; the admitter reads metrics of any age."""
 
 
 @dataclass(slots=True, frozen=True)
 class ProbabilisticAdmitter:
-    queue_depth_threshold: float = 5.0
-    kv_cache_threshold: float = 0.8
+    thresholds: SaturationThresholds = NEVER_STALE
     power: float = 5.0
     k: float = 300.0
 
     def shed_probability(self, pool: PoolSnapshot, now: float) -> tuple[float, float]:
         """(saturation, probability of refusing a sheddable request)."""
-        saturation, _ = pool_saturation(
-            pool, now, self.queue_depth_threshold, self.kv_cache_threshold, inf
-        )
+        saturation, _ = pool_saturation(pool, now, self.thresholds)
         return saturation, min(saturation**self.power * self.k, 1.0)
 
     def deny(self, priority: int, pool: PoolSnapshot, now: float, draw: float) -> str | None:

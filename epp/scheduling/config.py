@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.profiles import single_profile_handler
+from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds
 from epp.scheduling.scorers import kv_cache_scorer, prefix_cache_scorer, queue_scorer
 from epp.scheduling.spec import PluginSpec, spec
 
@@ -63,16 +64,14 @@ class SchedulingConfig:
     `prefix_max_blocks` per prompt, at most `prefix_lru_capacity` hashes per
     endpoint (in two generations, see `prefix`).
 
-    Before the profiles run, endpoints whose metrics are older than
-    `metrics_staleness` seconds, or whose waiting queue reaches
-    `saturation_queue_depth` or KV-cache usage `saturation_kv_cache`, are
-    dropped, unless that would drop them all."""
+    Before the profiles run, endpoints that `saturation` calls saturated
+    (stale metrics, a full waiting queue or KV cache) are dropped, unless that
+    would drop them all. The same thresholds are the utilization gate's and
+    the pool-saturation gauge's (`epp.scheduling.saturation`)."""
 
     profiles: tuple[ProfileConfig, ...] = (ProfileConfig(),)
     handler: PluginSpec = SINGLE_PROFILE_HANDLER
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250
-    metrics_staleness: float = 0.2
-    saturation_queue_depth: float = 5.0
-    saturation_kv_cache: float = 0.8
+    saturation: SaturationThresholds = DEFAULT_THRESHOLDS

@@ -16,13 +16,20 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.adaptive import AdaptiveGate
+from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.flow import FlowKey
-from epp.flowcontrol.gate import Credits, Gate
+from epp.flowcontrol.gate import AllGates, ConcurrencyGate, Credits, Gate, OpenGate, gate_parts
 from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.detectors import DetectorGate
 from epp.scheduling.endpoint import PoolSnapshot
-from epp.scheduling.gates import build_gate
+from epp.scheduling.saturation import (
+    DEFAULT_THRESHOLDS,
+    SaturationThresholds,
+    UtilizationGate,
+    gate_saturation,
+)
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.stages import PrefillCredits, stage_gate
 
@@ -44,12 +51,58 @@ class Core:
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
-        reload); the gate and its credits stay, so nothing in flight is lost."""
+        reload), and read utilization against its saturation thresholds; the
+        gate and its credits stay, so nothing in flight is lost."""
         self.scheduler = Scheduler(
             config, self.pool, self.clock, rng, self.credits, self.prefill_credits
         )
         self.controller.placer = self.scheduler
+        for part in gate_parts(self.gate):
+            if isinstance(part, UtilizationGate):
+                part.retune(config.saturation)
         return self.scheduler
+
+    def saturation(self) -> float:
+        """The pool's saturation as the gate sees it now (the gauge's value)."""
+        return gate_saturation(self.gate, self.pool())
+
+
+def build_gate(
+    config: GateConfig,
+    pool: Callable[[], PoolSnapshot],
+    clock: Callable[[], float],
+    thresholds: SaturationThresholds = DEFAULT_THRESHOLDS,
+) -> tuple[Gate, Credits | None]:
+    """The gate `config` asks for, and its per-endpoint credits for the
+    scheduler (None when neither the adaptive nor the concurrency kind is
+    on; with both, the adaptive limits are the per-endpoint ones and the
+    concurrency kind adds its pool-wide `max_in_flight`). The utilization
+    kind reads `thresholds`. No kinds at all gives a gate that never closes.
+    A configured detector replaces all of it (`epp.scheduling.detectors`)."""
+    if config.detector is not None:
+        detector_gate = DetectorGate(config.detector, pool, clock, config.usage_limits)  # type: ignore[arg-type]
+        return detector_gate, detector_gate
+    gates: list[Gate] = []
+    credits: Credits | None = None
+    if GateKind.ADAPTIVE in config.kinds:
+        adaptive = AdaptiveGate(
+            pool, clock, usage=config.usage_limits, blind_limit=config.max_per_endpoint
+        )
+        gates.append(adaptive)
+        credits = adaptive
+    if GateKind.CONCURRENCY in config.kinds:
+        concurrency = ConcurrencyGate(
+            config.max_in_flight, 0 if credits is not None else config.max_per_endpoint
+        )
+        gates.append(concurrency)
+        credits = credits or concurrency
+    if GateKind.UTILIZATION in config.kinds:
+        gates.append(UtilizationGate(pool, clock, thresholds))
+    if not gates:
+        return OpenGate(), None
+    if len(gates) == 1:
+        return gates[0], credits
+    return AllGates(gates), credits
 
 
 def build_core(
@@ -62,7 +115,7 @@ def build_core(
 ) -> Core:
     """Gate, scheduler and flow controller for `flow_control` and
     `scheduling`, reading the pool from `pool` at the time `clock` gives."""
-    gate, credits = build_gate(flow_control.gate, pool, clock)
+    gate, credits = build_gate(flow_control.gate, pool, clock, scheduling.saturation)
     gate, prefill = stage_gate(gate, flow_control.gate.max_per_prefill_endpoint, scheduling)
     scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill)
     controller = FlowController(flow_control, gate, scheduler, on_flows_collected)

@@ -11,11 +11,12 @@ which `DetectorGate` gives the scheduler as per-endpoint credits
 (`has_room`/`with_room`): an endpoint is held back once its load reaches the
 ideal limit times (1 + headroom).
 
-- `UtilizationDetector`: saturation = mean over endpoints of max(waiting /
+- `UtilizationDetector`: the pool's saturation by the rule of
+  `epp.scheduling.saturation` (mean over endpoints of max(waiting /
   queueDepthThreshold, KV use / kvCacheUtilThreshold), stale or missing
-  metrics count 1.0, an empty pool is saturated (`gates.pool_saturation`).
-  Its filter keeps endpoints with fresh metrics below both limits, or all of
-  them when none is (the reference's fallback).
+  metrics count 1.0, an empty pool is saturated), against its own
+  parameters. Its filter keeps endpoints whose saturation is below
+  1.0 + headroom, or all of them when none is (the reference's fallback).
 - `ConcurrencyDetector`: counts what this EPP has in flight per endpoint
   (requests, and tokens as the request's input-token estimate).
   `requests`: in flight over endpoints x maxConcurrency; `tokens`: the same
@@ -37,7 +38,7 @@ from typing import Protocol, TypeVar
 from epp.flowcontrol.request import FlowRequest
 from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
-from epp.scheduling.gates import pool_saturation
+from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds, pool_saturation
 
 Load = Mapping[str, tuple[int, int]]
 """Per endpoint address: (requests, tokens) this EPP has in flight there."""
@@ -61,26 +62,17 @@ class SaturationDetector(Protocol):
 
 @dataclass(slots=True, frozen=True)
 class UtilizationDetector:
-    queue_depth_threshold: float = 5.0
-    kv_cache_threshold: float = 0.8
-    staleness: float = 0.2
+    thresholds: SaturationThresholds = DEFAULT_THRESHOLDS
     headroom: float = 0.0
     falls_back = True
 
     def saturation(self, pool: PoolSnapshot, now: float, load: Load) -> tuple[float, float]:
-        return pool_saturation(
-            pool, now, self.queue_depth_threshold, self.kv_cache_threshold, self.staleness
-        )
+        return pool_saturation(pool, now, self.thresholds)
 
     def admits(self, endpoint: Endpoint, now: float, load: Load) -> bool:
-        metrics = endpoint.metrics
-        if metrics.is_stale(now, self.staleness):
-            return False
-        burst = 1.0 + self.headroom
-        return (
-            metrics.waiting < self.queue_depth_threshold * burst
-            and metrics.kv_usage < self.kv_cache_threshold * burst
-        )
+        # The reference's waiting < queueDepthThreshold * (1 + headroom)
+        # and the same for KV, said as one saturation below 1 + headroom.
+        return self.thresholds.endpoint_saturation(endpoint.metrics, now) < 1.0 + self.headroom
 
 
 class ConcurrencyMode(StrEnum):

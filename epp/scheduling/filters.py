@@ -1,4 +1,5 @@
-"""Filters: narrow the candidate endpoints before scoring."""
+"""Filters: narrow the candidate endpoints before scoring. (The saturation
+filter, `unsaturated`, lives with its rule in `epp.scheduling.saturation`.)"""
 
 from __future__ import annotations
 
@@ -25,36 +26,6 @@ def reachable(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
     """Only endpoints whose latest metrics read did not fail: alive, even if
     saturated or not read lately."""
     return [endpoint for endpoint in endpoints if not endpoint.metrics.failing]
-
-
-def fresh_unsaturated(
-    endpoints: Sequence[Endpoint],
-    now: float,
-    staleness: float,
-    queue_depth_threshold: float,
-    kv_cache_threshold: float,
-) -> tuple[list[Endpoint], float]:
-    """The endpoints with fresh metrics below both saturation thresholds
-    (waiting queue, KV-cache usage), and until when that answer holds for
-    these endpoints (the moment the first of them turns stale)."""
-    kept = []
-    valid_until = float("inf")
-    oldest_fresh = now - staleness
-    for endpoint in endpoints:
-        metrics = endpoint.metrics
-        updated_at = metrics.updated_at
-        if (
-            updated_at is None
-            or updated_at < oldest_fresh
-            or metrics.failing
-            or metrics.waiting >= queue_depth_threshold
-            or metrics.kv_usage >= kv_cache_threshold
-        ):
-            continue
-        kept.append(endpoint)
-        if updated_at + staleness < valid_until:
-            valid_until = updated_at + staleness
-    return kept, valid_until
 
 
 ROLE_LABEL = "llm-d.ai/role"

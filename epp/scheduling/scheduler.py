@@ -4,7 +4,8 @@ core's `Placer`.
 For each request it takes the current pool snapshot and narrows it:
 1. Envoy's subset hint, if any (no match: the request ends with
    `rejected-no-endpoints`);
-2. endpoints with fresh metrics below the saturation thresholds, failing
+2. endpoints with fresh metrics below the saturation thresholds
+   (`epp.scheduling.saturation`), failing
    open only when no endpoint qualifies: first to the endpoints whose latest
    metrics read succeeded (alive, if saturated), then to all of step 1.
    When some qualify but have no credit, the request waits: an endpoint
@@ -41,9 +42,10 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import ProfileConfig, SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
-from epp.scheduling.filters import fresh_unsaturated, in_subset, reachable, with_room
+from epp.scheduling.filters import in_subset, reachable, with_room
 from epp.scheduling.profiles import DisaggProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.saturation import unsaturated
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
 from epp.scheduling.spec import BuildContext
 from epp.scheduling.stages import PrefillCredits
@@ -181,13 +183,8 @@ class Scheduler:
         only when the snapshot changes or one of them turns stale."""
         now = self._clock()
         if pool.version != self._healthy_version or now > self._healthy_until:
-            config = self._config
-            self._healthy, self._healthy_until = fresh_unsaturated(
-                pool.endpoints,
-                now,
-                config.metrics_staleness,
-                config.saturation_queue_depth,
-                config.saturation_kv_cache,
+            self._healthy, self._healthy_until = unsaturated(
+                pool.endpoints, now, self._config.saturation
             )
             self._healthy_version = pool.version
         return self._healthy

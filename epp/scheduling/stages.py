@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epp.flowcontrol.gate import AllGates, E, Gate
+from epp.flowcontrol.gate import AllGates, E, Gate, gate_parts
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.profiles import PREFILLER_HEADER
@@ -115,5 +115,4 @@ def stage_gate(
     if not disaggregates(scheduling) or max_per_prefill_endpoint <= 0:
         return gate, None
     credits = PrefillCredits(max_per_prefill_endpoint)
-    gates = gate.gates if isinstance(gate, AllGates) else (gate,)
-    return AllGates((*gates, credits)), credits
+    return AllGates((*gate_parts(gate), credits)), credits

@@ -78,13 +78,10 @@ from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.adaptive import AdaptiveGate
-from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
+from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.eviction import Evictor
-from epp.flowcontrol.gate import ConcurrencyGate, Credits
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
-from epp.scheduling.detectors import DetectorGate
-from epp.scheduling.gates import pool_saturation
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -198,37 +195,6 @@ def initial_pool(options: ServeOptions) -> InferencePool:
     return synthesized_pool(options.pool_name or "default", options.namespace)
 
 
-def saturation_of(gate: GateConfig, store: EndpointStore, credits: Credits | None) -> float:
-    """The pool's saturation as the configured gate sees it: a configured
-    detector's, else the largest of its kinds: in-flight over credits
-    (learned or fixed), and/or scraped utilization."""
-    if isinstance(credits, DetectorGate):
-        return credits.saturation()
-    pool = store.snapshot()
-    if not pool.endpoints:
-        return 1.0
-    values = [0.0]
-    if isinstance(credits, AdaptiveGate):
-        total = sum(credits.limit_of(endpoint.address) for endpoint in pool.endpoints)
-        values.append(credits.in_flight / total)
-    elif isinstance(credits, ConcurrencyGate):
-        if credits.max_per_endpoint > 0:
-            values.append(credits.in_flight / (credits.max_per_endpoint * len(pool.endpoints)))
-        if credits.max_in_flight > 0:
-            values.append(credits.in_flight / credits.max_in_flight)
-    if GateKind.UTILIZATION in gate.kinds:
-        values.append(
-            pool_saturation(
-                pool,
-                time.monotonic(),
-                gate.queue_depth_threshold,
-                gate.kv_cache_threshold,
-                gate.metrics_staleness,
-            )[0]
-        )
-    return max(values)
-
-
 def experimental_plugins(config: EppConfig) -> list[tuple[str, str]]:
     """(name, type) of the declared plugins of Alpha stability, which the
     reference loads only with --allow-experimental-plugins."""
@@ -300,9 +266,7 @@ class EppServer:
             endpoint_names=self._endpoint_names,
             scheduler_latency=self.scheduler_latency,
         )
-        self.metrics.watch_core(
-            lambda: saturation_of(self.config.flow_control.gate, self.store, self.credits),
-        )
+        self.metrics.watch_core(lambda: self.wired.saturation())
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         if isinstance(self.credits, AdaptiveGate):
             self.metrics.watch_limits(self.credits)
@@ -555,7 +519,7 @@ class EppServer:
                 self.admission.poke,
                 interval=options.refresh_metrics_interval,
                 timeout=SCRAPE_TIMEOUT,
-                staleness=self.config.flow_control.gate.metrics_staleness,
+                staleness=self.config.scheduling.saturation.staleness,
                 source=scraping[0],
                 engines=scraping[1],
             )

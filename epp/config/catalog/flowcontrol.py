@@ -23,6 +23,8 @@ from epp.flowcontrol.usagelimits import (
     StaticUsageLimit,
 )
 from epp.scheduling.detectors import ConcurrencyDetector, ConcurrencyMode, UtilizationDetector
+from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
+from epp.scheduling.saturation import SaturationThresholds
 
 T = ParamType
 
@@ -42,12 +44,10 @@ def _utilization_detector(parameters: Parameters) -> UtilizationDetector:
     kv = parameters["kvCacheUtilThreshold"]
     if kv > 1.0:
         raise ParameterError("kvCacheUtilThreshold", f"must be in (0.0, 1.0], got {kv}")
-    return UtilizationDetector(
-        parameters["queueDepthThreshold"],
-        kv,
-        parameters["metricsStalenessThreshold"],
-        parameters["headroom"],
+    thresholds = SaturationThresholds(
+        parameters["queueDepthThreshold"], kv, parameters["metricsStalenessThreshold"]
     )
+    return UtilizationDetector(thresholds, parameters["headroom"])
 
 
 def _concurrency_detector(parameters: Parameters) -> ConcurrencyDetector:
@@ -129,14 +129,28 @@ ENTRIES: tuple[PluginType, ...] = (
         "pool saturation = mean over pods of max(queue / threshold, KV / threshold); "
         "stale or missing metrics count as saturated",
         (
-            Param("queueDepthThreshold", T.INT, 5, "waiting requests per pod", 0, None, True),
             Param(
-                "kvCacheUtilThreshold", T.FLOAT, 0.8, "KV-cache usage per pod (<= 1)", 0, None, True
+                "queueDepthThreshold",
+                T.INT,
+                SATURATION.queue_depth,
+                "waiting requests per pod",
+                0,
+                None,
+                True,
+            ),
+            Param(
+                "kvCacheUtilThreshold",
+                T.FLOAT,
+                SATURATION.kv_cache,
+                "KV-cache usage per pod (<= 1)",
+                0,
+                None,
+                True,
             ),
             Param(
                 "metricsStalenessThreshold",
                 T.DURATION,
-                0.2,
+                SATURATION.staleness,
                 "older metrics are stale",
                 0,
                 None,

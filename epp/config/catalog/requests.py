@@ -5,6 +5,7 @@ defaults (`pkg/epp/framework/plugins/requesthandling/` and `requestcontrol/`).""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from epp.config.plugin import (
@@ -21,7 +22,7 @@ from epp.config.plugin import (
     pending,
 )
 from epp.extproc import parsers
-from epp.scheduling.admitters import ProbabilisticAdmitter
+from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
 
 T = ParamType
 ALPHA = Stability.ALPHA
@@ -223,7 +224,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param(
                 "queueDepthThreshold",
                 T.INT,
-                5,
+                NEVER_STALE.queue_depth,
                 "queue at which a pod counts saturated",
                 0,
                 None,
@@ -232,7 +233,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param(
                 "kvCacheUtilThreshold",
                 T.FLOAT,
-                0.8,
+                NEVER_STALE.kv_cache,
                 "KV use at which a pod counts saturated",
                 0,
                 None,
@@ -242,8 +243,11 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("k", T.FLOAT, 300.0, "where shedding starts", 0, None, True),
         ),
         factory=lambda parameters: ProbabilisticAdmitter(
-            parameters["queueDepthThreshold"],
-            parameters["kvCacheUtilThreshold"],
+            replace(
+                NEVER_STALE,
+                queue_depth=parameters["queueDepthThreshold"],
+                kv_cache=parameters["kvCacheUtilThreshold"],
+            ),
             parameters["power"],
             parameters["k"],
         ),

@@ -19,6 +19,7 @@ from epp.config.plugin import (
     pending,
 )
 from epp.scheduling import filters, pickers, profiles, scorers
+from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
 from epp.scheduling.spec import PluginSpec, spec
 
 T = ParamType
@@ -237,11 +238,28 @@ ENTRIES: tuple[PluginType, ...] = (
         "saturation-filter",
         Kind.FILTER,
         "epp's own: drops pods with stale metrics or a queue or KV cache over the "
-        "thresholds, unless that drops them all",
+        "thresholds, unless that drops them all; the utilization gate and the "
+        "pool-saturation gauge read the same thresholds",
         (
-            Param("metricsStalenessThreshold", T.DURATION, 0.2, "older metrics count as stale", 0),
-            Param("queueDepthThreshold", T.FLOAT, 5.0, "waiting requests per pod", 0),
-            Param("kvCacheUtilThreshold", T.FLOAT, 0.8, "KV-cache usage per pod", 0, 1),
+            Param(
+                "metricsStalenessThreshold",
+                T.DURATION,
+                SATURATION.staleness,
+                "older metrics count as stale",
+                0,
+            ),
+            Param(
+                "queueDepthThreshold",
+                T.FLOAT,
+                SATURATION.queue_depth,
+                "waiting requests per pod",
+                0,
+                None,
+                True,
+            ),
+            Param(
+                "kvCacheUtilThreshold", T.FLOAT, SATURATION.kv_cache, "KV-cache usage per pod", 0, 1
+            ),
         ),
         factory=configured("saturation-filter"),
     ),

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.detectors import ConcurrencyDetector, DetectorGate, UtilizationDetector
-from epp.serve.server import EppServer, saturation_of
+from epp.scheduling.saturation import SaturationThresholds
+from epp.serve.server import EppServer
 from tests.support.serving import loopback_options
 
 SAMPLE = Path(__file__).parents[2] / "data/reference_configs/probabilistic-admitter-epp-config.yaml"
@@ -30,7 +31,7 @@ def test_the_admitter_sample_sheds_sheddable_requests_on_a_saturated_pool() -> N
 def test_the_admitter_sample_neuters_the_utilization_detector_gate() -> None:
     live = server(SAMPLE.read_text())
     assert isinstance(live.gate, DetectorGate)
-    assert live.gate.detector == UtilizationDetector(999999999, 1.0, 0.2, 0.0)
+    assert live.gate.detector == UtilizationDetector(SaturationThresholds(999999999, 1.0, 0.2), 0.0)
 
 
 def test_a_concurrency_detector_is_the_gate_and_the_saturation_gauge() -> None:
@@ -44,7 +45,7 @@ def test_a_concurrency_detector_is_the_gate_and_the_saturation_gauge() -> None:
     request = FlowRequest("r", "f", 0, 0.0)
     request.endpoint = "127.0.0.1:1"
     live.gate.on_dispatch(request)
-    assert saturation_of(live.config.flow_control.gate, live.store, live.credits) == 0.25
+    assert live.wired.saturation() == 0.25
 
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"

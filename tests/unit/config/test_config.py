@@ -8,6 +8,7 @@ import pytest
 
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
+from epp.scheduling.saturation import SaturationThresholds
 
 ROOT = Path(__file__).parents[3]
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -115,20 +116,55 @@ def test_gate_fields_are_read() -> None:
                     "kinds": ["concurrency", "utilization"],
                     "maxInFlight": 64,
                     "maxPerEndpoint": 8,
-                    "queueDepthThreshold": 3,
-                    "kvCacheUtilThreshold": 0.9,
-                    "metricsStalenessThreshold": "1s",
                 }
             }
         )
     ).flow_control.gate
     assert gate.kinds == {GateKind.CONCURRENCY, GateKind.UTILIZATION}
     assert (gate.max_in_flight, gate.max_per_endpoint) == (64, 8)
-    assert (gate.queue_depth_threshold, gate.kv_cache_threshold, gate.metrics_staleness) == (
-        3,
-        0.9,
-        1.0,
+
+
+def saturation_filter(**parameters: Any) -> dict[str, Any]:
+    return {"type": "saturation-filter", "parameters": parameters}
+
+
+def test_the_saturation_filters_parameters_are_the_one_set_of_thresholds() -> None:
+    filter_plugin = saturation_filter(
+        queueDepthThreshold=3, kvCacheUtilThreshold=0.9, metricsStalenessThreshold="1s"
     )
+    parsed = parse_config(config(plugins=[filter_plugin]))
+    assert parsed.scheduling.saturation == SaturationThresholds(3, 0.9, 1.0)
+
+
+def test_without_a_saturation_filter_the_thresholds_are_the_defaults() -> None:
+    assert parse_config(config()).scheduling.saturation == SaturationThresholds()
+
+
+def test_a_zero_kv_cache_threshold_is_refused_at_the_filters_parameters() -> None:
+    (error,) = errors_of(config(plugins=[saturation_filter(kvCacheUtilThreshold=0)]))
+    assert error.startswith("plugins[0].parameters: saturation thresholds must be positive")
+
+
+def test_a_gate_threshold_saying_what_the_filter_says_is_accepted_with_a_warning() -> None:
+    parsed = parse_config(
+        config(
+            plugins=[saturation_filter(queueDepthThreshold=3)],
+            flowControl={"gate": {"queueDepthThreshold": 3, "metricsStalenessThreshold": "200ms"}},
+        )
+    )
+    assert [w.split(":")[0] for w in parsed.warnings if "deprecated" in w] == [
+        "flowControl.gate.queueDepthThreshold",
+        "flowControl.gate.metricsStalenessThreshold",
+    ]
+
+
+def test_a_gate_threshold_that_differs_from_the_filters_is_refused() -> None:
+    errors = errors_of(config(flowControl={"gate": {"kvCacheUtilThreshold": 0.9}}))
+    assert errors == [
+        "flowControl.gate.kvCacheUtilThreshold: 0.9 differs from saturation-filter's "
+        "kvCacheUtilThreshold 0.8: the saturation thresholds are set once, in "
+        "saturation-filter's parameters"
+    ]
 
 
 def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
@@ -213,8 +249,10 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
             "flowControl.gate.kinds[0]: unknown gate 'magic'",
         ),
         (
-            config(flowControl={"gate": {"kvCacheUtilThreshold": 2}}),
-            "flowControl.gate.kvCacheUtilThreshold: must be between",
+            config(
+                plugins=[{"type": "saturation-filter", "parameters": {"kvCacheUtilThreshold": 2}}]
+            ),
+            "plugins[0].parameters.kvCacheUtilThreshold: must be",
         ),
         (config(plugins=[{"type": "nope"}]), "plugins[0].type: unknown plugin type 'nope'"),
         (config(plugins=[{"name": "x"}]), "plugins[0].type: must be a non-empty string"),

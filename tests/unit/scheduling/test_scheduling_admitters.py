@@ -3,6 +3,8 @@ min(saturation ** power * k, 1) (the reference's plugin and README)."""
 
 from __future__ import annotations
 
+from math import inf
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from epp.config.loader import ConfigError, parse_config
 from epp.scheduling.admitters import ProbabilisticAdmitter
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.scheduling.saturation import SaturationThresholds
 
 NOW = 10.0
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -34,12 +37,14 @@ def admitter_of(parameters: dict | None = None) -> ProbabilisticAdmitter:
 
 
 def test_defaults_are_the_references() -> None:
-    assert admitter_of() == ProbabilisticAdmitter(5, 0.8, 5.0, 300.0)
+    assert admitter_of() == ProbabilisticAdmitter(SaturationThresholds(5, 0.8, inf), 5.0, 300.0)
 
 
 def test_parameters_are_read() -> None:
     parameters = {"queueDepthThreshold": 10, "kvCacheUtilThreshold": 1.0, "power": 2, "k": 7}
-    assert admitter_of(parameters) == ProbabilisticAdmitter(10, 1.0, 2.0, 7.0)
+    assert admitter_of(parameters) == ProbabilisticAdmitter(
+        SaturationThresholds(10, 1.0, inf), 2.0, 7.0
+    )
 
 
 @pytest.mark.parametrize(

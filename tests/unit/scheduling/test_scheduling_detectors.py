@@ -14,6 +14,7 @@ from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest
 from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, PriorityHoldback, StaticUsageLimit
 from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.core import build_gate
 from epp.scheduling.detectors import (
     ConcurrencyDetector,
     ConcurrencyMode,
@@ -21,8 +22,8 @@ from epp.scheduling.detectors import (
     UtilizationDetector,
 )
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
-from epp.scheduling.gates import build_gate
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.saturation import SaturationThresholds
 from epp.scheduling.scheduler import Scheduler
 
 NOW = 50.0
@@ -61,7 +62,7 @@ def request(index: int, priority: int = 0, tokens: int = 0, endpoint: str | None
 
 def test_utilization_detector_defaults_are_the_references() -> None:
     gate = detector_config({"type": "utilization-detector"})
-    assert gate.detector == UtilizationDetector(5, 0.8, 0.2, 0.0)
+    assert gate.detector == UtilizationDetector(SaturationThresholds(5, 0.8, 0.2), 0.0)
 
 
 def test_utilization_detector_parameters_are_read() -> None:
@@ -72,7 +73,7 @@ def test_utilization_detector_parameters_are_read() -> None:
         "headroom": 0.5,
     }
     gate = detector_config({"type": "utilization-detector", "parameters": parameters})
-    assert gate.detector == UtilizationDetector(8, 1.0, 1.0, 0.5)
+    assert gate.detector == UtilizationDetector(SaturationThresholds(8, 1.0, 1.0), 0.5)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from epp.config.loader import load_config
 from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.core import build_gate
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
-from epp.scheduling.gates import build_gate
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.stages import PrefillCredits, prefiller_of, stage_gate

@@ -7,8 +7,8 @@ from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.core import build_gate
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
-from epp.scheduling.gates import build_gate
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 
