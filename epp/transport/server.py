@@ -36,6 +36,11 @@ class GrpcServer:
     def trip(self, limit: str) -> None:
         self.trips[limit] += 1
 
+    @property
+    def listening(self) -> bool:
+        """Whether new connections are accepted (no longer once `stop` begins)."""
+        return self._server is not None and self._server.is_serving()
+
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on `host:port` (0: a free port); the port bound."""
         loop = asyncio.get_running_loop()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.serve.health import NOT_SERVING, SERVICE_UNKNOWN, SERVING, Health
 from epp.transport import HEALTH_LIMITS, GrpcServer
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -50,11 +49,13 @@ async def test_watch_sends_the_status_then_each_change(health_channel):
 
 
 async def test_watch_of_an_unknown_service_says_so_and_stays_open(health_channel):
-    _, stub = health_channel
+    health, stub = health_channel
     watch = stub.Watch(health_pb2.HealthCheckRequest(service="nope"))
     assert (await watch.read()).status == SERVICE_UNKNOWN
-    await asyncio.sleep(0.05)
+    # A later call's answer comes after anything the server said to the watch.
+    await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))
     assert not watch.done()
+    assert "nope" in health._watches
     watch.cancel()
 
 
@@ -63,8 +64,4 @@ async def test_a_cancelled_watch_is_forgotten(health_channel):
     watch = stub.Watch(health_pb2.HealthCheckRequest(service="liveness"))
     assert (await watch.read()).status == SERVING
     watch.cancel()
-    for _ in range(100):
-        if not health._watches:
-            break
-        await asyncio.sleep(0.01)
-    assert health._watches == {}
+    await eventually(lambda: health._watches == {})

@@ -4,14 +4,13 @@ timeout, or at the latest when the request ends."""
 
 from __future__ import annotations
 
-import asyncio
-
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.profiles import PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.stages import PrefillCredits
 from epp.serve.prefill_stage import PrefillStage
+from tests.support.waiting import eventually
 
 PREFILLER = "10.0.0.9:8000"
 
@@ -40,8 +39,8 @@ async def test_without_a_response_the_credit_returns_after_the_timeout():
     credits, pokes = PrefillCredits(1), []
     stage = PrefillStage(credits, lambda: pokes.append(1), timeout_s=0.01)
     stage.on_outcome(dispatched(credits), 0.0)
-    await asyncio.sleep(0.05)
-    assert credits.has_room(PREFILLER) and pokes == [1]
+    await eventually(lambda: credits.has_room(PREFILLER))
+    assert pokes == [1]
 
 
 async def test_a_request_that_ends_drops_its_timer():

@@ -24,6 +24,7 @@ from hyperframe.frame import (
     Frame,
     GoAwayFrame,
     HeadersFrame,
+    PingFrame,
     RstStreamFrame,
 )
 
@@ -74,6 +75,7 @@ class RawH2:
         frames for streams it did not open itself)."""
         self._raw = bytearray()
         self._h2_failed = False
+        self._pings = 0
         self.silent = not preface
         """Sends nothing at all (not even h2's answers to the server's frames)."""
         if preface:
@@ -174,6 +176,26 @@ class RawH2:
                 ):
                     return event
         return None
+
+    def round_trip(self, timeout: float = 5.0) -> bool:
+        """Send a PING and wait for its ACK (False: none came). The server
+        handles frames in order, so once it answers it has handled every
+        frame sent before."""
+        self._pings += 1
+        opaque = self._pings.to_bytes(8, "big")
+        self.send_raw(PingFrame(0, opaque_data=opaque).serialize())
+        deadline = time.monotonic() + timeout
+        while True:
+            for frame in self.frames:
+                if (
+                    isinstance(frame, PingFrame)
+                    and "ACK" in frame.flags
+                    and frame.opaque_data == opaque
+                ):
+                    return True
+            if self.closed or time.monotonic() > deadline:
+                return False
+            self.read()
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from hyperframe.frame import (
 from epp.serve.health import Health
 from epp.transport import HEALTH_LIMITS, Call, GrpcServer, TransportLimits
 from epp.transport.connection import GrpcConnection
+from tests.support.waiting import eventually
 from tests.unit.transport.raw_h2 import (
     ECHO,
     HEALTH_P99_LIMIT,
@@ -363,8 +364,9 @@ async def test_a_client_that_never_reads_cannot_grow_the_servers_write_buffer():
         client.sock.setblocking(False)
         with contextlib.suppress(OSError):
             client.sock.send(PingFrame(0, opaque_data=b"12345678").serialize() * 10_000)
-        await asyncio.sleep(0.3)
-        assert connection._transport.get_write_buffer_size() == written  # not read, not answered
+        # Not reading while its replies wait, the server cannot answer the pings.
+        assert not connection._transport.is_reading()
+        assert connection._transport.get_write_buffer_size() == written
         assert written < 256 * 1024
         client.close()
 
@@ -433,10 +435,8 @@ async def test_data_is_acknowledged_only_while_the_connection_is_within_its_budg
         client.send_raw(client.headers_frame(1, request_headers(ECHO)))
         send_message(client, 1, b"z" * 600_000)
         send_message(client, 1, b"z" * 600_000)
-        await asyncio.sleep(0.3)
-        connection = stack.connection()
-        assert connection.buffered > MIB
-        assert connection._held_acks
+        await eventually(lambda: stack.grpc.connections and stack.connection().buffered > MIB)
+        assert stack.connection()._held_acks
         client.close()
 
 
@@ -464,9 +464,9 @@ async def test_a_connection_that_does_not_answer_keepalive_pings_is_closed():
         client = await asyncio.to_thread(RawH2, stack.port)
         client.h2.send_headers(1, request_headers(SINK))
         await asyncio.to_thread(client.flush)
-        await asyncio.sleep(1.5)  # the client reads nothing, so answers nothing
-        assert stack.grpc.trips["keepalive_timeout"] == 1
-        assert not stack.grpc.connections
+        # The client reads nothing, so answers nothing.
+        await eventually(lambda: stack.grpc.trips["keepalive_timeout"] == 1)
+        await eventually(lambda: not stack.grpc.connections)
 
 
 async def test_a_connection_that_answers_keepalive_pings_stays():
@@ -484,13 +484,15 @@ async def test_a_connection_that_answers_keepalive_pings_stays():
 async def test_connections_over_the_cap_are_closed_and_health_still_answers():
     async with serving(TransportLimits(max_connections=4)) as stack:
 
-        def crowd() -> list[bool]:
+        def crowd() -> list[RawH2]:
             clients = [RawH2(stack.port) for _ in range(6)]
-            time.sleep(0.2)
-            return [client.wait_closed(0.3) for client in clients]
+            for client in clients[4:]:
+                client.wait_closed()
+            return clients
 
-        closed = await while_probing(stack, crowd)
-    assert closed == [False] * 4 + [True] * 2
+        clients = await while_probing(stack, crowd)
+        answered = [await asyncio.to_thread(client.round_trip) for client in clients]
+    assert answered == [True] * 4 + [False] * 2
     assert stack.grpc.trips["max_connections"] == 2
 
 
@@ -508,13 +510,12 @@ async def test_a_window_update_pumps_only_the_calls_blocked_on_flow_control(monk
     async with serving() as stack:
         client = await asyncio.to_thread(RawH2, stack.port)
         client.send_raw(new_streams(client, 1, 2_000))
-        while len(stack.log) == 0 and sum(len(c.calls) for c in stack.grpc.connections) < 2_000:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: sum(len(c.calls) for c in stack.grpc.connections) == 2_000)
         monkeypatch.setattr(GrpcConnection, "_pump", counted)
         client.send_raw(WindowUpdateFrame(0, window_increment=1).serialize() * 100)
         client.send_raw(SettingsFrame(0, settings={4: 70_000}).serialize())
-        await asyncio.sleep(0.2)
-        assert stack.connection().calls and len(stack.connection().calls) == 2_000
+        assert await asyncio.to_thread(client.round_trip)  # all of it handled
+        assert len(stack.connection().calls) == 2_000
     assert pumped == []
 
 
@@ -523,12 +524,8 @@ async def test_a_burst_of_new_streams_yields_the_loop_between_turns():
         client = await asyncio.to_thread(RawH2, stack.port)
         burst = await asyncio.to_thread(new_streams, client, 1, 3_000)
 
-        def send() -> None:
-            client.send_raw(burst)
-            time.sleep(0.5)
-
-        await while_probing(stack, send)
-        assert len(stack.connection().calls) == 3_000
+        await while_probing(stack, lambda: client.send_raw(burst))
+        await eventually(lambda: len(stack.connection().calls) == 3_000)
         client.close()
     assert stack.grpc.trips["turn_yield"] >= 3_000 // 100
 
