@@ -29,8 +29,9 @@ async def test_ready_after_pool_pods_and_objectives_are_listed(kube, start_epp: 
 async def test_not_ready_while_the_pool_does_not_exist(kube, start_epp: StartEpp):
     kube.apply(objective("premium", priority=10))
     epp = await start_epp(wait_ready=False)
+    # Both lists are in (the pool's empty): readiness has been decided.
     await eventually(lambda: epp.mode.objective_reflector.synced.is_set())
-    await asyncio.sleep(0.1)
+    await eventually(lambda: epp.mode.pool_reflector.synced.is_set())
     assert not epp.mode.ready.is_set()
     kube.apply(pool())
     await asyncio.wait_for(epp.mode.ready.wait(), 3)

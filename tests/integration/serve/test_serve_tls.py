@@ -76,10 +76,10 @@ async def test_the_certificate_of_cert_path_is_served_and_reloaded(tmp_path):
 
 async def test_without_cert_reload_the_first_certificate_stays(tmp_path):
     first = write_certificate(tmp_path, "first.example")
-    async with ext_proc_port(cert_path=str(tmp_path), file_watch_interval=0.05) as port:
+    async with serving(endpoints="127.0.0.1:1", cert_path=str(tmp_path)) as server:
         write_certificate(tmp_path, "second.example")
-        await asyncio.sleep(0.3)
-        _, _, served = await asyncio.to_thread(handshake, port)
+        server.watcher.check()  # one look at the input files, as the watcher's timer takes
+        _, _, served = await asyncio.to_thread(handshake, server.ports["grpc"])
     assert ssl.DER_cert_to_PEM_cert(served) == first
 
 
