@@ -122,24 +122,6 @@ async def metric_value(session, stack, name: str, **labels: str) -> float:
     return 0.0
 
 
-async def queued(session, stack) -> float:
-    async with session.get(stack.epp.metrics_url) as response:
-        text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("llm_d_epp_flow_control_queue_size{")
-    )
-
-
-async def wait_queued(session, stack, count: int) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while await queued(session, stack) != count:
-        assert loop.time() < deadline, f"queue never reached {count}"
-        await asyncio.sleep(0.02)
-
-
 async def hold(session, stack) -> asyncio.Task:
     holder = asyncio.create_task(post(session, stack.url, "hold"))
     await eventually(
@@ -179,7 +161,7 @@ async def test_body_over_max_body_bytes_gets_413(stack, session):
 async def test_full_band_rejects_with_429_rejected_saturated(stack, session):
     holder = await hold(session, stack)
     first = asyncio.create_task(post(session, stack.url, "t1", "tiny"))
-    await wait_queued(session, stack, 1)
+    await stack.epp.wait_queued(session, 1)
     status, headers, _ = await post(session, stack.url, "t2", "tiny")
     assert (status, headers.get("x-llm-d-request-dropped-reason")) == (429, "rejected-saturated")
     stack.upstream.release.set()
@@ -189,9 +171,9 @@ async def test_full_band_rejects_with_429_rejected_saturated(stack, session):
 async def test_higher_priority_sent_after_lower_is_answered_first(stack, session):
     holder = await hold(session, stack)
     lows = [asyncio.create_task(post(session, stack.url, f"low{i}", "low")) for i in range(3)]
-    await wait_queued(session, stack, 3)
+    await stack.epp.wait_queued(session, 3)
     highs = [asyncio.create_task(post(session, stack.url, f"high{i}", "high")) for i in range(3)]
-    await wait_queued(session, stack, 6)
+    await stack.epp.wait_queued(session, 6)
     stack.upstream.release.set()
     statuses = [status for status, _, _ in await asyncio.gather(holder, *lows, *highs)]
     assert statuses == [200] * 7
@@ -203,11 +185,11 @@ async def test_priority_change_in_the_objectives_file_applies_without_losing_que
     holder = await hold(session, stack)
     before = asyncio.create_task(post(session, stack.url, "x-before", "x"))
     high = asyncio.create_task(post(session, stack.url, "high", "high"))
-    await wait_queued(session, stack, 2)
+    await stack.epp.wait_queued(session, 2)
     stack.write_objectives(objectives(**{**BASE_OBJECTIVES, "x": 20}))
     await stack.wait_for_log(r"reloaded the objectives", 1)
     after = asyncio.create_task(post(session, stack.url, "x-after", "x"))
-    await wait_queued(session, stack, 3)
+    await stack.epp.wait_queued(session, 3)
     stack.upstream.release.set()
     statuses = [s for s, _, _ in await asyncio.gather(holder, before, high, after)]
     assert statuses == [200] * 4

@@ -35,23 +35,6 @@ async def post(session, url, prompt="p", headers=None):
         return response.status, dict(response.headers), await response.read()
 
 
-async def queued(session, epp) -> float:
-    """Requests the EPP holds in its queues (its queue-size gauge)."""
-    async with session.get(epp.metrics_url) as response:
-        text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("llm_d_epp_flow_control_queue_size{")
-    )
-
-
-async def until_queued(session, epp, count: int) -> None:
-    async with asyncio.timeout(10):
-        while await queued(session, epp) != count:
-            await asyncio.sleep(0.02)
-
-
 async def test_empty_pool_answers_503_no_endpoints_when_the_ttl_is_spent(tmp_path):
     endpoints = tmp_path / "endpoints.txt"
     endpoints.write_text("# scaled to zero\n")
@@ -79,7 +62,7 @@ async def test_queued_request_goes_to_an_endpoint_added_to_the_endpoints_file(tm
     ):
         url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
         request = asyncio.create_task(post(session, url))
-        await until_queued(session, epp, 1)
+        await epp.wait_queued(session, 1)
         assert not request.done()
         endpoints.write_text(f"{upstream.address}\n")
         status, _, body = await asyncio.wait_for(request, 10)
@@ -100,7 +83,7 @@ async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(t
         running = asyncio.create_task(post(session, url, "hold"))
         await eventually(lambda: len(upstream.received) == 1, timeout=10)
         waiting = asyncio.create_task(post(session, url, "queued"))
-        await until_queued(session, epp, 1)
+        await epp.wait_queued(session, 1)
         epp.process.send_signal(signal.SIGTERM)
         await eventually(lambda: "shutting down" in epp.log(), timeout=10)
         readiness = await health_status_at(epp.ports["grpc_health"])

@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -38,6 +40,26 @@ class RunningEpp:
     @property
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.ports['metrics']}/metrics"
+
+    async def queued(self, session: aiohttp.ClientSession) -> float:
+        """Requests held in the EPP's queues, from its queue-size gauge."""
+        async with session.get(self.metrics_url) as response:
+            text = await response.text()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("llm_d_epp_flow_control_queue_size{")
+        )
+
+    async def wait_queued(
+        self, session: aiohttp.ClientSession, count: int, timeout: float = 10.0
+    ) -> None:
+        """Until the EPP holds `count` requests queued; fails after `timeout` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await self.queued(session) != count:
+            assert loop.time() < deadline, f"queue never reached {count}"
+            await asyncio.sleep(0.02)
 
     async def terminate(self, timeout: float = 15.0) -> int:
         """SIGTERM, then the exit code (killed if it takes longer than `timeout`)."""
