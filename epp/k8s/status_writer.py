@@ -56,10 +56,17 @@ class StatusWriter:
         self._clock = clock
         self._dirty: set[str] = set()
         self._wakeup = asyncio.Event()
+        self._busy = False
 
     def mark(self, names: Iterable[str]) -> None:
         self._dirty.update(names)
         self._wakeup.set()
+
+    @property
+    def settled(self) -> bool:
+        """Whether everything marked so far has been written (or found
+        current, or not ours); retries pending count as unsettled."""
+        return not self._dirty and not self._busy
 
     def mark_all(self) -> None:
         self.mark(self._objects())
@@ -73,11 +80,13 @@ class StatusWriter:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
+            self._busy = True
             names, self._dirty = self._dirty, set()
             failed = [name for name in sorted(names) if not await self._reconcile(name)]
             if failed:
                 await asyncio.sleep(self._retry_delay)
                 self.mark(failed)
+            self._busy = False
 
     async def _reconcile(self, name: str) -> bool:
         """Bring one objective's status up to date; False if it must be retried."""

@@ -51,6 +51,7 @@ from epp.datalayer.store import EndpointStore
 from epp.k8s.cluster import ClusterMode
 from epp.k8s.leader import LeaseSettings
 from epp.k8s.reflector import WatchSettings
+from tests.support.waiting import eventually
 
 ResourceKey = tuple[str, str]
 """(group, plural); the core group is ""."""
@@ -585,6 +586,25 @@ class Epp:
 
     def addresses(self) -> set[str]:
         return set(self.store.addresses())
+
+
+async def caught_up(kube: KubeEmulator, *epps: Epp, timeout: float = 5.0) -> None:
+    """Until each EPP has seen every change made so far (its objective and
+    pool watches are at the emulator's version: a BOOKMARK per look) and has
+    written every status that follows from them."""
+
+    def seen_and_written() -> bool:
+        version = int(kube.bookmark())
+        return all(
+            all(
+                int(reflector.resource_version or 0) >= version
+                for reflector in (epp.mode.objective_reflector, epp.mode.pool_reflector)
+            )
+            and epp.mode.status.settled
+            for epp in epps
+        )
+
+    await eventually(seen_and_written, timeout)
 
 
 StartEpp = Callable[..., Awaitable[Epp]]

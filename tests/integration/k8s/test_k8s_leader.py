@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio.client import CoordinationV1Api
 
 from epp.k8s.leader import LeaderElector, lease_name
-from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, objective, pool
+from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, caught_up, objective, pool
 from tests.support.waiting import eventually
 
 LEASE = lease_name("default", "pool-a")
@@ -83,7 +83,7 @@ async def test_only_the_leader_writes_status(kube: KubeEmulator, start_epp: Star
     second = await start_epp(identity="epp-2", leader_election=True)
     await eventually(lambda: first.mode.is_leader or second.mode.is_leader)
     await eventually(lambda: len(kube.status_writes()) == 1)
-    await asyncio.sleep(0.3)
+    await caught_up(kube, first, second)
     follower = second if first.mode.is_leader else first
     assert follower.mode.status.writes == 0
     assert len(kube.status_writes()) == 1

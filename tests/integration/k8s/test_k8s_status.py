@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from epp.k8s.status import ACCEPTED_MESSAGE
-from tests.support.kube import KubeEmulator, StartEpp, objective, pod, pool
+from tests.support.kube import KubeEmulator, StartEpp, caught_up, objective, pod, pool
 from tests.support.waiting import eventually
 
 OBJECTIVE = ("llm-d.ai/v1", "InferenceObjective")
@@ -44,7 +42,7 @@ async def test_status_is_not_rewritten_when_nothing_changed(kube, start_epp: Sta
     kube.apply(labelled)
     kube.drop_watches()
     await eventually(lambda: "10.0.0.1:8000" in epp.addresses())
-    await asyncio.sleep(0.3)
+    await caught_up(kube, epp)
     assert len(kube.status_writes()) == 1
 
 
@@ -65,9 +63,9 @@ async def test_objectives_of_other_pools_are_left_alone(kube, start_epp: StartEp
     kube.apply(pool())
     kube.apply(objective("premium", priority=10))
     kube.apply(objective("elsewhere", priority=7, pools=("pool-b",)))
-    await start_epp()
+    epp = await start_epp()
     await eventually(lambda: accepted_writes(kube) == 1)
-    await asyncio.sleep(0.2)
+    await caught_up(kube, epp)
     assert conditions(kube, "elsewhere")[0]["reason"] == "Pending"
     assert len(kube.status_writes()) == 1
 
@@ -82,24 +80,24 @@ async def test_two_epps_sharing_an_objective_stay_quiet(kube, start_epp: StartEp
     await eventually(lambda: accepted_writes(kube) == 1)
     kube.apply(pool("pool-a", labels={"zone": "a"}))
     kube.apply(pool("pool-b", labels={"zone": "b"}))
-    await asyncio.sleep(0.5)
+    await caught_up(kube, first, second)
     assert accepted_writes(kube) == 1
     assert len(kube.status_writes()) <= 2
 
     kube.apply(objective("shared", priority=6, pools=("pool-a", "pool-b")))
     await eventually(lambda: conditions(kube, "shared")[0]["observedGeneration"] == 2)
-    await asyncio.sleep(0.5)
+    await caught_up(kube, first, second)
     assert accepted_writes(kube) == 2
     assert len(kube.status_writes()) <= 4
     assert first.mode.status.writes + second.mode.status.writes == 2
 
 
-async def test_a_failed_status_write_is_retried(kube, start_epp: StartEpp):
+async def test_a_failed_status_write_is_retried(kube, start_epp: StartEpp, caplog):
     kube.apply(pool())
     kube.apply(objective("premium", priority=10))
     kube.fail("/status")
     await start_epp()
-    await asyncio.sleep(0.2)
+    await eventually(lambda: "premium: status write failed" in caplog.text)
     assert conditions(kube, "premium")[0]["reason"] == "Pending"
     kube.heal()
     await eventually(lambda: conditions(kube, "premium")[0]["type"] == "Accepted")
