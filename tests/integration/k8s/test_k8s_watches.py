@@ -211,13 +211,13 @@ async def test_a_bookmark_moves_the_resume_point_past_compaction(kube, start_epp
     assert all(q["allowWatchBookmarks"].lower() == "true" for q in kube.watch_requests)
 
 
-async def test_an_api_outage_is_retried_and_resumes_without_a_relist(kube, start_epp):
+async def test_an_api_outage_is_retried_and_resumes_without_a_relist(kube, start_epp, caplog):
     seed(kube)
     epp = await start_epp()
     kube.fail("/pods")
     kube.drop_watches()
     kube.apply(pod("a-3", "10.0.0.3", {"app": "pool-a"}))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: "API error 503" in caplog.text)
     assert "10.0.0.3:8000" not in epp.addresses()
     kube.heal()
     await eventually(lambda: "10.0.0.3:8000" in epp.addresses())
