@@ -87,6 +87,12 @@ class LeaderElector:
         self._observed_at = 0.0
         self._renewed_at = 0.0
 
+    @property
+    def holder(self) -> str | None:
+        """The lease's holder as last read ("" for none; None before the
+        first read)."""
+        return self._observed[0] if self._observed is not None else None
+
     async def run(self) -> None:
         while True:
             try:

@@ -4,7 +4,6 @@ endpoints and objectives give priorities."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 
 from grpc_health.v1 import health_pb2
@@ -76,7 +75,8 @@ async def test_with_leader_election_only_the_leader_is_ready(tmp_path):
             pool_name="pool-a", kubeconfig=kubeconfig, ha_enable_leader_election=True
         ) as server:
             await eventually(lambda: server._mode is not None and server._mode.ready.is_set())
-            await asyncio.sleep(0.2)
+            # The elector has read the lease another replica holds.
+            await eventually(lambda: server._mode.elector.holder == "another-replica")
             port = server.ports["grpc_health"]
             assert await health_status_at(port, "readiness") == NOT_SERVING
             assert await health_status_at(port, "") == NOT_SERVING
