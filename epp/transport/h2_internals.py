@@ -204,6 +204,11 @@ def _header_list_error(headers: list, trailers: bool) -> str | None:
         return "a request without :method, :scheme and :path"
     if any(name == b":path" and not value for name, value in headers):
         return "an empty :path"
+    if b":authority" in pseudo:
+        authority = next(value for name, value in headers if name == b":authority")
+        # RFC 9113 §8.3.1: a Host that names another entity than :authority.
+        if any(name == b"host" and value != authority for name, value in headers):
+            return "a host field that differs from :authority"
     return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ from hyperframe.frame import (
 )
 
 from epp.serve.health import Health
+from epp.serve.tls import server_ssl_context
 from epp.transport import HEALTH_LIMITS, Call, GrpcServer, TransportLimits
 from epp.transport.connection import GrpcConnection
 from tests.support.waiting import eventually
@@ -298,8 +300,9 @@ async def test_a_block_with_three_table_size_updates_closes_the_connection():
         request_headers(SINK, [("connection", "close")]),
         request_headers(SINK, [("transfer-encoding", "chunked")]),
         [("content-type", "application/grpc"), ("x-no", "pseudo-headers")],
+        request_headers(SINK, [("host", "elsewhere")]),
     ],
-    ids=["connection", "transfer-encoding", "no-pseudo-headers"],
+    ids=["connection", "transfer-encoding", "no-pseudo-headers", "host-differs-from-authority"],
 )
 async def test_malformed_request_headers_reset_the_stream_and_the_connection_goes_on(headers):
     async with serving() as stack:
@@ -448,6 +451,36 @@ async def test_a_connection_that_never_sends_its_preface_is_closed_at_the_handsh
         client = await asyncio.to_thread(RawH2, stack.port, preface=False)
         assert await asyncio.to_thread(client.wait_closed, 3)
     assert stack.grpc.trips["handshake_timeout"] == 1
+
+
+async def test_a_tls_connection_that_never_sends_its_client_hello_is_closed_at_the_deadline():
+    server = GrpcServer({}, limits=TransportLimits(handshake_timeout=0.3))
+    port = await server.start("127.0.0.1", 0, server_ssl_context())
+    try:
+
+        def silent_client() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                start = time.monotonic()
+                return sock.recv(1), time.monotonic() - start
+
+        received, waited = await asyncio.to_thread(silent_client)
+    finally:
+        await server.stop(None)
+    assert received == b""  # closed by the server, nothing sent
+    assert 0.25 <= waited < 3
+
+
+async def test_a_host_field_equal_to_authority_is_served():
+    async with serving() as stack:
+
+        def with_host() -> object:
+            client = RawH2(stack.port)
+            client.send_raw(client.headers_frame(1, request_headers(ECHO, [("host", "test")])))
+            send_message(client, 1, b"hello")
+            return client.wait_for_frame(DataFrame, 1)
+
+        echoed = await asyncio.to_thread(with_host)
+    assert echoed is not None and echoed.data == message(b"hello")
 
 
 async def test_an_idle_connection_gets_goaway_and_is_closed():
