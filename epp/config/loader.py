@@ -47,8 +47,9 @@ from epp.scheduling.config import (
     SchedulingConfig,
     ScorerConfig,
 )
+from epp.scheduling.profiles import disagg_profile_handler, header_profile_handler
 from epp.scheduling.saturation import SaturationThresholds
-from epp.scheduling.spec import PluginSpec
+from epp.scheduling.spec import PluginSpec, named
 
 API_VERSION = "llm-d.ai/v1alpha1"
 LEGACY_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
@@ -268,7 +269,11 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
             reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
             continue
         if isinstance(built, PluginSpec):
-            built = replace(built, name=name)
+            built = named(built, name)
+        if registered.deprecated_for is not None:
+            reader.warn(
+                f"{path}.type", f"{plugin_type!r} is deprecated; use {registered.deprecated_for!r}"
+            )
         plugins[name] = _Plugin(plugin_type, registered.kind, parameters, built, path)
     return plugins
 
@@ -386,16 +391,27 @@ def _handler(
             )
         return spec
     arguments = dict(spec.arguments)
+    if spec.make is header_profile_handler:
+        if len(profiles) > 1 and arguments["default"] not in names:
+            reader.warn(
+                f"{handler.path}.parameters.defaultProfile",
+                f"no scheduling profile named {arguments['default']!r}: requests without "
+                f"the {arguments['header']} header will find no endpoint",
+            )
+        return spec
+    legacy = handler.type == "pd-profile-handler"
     if arguments.get("decode", "decode") not in names:
         reader.fail(
-            f"{handler.path}.parameters.profiles.decode",
+            f"{handler.path}.parameters." + ("decodeProfile" if legacy else "profiles.decode"),
             f"no scheduling profile named {arguments.get('decode', 'decode')!r}",
         )
     for role in ("prefill_decider", "encode_decider"):
         ref = arguments.get(role)
         if ref is None:
             continue
-        where = f"{handler.path}.parameters.deciders.{role.split('_')[0]}"
+        where = f"{handler.path}.parameters." + (
+            "deciderPluginName" if legacy else f"deciders.{role.split('_')[0]}"
+        )
         decider = plugins.get(ref)
         if decider is None:
             reader.missing(where, ref)
@@ -452,14 +468,49 @@ def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> Sch
     except ValueError as error:
         reader.fail(f"{saturation_filter.path}.parameters", str(error))
         saturation = defaults.saturation
+    _check_headers_handlers(reader, plugins, handler)
     return SchedulingConfig(
         profiles=profiles,
         handler=handler,
+        producers=tuple(
+            p.value
+            for p in plugins.values()
+            if p.kind is Kind.PRODUCER and isinstance(p.value, PluginSpec)
+        ),
         prefix_block_chars=block_chars,
         prefix_max_blocks=max_blocks,
         prefix_lru_capacity=lru_capacity,
         saturation=saturation,
     )
+
+
+HEADERS_HANDLERS = ("disagg-headers-handler", "prefill-header-handler")
+"""The deprecated plugins that wrote the disaggregation headers; epp's
+disagg profile handler writes them itself, from its own profiles."""
+
+
+def _check_headers_handlers(
+    reader: _Reader, plugins: dict[str, _Plugin], handler: PluginSpec
+) -> None:
+    """A deprecated headers handler is accepted when it names the profiles
+    the disagg handler writes the headers from (or there is none: it would
+    find no prefill or encode result to write); otherwise it would mean
+    something else than in the reference, so it is refused."""
+    if handler.make is not disagg_profile_handler:
+        return
+    arguments = dict(handler.arguments)
+    for plugin in plugins.values():
+        if plugin.type not in HEADERS_HANDLERS:
+            continue
+        for parameter, role in (("prefillProfile", "prefill"), ("encodeProfile", "encode")):
+            wanted = arguments.get(role, role)
+            if wanted and plugin.parameters[parameter] != wanted:
+                reader.fail(
+                    f"{plugin.path}.parameters.{parameter}",
+                    f"{plugin.parameters[parameter]!r} is not the profile handler's {role} "
+                    f"profile {wanted!r}; epp writes the headers from the profile handler's "
+                    "profiles",
+                )
 
 
 BAND_FIELDS = frozenset(
@@ -725,7 +776,7 @@ def _build_default(reader: _Reader, plugin_type: str, path: str) -> _Plugin | No
         reader.fail(path, str(error))
         return None
     if isinstance(value, PluginSpec):
-        value = replace(value, name=plugin_type)
+        value = named(value, plugin_type)
     return _Plugin(plugin_type, registered.kind, parameters, value, path)
 
 

@@ -11,22 +11,30 @@ from typing import Any
 import yaml
 
 from epp.api.address import canonical_ip, format_address, parse_address, valid_port
+from epp.api.models import DEFAULT_NAMESPACE
 
 
 @dataclass(slots=True, frozen=True)
 class EndpointSpec:
-    """One endpoint as its source describes it (no metrics)."""
+    """One endpoint as its source describes it (no metrics); `id` is its
+    identity in the reference EPP (`namespace/name`, see `Endpoint.id`)."""
 
     name: str
     address: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    id: str = ""
 
 
 def pod_endpoints(
-    pod_name: str, pod_ip: str, labels: Mapping[str, str], target_ports: Iterable[int]
+    pod_name: str,
+    pod_ip: str,
+    labels: Mapping[str, str],
+    target_ports: Iterable[int],
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> list[EndpointSpec]:
     """One endpoint per target port of a ready pod. With several ports each
-    endpoint's name is `<pod>-<port>`, otherwise the pod's name."""
+    endpoint's name is `<pod>-<port>`, otherwise the pod's name; its id is
+    the reference's, `<namespace>/<pod>-rank-<index of the port>`."""
     ports = list(target_ports)
     if not ports:
         raise ValueError(f"pod {pod_name}: no target ports")
@@ -35,8 +43,9 @@ def pod_endpoints(
             name=pod_name if len(ports) == 1 else f"{pod_name}-{port}",
             address=format_address(pod_ip, port),
             labels=dict(labels),
+            id=f"{namespace}/{pod_name}-rank-{rank}",
         )
-        for port in ports
+        for rank, port in enumerate(ports)
     ]
 
 
@@ -71,7 +80,7 @@ def parse_endpoints_document(text: str) -> list[EndpointSpec]:
           - name: <unique>        # required
             address: <IP>         # required
             port: "8000"          # required, 1-65535 (string or number)
-            namespace: default    # optional, not used here
+            namespace: default    # optional; with name, the endpoint's id
             labels: {k: v}        # optional
 
     Raises ValueError naming the first bad entry."""
@@ -113,4 +122,7 @@ def _document_entry(entry: Any, path: str) -> EndpointSpec:
         isinstance(key, str) and isinstance(value, str) for key, value in labels.items()
     ):
         raise ValueError(f"{path}.labels: must map strings to strings")
-    return EndpointSpec(name, format_address(ip, port), labels)
+    namespace = entry.get("namespace") or DEFAULT_NAMESPACE
+    if not isinstance(namespace, str):
+        raise ValueError(f"{path}.namespace: must be a string")
+    return EndpointSpec(name, format_address(ip, port), labels, f"{namespace}/{name}")

@@ -63,14 +63,16 @@ class EndpointStore:
         metrics). Returns whether anything changed."""
         current = self._endpoints.get(spec.address)
         if current is None:
-            self._endpoints[spec.address] = Endpoint(spec.name, spec.address, dict(spec.labels))
+            self._endpoints[spec.address] = Endpoint(
+                spec.name, spec.address, dict(spec.labels), id=spec.id
+            )
             self._changed(membership=True)
             self._notify()
             return True
-        if current.name == spec.name and current.labels == spec.labels:
+        if _same(current, spec):
             return False
         self._endpoints[spec.address] = Endpoint(
-            spec.name, spec.address, dict(spec.labels), current.metrics
+            spec.name, spec.address, dict(spec.labels), current.metrics, spec.id
         )
         self._changed(membership=False)
         return True
@@ -95,10 +97,10 @@ class EndpointStore:
             del self._endpoints[address]
         for spec in wanted.values():
             current = self._endpoints.get(spec.address)
-            if current is None or current.name != spec.name or current.labels != spec.labels:
+            if current is None or not _same(current, spec):
                 metrics = current.metrics if current is not None else EndpointMetrics()
                 self._endpoints[spec.address] = Endpoint(
-                    spec.name, spec.address, dict(spec.labels), metrics
+                    spec.name, spec.address, dict(spec.labels), metrics, spec.id
                 )
                 changed = True
         if gone or joined:
@@ -142,3 +144,12 @@ class EndpointStore:
     def _notify(self) -> None:
         for listener in self._listeners:
             listener()
+
+
+def _same(endpoint: Endpoint, spec: EndpointSpec) -> bool:
+    """Whether `spec` describes `endpoint` as it is (name, labels, identity)."""
+    return (
+        endpoint.name == spec.name
+        and endpoint.labels == spec.labels
+        and endpoint.id == (spec.id or spec.name)
+    )

@@ -108,9 +108,12 @@ def response_body_reply(chunk: bytes, end_of_stream: bool) -> ProcessingResponse
     return reply
 
 
-def response_headers_reply() -> ProcessingResponse:
+def response_headers_reply(set_headers: Iterable[tuple[str, str]] = ()) -> ProcessingResponse:
+    """The answer to the response headers: unchanged but for `set_headers`."""
     reply = ProcessingResponse()
-    reply.response_headers.response.SetInParent()
+    common = reply.response_headers.response
+    common.SetInParent()
+    _set_headers(common.header_mutation, set_headers)
     return reply
 
 

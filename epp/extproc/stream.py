@@ -30,6 +30,8 @@ Choices:
   `max_body_bytes`) is kept for usage, except when the model name was
   rewritten: then the body is held to the end so `"model"` can be restored in
   one piece. SSE responses are always echoed at once.
+- The reply to the response headers adds what the scheduler's plugins wrote
+  for the client (`InferenceRequest.response_headers`: the session token).
 - `close()` (stream ended, for any reason) releases a dispatched request that
   was not released yet, with the usage seen so far.
 """
@@ -336,6 +338,7 @@ class ExtProcStream:
                 subset=self._subset,
                 input_tokens=parsed.input_tokens,
                 multimodal=parsed.multimodal,
+                headers=headers,
             ),
         )
         self.phase = Phase.ADMITTING
@@ -375,7 +378,10 @@ class ExtProcStream:
             self._response_copy = None
         elif self._restorer is not None:
             self._held = []
-        replies: list[Event] = [messages.response_headers_reply()]
+        payload = self.request.payload if self.request is not None else None
+        # What the scheduler's plugins tell the client (the session token).
+        written = payload.response_headers if payload is not None else None
+        replies: list[Event] = [messages.response_headers_reply(written.items() if written else ())]
         if self.request is not None and prefiller_of(self.request) is not None:
             replies.append(PrefillDone(self.request))
         if http_headers.end_of_stream:

@@ -43,7 +43,11 @@ def endpoints_of(pod: Mapping[str, Any], pool: InferencePool) -> list[EndpointSp
         return []
     metadata = pod["metadata"]
     return pod_endpoints(
-        metadata["name"], pod["status"]["podIP"], metadata.get("labels") or {}, pool.target_ports
+        metadata["name"],
+        pod["status"]["podIP"],
+        metadata.get("labels") or {},
+        pool.target_ports,
+        metadata.get("namespace") or pool.namespace,
     )
 
 

@@ -71,6 +71,8 @@ class SchedulingConfig:
 
     profiles: tuple[ProfileConfig, ...] = (ProfileConfig(),)
     handler: PluginSpec = SINGLE_PROFILE_HANDLER
+    producers: tuple[PluginSpec, ...] = ()
+    """Data producers run on each request before the profiles (`produce`)."""
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250

@@ -70,16 +70,24 @@ class Endpoint:
     learn since an observation on the object itself. So an endpoint is never
     modified once built. (Not enforced with `frozen`: a snapshot rebuilds
     every endpoint at every scrape, and a frozen dataclass sets each field
-    through a call to `object.__setattr__`.)"""
+    through a call to `object.__setattr__`.)
+
+    `id` is the endpoint's identity in the reference EPP, `namespace/name`
+    (a pod's endpoints are `<pod>-rank-<i>`, one per target port); session
+    tokens carry it, so a token the reference issued routes here the same.
+    Without one it is the endpoint's name."""
 
     name: str
     address: str
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: EndpointMetrics = NO_METRICS
+    id: str = ""
     ip: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.ip = address_ip(self.address)
+        if not self.id:
+            self.id = self.name
 
 
 @dataclass(slots=True, frozen=True)

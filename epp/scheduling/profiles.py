@@ -9,9 +9,15 @@ request runs, and what the model servers are told about the result.
   `x-encoder-hosts-ports` and `x-prefiller-host-port`, as in the reference
   (`docs/disaggregation.md`). A stage whose profile finds no endpoint is
   skipped: the decode pod then does that stage itself.
+  With a `primary_port` (the deprecated `pd-profile-handler`'s), the decode
+  endpoint is a data-parallel rank, as below.
 - `DataParallelProfileHandler`: the one profile picks a rank (ip:port); the
   request goes to the pod's primary port, the rank in
   `x-data-parallel-host-port`.
+- `HeaderProfileHandler`: runs the one profile a request header names (the
+  configured default without the header; the only profile when there is
+  one). A name that is no profile ends the request with
+  `rejected-no-endpoints`, as the reference answers no profile run.
 
 Deciders read the decode endpoint: `prefix-based-pd-decider` disaggregates
 when the prompt's tokens not cached there reach `nonCachedTokens`.
@@ -75,15 +81,47 @@ class DataParallelProfileHandler:
     ) -> Endpoint | Outcome | None:
         chosen = next(iter(runners.values())).choose(request, True)
         if isinstance(chosen, Endpoint):
-            routing = request.routing if request.routing is not None else {}
-            routing[DATA_PARALLEL_HEADER] = chosen.address
-            request.routing = routing
-            request.destination = format_address(chosen.ip, self.primary_port)
+            to_primary_port(request, chosen, self.primary_port)
         return chosen
 
 
+def to_primary_port(request: InferenceRequest, rank: Endpoint, primary_port: int) -> None:
+    """Send `request` to the primary port of `rank`'s pod, the rank in
+    `x-data-parallel-host-port`."""
+    routing = request.routing if request.routing is not None else {}
+    routing[DATA_PARALLEL_HEADER] = rank.address
+    request.routing = routing
+    request.destination = format_address(rank.ip, primary_port)
+
+
+class HeaderProfileHandler:
+    __slots__ = ("default", "header")
+
+    def __init__(self, header: str, default: str) -> None:
+        self.header = header
+        self.default = default
+
+    def choose(
+        self, request: InferenceRequest, runners: Mapping[str, Runner]
+    ) -> Endpoint | Outcome | None:
+        if len(runners) == 1:
+            runner: Runner | None = next(iter(runners.values()))
+        else:
+            runner = runners.get(request.headers.get(self.header, "").strip() or self.default)
+        if runner is None:
+            return Outcome.REJECTED_NO_ENDPOINTS
+        return runner.choose(request, True)
+
+
 class DisaggProfileHandler:
-    __slots__ = ("decode", "encode", "encode_decider", "prefill", "prefill_decider")
+    __slots__ = (
+        "decode",
+        "encode",
+        "encode_decider",
+        "prefill",
+        "prefill_decider",
+        "primary_port",
+    )
 
     def __init__(
         self,
@@ -92,12 +130,14 @@ class DisaggProfileHandler:
         encode: str,
         prefill_decider: Decider | None,
         encode_decider: Decider | None,
+        primary_port: int = 0,
     ) -> None:
         self.decode = decode
         self.prefill = prefill
         self.encode = encode
         self.prefill_decider = prefill_decider
         self.encode_decider = encode_decider
+        self.primary_port = primary_port
 
     def choose(
         self, request: InferenceRequest, runners: Mapping[str, Runner]
@@ -134,6 +174,8 @@ class DisaggProfileHandler:
             if isinstance(prefiller, Endpoint):
                 routing[PREFILLER_HEADER] = prefiller.address
         request.routing = routing or None
+        if self.primary_port:
+            to_primary_port(request, decode, self.primary_port)
         return decode
 
 
@@ -198,6 +240,7 @@ def disagg_profile_handler(
     encode: str = "encode",
     prefill_decider: PluginSpec | None = None,
     encode_decider: PluginSpec | None = None,
+    primary_port: int = 0,
 ) -> DisaggProfileHandler:
     return DisaggProfileHandler(
         decode,
@@ -205,7 +248,14 @@ def disagg_profile_handler(
         encode,
         context.build(prefill_decider) if prefill_decider is not None else None,
         context.build(encode_decider) if encode_decider is not None else None,
+        primary_port,
     )
+
+
+def header_profile_handler(
+    context: BuildContext, header: str = "epp-profile", default: str = "decode"
+) -> HeaderProfileHandler:
+    return HeaderProfileHandler(header, default)
 
 
 def always_disagg_pd_decider(context: BuildContext) -> AlwaysDisaggregate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -26,6 +27,13 @@ class InferenceRequest:
     go to another address than the endpoint it was placed on (data-parallel
     ranks behind one primary port).
 
+    `headers` are the request's HTTP headers (lower-case names), which
+    affinity scorers and the header profile handler read; `attributes` what
+    data producers published about it (`session-id-producer`), by the
+    reference's key `<data type>/<producer name>`. Plugins write the headers
+    the client's response must carry into `response_headers` (the session
+    token) once the request is placed.
+
     `prefix_hashes` is the scheduler's cache of the prompt's block hashes, as
     (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
     A caller that models prompts at block level (the simulator) fills it
@@ -45,3 +53,6 @@ class InferenceRequest:
     multimodal: bool = False
     routing: dict[str, str] | None = None
     destination: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    attributes: dict[str, str] | None = None
+    response_headers: dict[str, str] | None = None

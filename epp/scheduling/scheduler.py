@@ -14,7 +14,8 @@ For each request it takes the current pool snapshot and narrows it:
 3. endpoints with an in-flight credit left in the concurrency gate, if one
    is given (none: the request waits at the head of its queue until a
    completion frees a credit).
-The profile handler (`profiles`) then runs one or more profiles. A profile
+Data producers first publish what they read from the request (a session
+id). The profile handler (`profiles`) then runs one or more profiles. A profile
 (`ProfileRunner`) applies its filters to those candidates (to the
 fresh-and-unsaturated ones first, then the reachable ones, then all: a
 label filter must not fall back to endpoints it excludes; when it excludes
@@ -22,8 +23,10 @@ every endpoint the request ends with `REJECTED_FILTERED`, which the
 reference answers 429 `rejected-saturated`); every
 scorer rates the candidates in [0, 1], the weighted scores are summed, the
 picker chooses, and the scorers are told where the request went (the
-prefix scorer records the prompt's blocks there). Each configured plugin is
-built once and shared by the profiles that name it.
+prefix scorer records the prompt's blocks there). Once the request is
+placed, plugins with a `placed` hook (session affinity) learn every
+profile's endpoint. Each configured plugin is built once and shared by the
+profiles that name it.
 
 Step 3 is applied lazily: the candidates of step 2 are scored first, and
 only if the chosen endpoint has no credit left are all full endpoints
@@ -69,8 +72,11 @@ class Scheduler:
         "_healthy_version",
         "_known",
         "_membership",
+        "_named",
+        "_placed",
         "_plugins",
         "_pool",
+        "_producers",
         "_runners",
         "_single",
         "endpoints_now",
@@ -92,7 +98,8 @@ class Scheduler:
         self._config = config
         self._pool = pool
         self._clock = clock
-        context = BuildContext(config, rng, concurrency)
+        context = BuildContext(config, rng, concurrency, clock=clock)
+        self._producers = tuple(context.build(producer).produce for producer in config.producers)
         self._runners = {
             profile.name: ProfileRunner(self, profile, context, concurrency)
             for profile in config.profiles
@@ -110,6 +117,10 @@ class Scheduler:
             else None
         )
         self._plugins = tuple(context.built.values())
+        self._named = dict(context.built)
+        self._placed = tuple(
+            plugin.placed for plugin in self._plugins if callable(getattr(plugin, "placed", None))
+        )
         self.scorers = next(iter(self._runners.values())).scorers if self._runners else ()
         self._membership = -1
         self._known: frozenset[str] = frozenset()
@@ -122,6 +133,10 @@ class Scheduler:
         self.priority_now = 0
         """The band of the request being placed (the credits depend on it)."""
         """The profiles' choices for the request being placed."""
+
+    def plugin(self, name: str) -> object | None:
+        """The live plugin configured as `name`, if this scheduler built one."""
+        return self._named.get(name)
 
     def has_endpoints(self) -> bool:
         return bool(self._pool().endpoints)
@@ -155,11 +170,15 @@ class Scheduler:
             return None
         self.healthy_now = healthy
         self.endpoints_now = endpoints
+        for produce in self._producers:
+            produce(request)
         single = self._single
         if single is not None:
             chosen = single.choose(request, True)
             if isinstance(chosen, Endpoint):
                 single.learn(request, chosen)
+                if self._placed:
+                    self._tell_placed(request, {single.name: chosen}, single.name)
             return chosen
         picks = self.picks
         picks.clear()
@@ -170,7 +189,16 @@ class Scheduler:
         if isinstance(chosen, Endpoint):
             for runner, endpoint in picks:
                 runner.learn(request, endpoint)
+            if self._placed and picks:
+                results = {runner.name: endpoint for runner, endpoint in picks}
+                self._tell_placed(request, results, picks[0][0].name)
         return chosen
+
+    def _tell_placed(
+        self, request: InferenceRequest, results: dict[str, Endpoint], primary: str
+    ) -> None:
+        for placed in self._placed:
+            placed(request, results, primary)
 
     def total_scores(
         self, request: InferenceRequest, candidates: Sequence[Endpoint]

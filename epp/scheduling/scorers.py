@@ -414,6 +414,25 @@ class ContextLengthAwareScorer(StatelessScorer):
         return 0.3 / (1.0 + distance / 1000.0)
 
 
+class HeaderLabelAffinityScorer(StatelessScorer):
+    """Endpoints whose label `label_key` equals the request's header
+    `header` score 1, others 0; without the header (or with it empty) all
+    score 0."""
+
+    __slots__ = ("header", "label_key")
+
+    def __init__(self, header: str, label_key: str) -> None:
+        self.header = header
+        self.label_key = label_key
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        wanted = request.headers.get(self.header, "")
+        if not wanted:
+            return [0.0] * len(endpoints)
+        key = self.label_key
+        return [1.0 if endpoint.labels.get(key) == wanted else 0.0 for endpoint in endpoints]
+
+
 def context_range(text: str) -> tuple[int, int] | None:
     """(min, max) from a `min-max` label value, or None when malformed."""
     low, sep, high = text.partition("-")
@@ -523,6 +542,12 @@ def context_length_scorer(
     context: BuildContext, label: str, filtering: bool = False
 ) -> ContextLengthAwareScorer:
     return ContextLengthAwareScorer(label, filtering)
+
+
+def header_label_affinity_scorer(
+    context: BuildContext, header: str, label_key: str
+) -> HeaderLabelAffinityScorer:
+    return HeaderLabelAffinityScorer(header, label_key)
 
 
 def no_hit_lru_scorer(context: BuildContext, size: int = 1024) -> NoHitLruScorer:

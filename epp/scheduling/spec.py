@@ -29,17 +29,27 @@ def spec(name: str, make: Callable[..., Any], **arguments: Any) -> PluginSpec:
     return PluginSpec(name, make, tuple(sorted(arguments.items())))
 
 
+def named(plugin: PluginSpec, name: str) -> PluginSpec:
+    """`plugin` under its configured `name`; a plugin that publishes under
+    its own name (an argument `name`, as `session-id-producer`) gets it too."""
+    arguments = plugin.arguments
+    if any(key == "name" for key, _ in arguments):
+        arguments = tuple((key, name if key == "name" else value) for key, value in arguments)
+    return PluginSpec(name, plugin.make, arguments)
+
+
 @dataclass(slots=True)
 class BuildContext:
     """What plugins may need when they are built: the scheduling
     configuration (prefix-block parameters, ...), the scheduler's random
-    source, the concurrency gate (its in-flight counts), and the plugins
-    built so far, by name."""
+    source, the concurrency gate (its in-flight counts), the scheduler's
+    clock (seconds), and the plugins built so far, by name."""
 
     config: Any
     rng: random.Random
     gate: Any = None
     built: dict[str, Any] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=lambda: 0.0)
 
     def build(self, plugin: PluginSpec) -> Any:
         """The plugin called `plugin.name`, built on first use."""

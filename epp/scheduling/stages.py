@@ -30,15 +30,16 @@ from collections.abc import Sequence
 from epp.flowcontrol.gate import AllGates, E, Gate, gate_parts
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
-from epp.scheduling.profiles import PREFILLER_HEADER
+from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler
 from epp.scheduling.request import InferenceRequest
 
 DISAGG_HANDLERS = frozenset({"disagg-profile-handler", "pd-profile-handler"})
 
 
 def disaggregates(config: SchedulingConfig) -> bool:
-    """Whether `config`'s profile handler may send requests to a prefill endpoint."""
-    return config.handler.name in DISAGG_HANDLERS
+    """Whether `config`'s profile handler may send requests to a prefill
+    endpoint (whatever the handler is named in the configuration)."""
+    return config.handler.make is disagg_profile_handler
 
 
 def prefiller_of(request: FlowRequest) -> str | None:

@@ -19,14 +19,14 @@ from epp.config.plugin import (
     Stability,
     Unsupported,
     configured,
-    pending,
 )
 from epp.extproc import parsers
+from epp.scheduling import sessions
 from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
+from epp.scheduling.spec import PluginSpec
 
 T = ParamType
 ALPHA = Stability.ALPHA
-PART3 = "issue #14, scheduling plugins"
 
 
 _TOKEN_PRODUCER_PARAMETERS = (
@@ -68,6 +68,16 @@ def _inflight_load(parameters: Mapping[str, Any]) -> Configured:
             "not supported: epp counts requests in flight per endpoint (its concurrency gate)",
         )
     return Configured("inflight-load-producer", dict(parameters))
+
+
+def _session_id_producer(parameters: Mapping[str, Any]) -> PluginSpec:
+    header = parameters["headerName"].strip().lower()
+    cookie = parameters["cookieName"].strip()
+    if bool(header) == bool(cookie):
+        raise ParameterError("", "exactly one of headerName or cookieName must be set")
+    # The loader gives `name` the plugin's configured name (`spec.named`).
+    arguments = {"name": "", "header": header, "cookie": cookie}
+    return PluginSpec("", sessions.session_id_producer, tuple(sorted(arguments.items())))
 
 
 ENTRIES: tuple[PluginType, ...] = (
@@ -167,12 +177,13 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "session-id-producer",
         Kind.PRODUCER,
-        "reads a session id from a header or a cookie",
+        "publishes a header's or a cookie's session id as the attribute "
+        "SessionIDDataKey/<its name>",
         (
             Param("headerName", T.STRING, "", "header carrying the session id"),
             Param("cookieName", T.STRING, "", "cookie carrying the session id"),
         ),
-        factory=pending("session-id-producer", PART3),
+        factory=_session_id_producer,
     ),
     PluginType(
         "precise-prefix-cache-producer",

@@ -9,6 +9,7 @@ from typing import Any
 
 from epp.config.plugin import (
     NEEDS_LATENCY_PREDICTOR,
+    Configured,
     Kind,
     Param,
     ParameterError,
@@ -18,7 +19,7 @@ from epp.config.plugin import (
     configured,
     pending,
 )
-from epp.scheduling import filters, pickers, profiles, scorers
+from epp.scheduling import filters, pickers, profiles, scorers, sessions
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
 from epp.scheduling.spec import PluginSpec, spec
 
@@ -104,6 +105,90 @@ def _disagg(parameters: Mapping[str, Any]) -> PluginSpec:
     )
 
 
+def _session(make: Any) -> Any:
+    """The factory of the session affinity scorer or filter (`make`): the
+    reference's defaults and checks, for the strategy chosen only."""
+
+    def factory(parameters: Mapping[str, Any]) -> PluginSpec:
+        strategy = parameters["strategy"]
+        header = sessions.normal_header(parameters["encodedEndpointHeaderConfig"]["header"])
+        if strategy != "session_id":
+            return _made(make, strategy=strategy, header=header, profile=parameters["profileName"])
+        config = parameters["sessionIdConfig"]
+        found = []
+        for index, source in enumerate(config["sources"] or _SESSION_SOURCES):
+            if bool(source["header"]) == bool(source["attribute"]):
+                raise ParameterError(
+                    f"sessionIdConfig.sources[{index}]",
+                    "exactly one of header or attribute must be set",
+                )
+            found.append(
+                sessions.SessionSource(
+                    sessions.normal_header(source["header"]) if source["header"] else "",
+                    source["attribute"],
+                    source["producer"],
+                )
+            )
+        for field, default in (("evictionTtlSeconds", 300.0), ("evictionSweepSeconds", 10.0)):
+            if config[field] < 0:
+                raise ParameterError(
+                    f"sessionIdConfig.{field}", f"must be > 0, got {config[field]}"
+                )
+            if config[field] == 0:
+                config = {**config, field: default}
+        return _made(
+            make,
+            strategy=strategy,
+            profile=parameters["profileName"],
+            sources=tuple(found),
+            ttl=float(config["evictionTtlSeconds"]),
+            max_sessions=config["maxSessions"],
+        )
+
+    return factory
+
+
+def _header_profile(parameters: Mapping[str, Any]) -> PluginSpec:
+    return _made(
+        profiles.header_profile_handler,
+        header=parameters["headerName"].strip().lower() or "epp-profile",
+        default=parameters["defaultProfile"].strip() or "decode",
+    )
+
+
+def _header_label(parameters: Mapping[str, Any]) -> PluginSpec:
+    for field in ("headerName", "labelKey"):
+        if not parameters[field]:
+            raise ParameterError(field, "required")
+    return _made(
+        scorers.header_label_affinity_scorer,
+        header=parameters["headerName"].lower(),
+        label_key=parameters["labelKey"],
+    )
+
+
+def _pd_profile_handler(parameters: Mapping[str, Any]) -> PluginSpec:
+    """The deprecated P/D handler as the disagg handler it became: decode,
+    then prefill when `deciderPluginName` says so; `primaryPort` sends the
+    decode leg to the pod's primary port (data parallel)."""
+    if not parameters["deciderPluginName"]:
+        raise ParameterError("deciderPluginName", "decider plugin name is not defined")
+    port = parameters["primaryPort"]
+    if port and not 1 <= port <= 65535:
+        raise ParameterError("primaryPort", f"must be between 1 and 65535, got {port}")
+    return _made(
+        profiles.disagg_profile_handler,
+        decode=parameters["decodeProfile"],
+        prefill=parameters["prefillProfile"],
+        encode="",
+        prefill_decider=parameters["deciderPluginName"],
+        encode_decider=None,
+        primary_port=port,
+    )
+
+
+_SESSION_SOURCES = ({"header": "x-session-id", "attribute": "", "producer": ""},)
+
 _SESSION_PARAMETERS = (
     Param(
         "strategy",
@@ -125,7 +210,7 @@ _SESSION_PARAMETERS = (
             Param(
                 "sources",
                 T.LIST,
-                ({"header": "x-session-id", "attribute": "", "producer": ""},),
+                _SESSION_SOURCES,
                 "where the session id is read, first non-empty wins",
                 fields=(
                     Param("header", T.STRING, ""),
@@ -134,7 +219,19 @@ _SESSION_PARAMETERS = (
                 ),
             ),
             Param("evictionTtlSeconds", T.FLOAT, 300.0, "unused bindings live this long"),
-            Param("evictionSweepSeconds", T.FLOAT, 10.0, "how often bindings are swept"),
+            Param(
+                "evictionSweepSeconds",
+                T.FLOAT,
+                10.0,
+                "checked only: epp expires each binding exactly at its TTL",
+            ),
+            Param(
+                "maxSessions",
+                T.INT,
+                sessions.DEFAULT_MAX_SESSIONS,
+                "epp's own: bindings kept, least recently used dropped past it",
+                1,
+            ),
         ),
     ),
 )
@@ -266,9 +363,10 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "session-affinity-filter",
         Kind.FILTER,
-        "keeps only the pod a session is pinned to",
+        "keeps only the pod a session is pinned to (all when it is not a candidate); "
+        "sets x-session-token on the response",
         _SESSION_PARAMETERS,
-        factory=pending("session-affinity-filter", PART3),
+        factory=_session(sessions.session_affinity_filter),
         stability=ALPHA,
     ),
     PluginType(
@@ -422,9 +520,9 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "session-affinity-scorer",
         Kind.SCORER,
-        "scores the pod a session is pinned to 1, others 0",
+        "scores the pod a session is pinned to 1, others 0; sets x-session-token on the response",
         _SESSION_PARAMETERS,
-        factory=pending("session-affinity-scorer", PART3),
+        factory=_session(sessions.session_affinity_scorer),
         stability=ALPHA,
     ),
     PluginType(
@@ -442,12 +540,12 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "header-label-affinity-scorer",
         Kind.SCORER,
-        "prefers pods whose label equals a request header",
+        "pods whose label equals a request header score 1, others 0",
         (
             Param("headerName", T.STRING, required=True),
             Param("labelKey", T.STRING, required=True),
         ),
-        factory=pending("header-label-affinity-scorer", PART3),
+        factory=_header_label,
         stability=ALPHA,
     ),
     PluginType(
@@ -558,16 +656,17 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "pd-profile-handler",
         Kind.PROFILE_HANDLER,
-        "deprecated P/D handler (decode then prefill by a prefix threshold)",
+        "deprecated P/D handler: decode, then prefill when its decider says so",
         (
             Param("decodeProfile", T.STRING, "decode"),
             Param("prefillProfile", T.STRING, "prefill"),
-            Param("prefixPluginType", T.STRING, "prefix-cache-scorer"),
-            Param("prefixPluginName", T.STRING, "prefix-cache-scorer"),
-            Param("deciderPluginName", T.STRING, ""),
-            Param("primaryPort", T.INT, 0),
+            Param("prefixPluginType", T.STRING, "", "deprecated and ignored"),
+            Param("prefixPluginName", T.STRING, "", "deprecated and ignored"),
+            Param("deciderPluginName", T.STRING, "prefix-based-pd-decider", "the decider plugin"),
+            Param("primaryPort", T.INT, 0, "data-parallel pods' primary port; 0 = none"),
+            Param("prefixMatchInfoProducerName", T.STRING, ""),
         ),
-        factory=pending("pd-profile-handler", PART3),
+        factory=_pd_profile_handler,
         deprecated_for="disagg-profile-handler",
     ),
     PluginType(
@@ -584,10 +683,10 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.PROFILE_HANDLER,
         "runs the profile a request header names",
         (
-            Param("headerName", T.STRING, "EPP-Profile"),
-            Param("defaultProfile", T.STRING, "decode"),
+            Param("headerName", T.STRING, "EPP-Profile", "header naming the profile"),
+            Param("defaultProfile", T.STRING, "decode", "profile run without the header"),
         ),
-        factory=pending("header-profile-handler", PART3),
+        factory=_header_profile,
         stability=ALPHA,
     ),
     PluginType(
@@ -621,17 +720,18 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "disagg-headers-handler",
         Kind.REQUEST_CONTROL,
-        "deprecated: writes x-prefiller-host-port (the disagg handler does it now)",
+        "deprecated: the disagg profile handler writes x-prefiller-host-port and "
+        "x-encoder-hosts-ports itself",
         (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=pending("disagg-headers-handler", PART3),
+        factory=lambda p: Configured("disagg-headers-handler", dict(p)),
         deprecated_for="disagg-profile-handler",
     ),
     PluginType(
         "prefill-header-handler",
         Kind.REQUEST_CONTROL,
-        "deprecated: writes x-prefiller-host-port",
+        "deprecated name of disagg-headers-handler",
         (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=pending("prefill-header-handler", PART3),
+        factory=lambda p: Configured("prefill-header-handler", dict(p)),
         deprecated_for="disagg-profile-handler",
     ),
 )

@@ -130,6 +130,16 @@ def test_a_pod_with_one_port_keeps_its_name():
     assert pod_endpoints("pod-1", "10.1.0.5", {}, [8000])[0].name == "pod-1"
 
 
+def test_a_pods_endpoints_have_the_reference_ids_namespace_pod_rank():
+    specs = pod_endpoints("pod-1", "10.1.0.5", {}, [8000, 8001], namespace="llm")
+    assert [spec.id for spec in specs] == ["llm/pod-1-rank-0", "llm/pod-1-rank-1"]
+    store = EndpointStore(specs)
+    assert [endpoint.id for endpoint in store.snapshot().endpoints] == [
+        "llm/pod-1-rank-0",
+        "llm/pod-1-rank-1",
+    ]
+
+
 ENDPOINTS_DOCUMENT = """
 # the reference's file-discovery format
 endpoints:
@@ -153,6 +163,19 @@ def test_an_endpoints_document_gives_names_addresses_and_labels():
     ]
     assert specs[0].labels == {ENGINE_LABEL: "sglang"}
     assert specs[1].labels == {}
+
+
+def test_an_endpoints_document_gives_the_reference_ids_namespace_default_by_default():
+    specs = parse_endpoints_document(ENDPOINTS_DOCUMENT.replace("default", "team-a"))
+    assert [s.id for s in specs] == ["team-a/pod-a", "default/pod-b"]
+
+
+def test_an_endpoint_whose_id_changes_is_replaced_keeping_its_metrics():
+    store = EndpointStore([EndpointSpec("a", "10.0.0.1:8000", id="ns/a")])
+    store.set_metrics("10.0.0.1:8000", EndpointMetrics(waiting=3, updated_at=1.0))
+    assert store.upsert(EndpointSpec("a", "10.0.0.1:8000", id="ns/a-rank-0"))
+    endpoint = store.get("10.0.0.1:8000")
+    assert (endpoint.id, endpoint.metrics.waiting) == ("ns/a-rank-0", 3)
 
 
 @pytest.mark.parametrize(

@@ -282,6 +282,30 @@ def test_a_destination_set_by_the_scheduler_replaces_the_endpoint():
     assert set_headers(events[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
 
 
+def test_the_scheduler_sees_the_request_headers():
+    needed = admit(machine(), headers={"x-session-token": "abc"})
+    assert needed.request.payload.headers["x-session-token"] == "abc"
+
+
+def test_response_headers_the_schedulers_plugins_wrote_go_to_the_client():
+    stream = machine()
+    needed = admit(stream)
+    needed.request.endpoint = "10.0.0.1:8000"
+    needed.request.payload.response_headers = {"x-session-token": "ZGVmYXVsdC9wb2Q="}
+    stream.admitted(Outcome.DISPATCHED)
+    reply = stream.receive(response_headers({"content-type": "application/json"}), 0.0)[0]
+    mutation = reply.response_headers.response.header_mutation
+    written = {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
+    assert written == {"x-session-token": "ZGVmYXVsdC9wb2Q="}
+
+
+def test_response_headers_are_left_alone_when_no_plugin_wrote_any():
+    stream = machine()
+    dispatch(stream)
+    reply = stream.receive(response_headers({"content-type": "application/json"}), 0.0)[0]
+    assert not reply.response_headers.response.HasField("header_mutation")
+
+
 def test_declared_content_length_over_limit_is_413_at_headers():
     stream = machine(max_body_bytes=100)
     events = stream.receive(request_headers({**CHAT, "content-length": "101"}), 0.0)

@@ -273,3 +273,152 @@ def test_a_profile_without_a_picker_gets_max_score() -> None:
         }
     ).scheduling
     assert config.profiles[0].picker.name == "max-score-picker"
+
+
+HEADER_PROFILES = {
+    "plugins": [
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "header-profile-handler"},
+    ],
+    "schedulingProfiles": [
+        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}]},
+        {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}]},
+    ],
+}
+
+
+def test_header_profile_handler_runs_the_profile_the_header_names() -> None:
+    prefill, decode = pod(1, "prefill"), pod(2, "decode")
+    placer = scheduler_for(HEADER_PROFILES, prefill, decode)
+    asked = InferenceRequest("m", "m", headers={"epp-profile": " prefill "})
+    assert placer.choose(asked) is prefill
+    assert asked.routing is None
+
+
+def test_header_profile_handler_without_the_header_runs_the_default_profile() -> None:
+    prefill, decode = pod(1, "prefill"), pod(2, "decode")
+    assert scheduler_for(HEADER_PROFILES, prefill, decode).choose(request()) is decode
+    document = {**HEADER_PROFILES, "plugins": [*HEADER_PROFILES["plugins"][:2]]}
+    document["plugins"].append(
+        {
+            "type": "header-profile-handler",
+            "parameters": {"headerName": "X-Stage", "defaultProfile": "prefill"},
+        }
+    )
+    placer = scheduler_for(document, prefill, decode)
+    assert placer.choose(request()) is prefill
+    assert placer.choose(InferenceRequest("m", "m", headers={"x-stage": "decode"})) is decode
+
+
+def test_header_profile_handler_naming_no_profile_finds_no_endpoint() -> None:
+    placer = scheduler_for(HEADER_PROFILES, pod(1, "prefill"), pod(2, "decode"))
+    asked = InferenceRequest("m", "m", headers={"epp-profile": "encode"})
+    assert placer.choose(asked) is Outcome.REJECTED_NO_ENDPOINTS
+
+
+def test_header_profile_handler_with_one_profile_always_runs_it() -> None:
+    document = {"plugins": [{"type": "queue-scorer"}, {"type": "header-profile-handler"}]}
+    only = pod(1)
+    asked = InferenceRequest("m", "m", headers={"epp-profile": "nonsense"})
+    assert scheduler_for(document, only).choose(asked) is only
+
+
+def test_header_profile_handler_warns_when_its_default_is_no_profile() -> None:
+    document = {**HEADER_PROFILES, "plugins": [*HEADER_PROFILES["plugins"][:2]]}
+    document["plugins"].append(
+        {"type": "header-profile-handler", "parameters": {"defaultProfile": "encode"}}
+    )
+    warnings = parse_config({**HEAD, **document}).warnings
+    assert any(
+        line.startswith("plugins[2].parameters.defaultProfile: no scheduling profile named")
+        for line in warnings
+    ), warnings
+
+
+LEGACY_PD = {
+    "plugins": [
+        {"type": "prefix-cache-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": 16}},
+        {"type": "pd-profile-handler"},
+    ],
+    "schedulingProfiles": [
+        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}]},
+        {
+            "name": "decode",
+            "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "prefix-cache-scorer"}],
+        },
+    ],
+}
+
+
+def test_pd_profile_handler_is_the_disagg_handler_with_its_decider_and_a_warning() -> None:
+    config = parse_config({**HEAD, **LEGACY_PD})
+    assert "plugins[4].type: 'pd-profile-handler' is deprecated; use 'disagg-profile-handler'" in (
+        config.warnings
+    )
+    placer = scheduler_for(LEGACY_PD, pod(1, "prefill"), pod(2, "decode"))
+    long = request()
+    assert placer.choose(long).name == "pod-2"
+    assert long.routing == {PREFILLER_HEADER: "10.0.0.1:8000"}
+    again = request()
+    assert placer.choose(again).name == "pod-2"
+    assert again.routing is None
+
+
+def test_pd_profile_handler_primary_port_sends_decode_to_the_pods_primary_port() -> None:
+    document = {**LEGACY_PD, "plugins": [*LEGACY_PD["plugins"][:4]]}
+    document["plugins"].append({"type": "pd-profile-handler", "parameters": {"primaryPort": 9000}})
+    rank = Endpoint(
+        "pod-2", "10.0.0.2:8001", {ROLE_LABEL: "decode"}, EndpointMetrics(updated_at=NOW)
+    )
+    placer = scheduler_for(document, pod(1, "prefill"), rank)
+    long = request()
+    assert placer.choose(long) is rank
+    assert long.destination == "10.0.0.2:9000"
+    assert long.routing == {
+        PREFILLER_HEADER: "10.0.0.1:8000",
+        DATA_PARALLEL_HEADER: "10.0.0.2:8001",
+    }
+
+
+def test_pd_profile_handler_needs_its_decider_declared() -> None:
+    from epp.config.loader import ConfigError
+
+    document = {
+        **LEGACY_PD,
+        "plugins": [p for p in LEGACY_PD["plugins"] if "decider" not in p["type"]],
+    }
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**HEAD, **document})
+    assert (
+        "plugins[3].parameters.deciderPluginName: no plugin named 'prefix-based-pd-decider' "
+        "in plugins" in raised.value.errors
+    )
+
+
+@pytest.mark.parametrize("legacy", ["disagg-headers-handler", "prefill-header-handler"])
+def test_a_headers_handler_is_accepted_with_a_warning_naming_its_replacement(legacy: str) -> None:
+    document = {**PD, "plugins": [*PD["plugins"], {"type": legacy}]}
+    config = parse_config({**HEAD, **document})
+    assert f"plugins[7].type: {legacy!r} is deprecated; use 'disagg-profile-handler'" in (
+        config.warnings
+    )
+    placer = scheduler_for(document, pod(1, "prefill"), pod(2, "decode"))
+    long = request()
+    placer.choose(long)
+    assert long.routing == {PREFILLER_HEADER: "10.0.0.1:8000"}
+
+
+def test_a_headers_handler_naming_other_profiles_than_the_handler_is_refused() -> None:
+    from epp.config.loader import ConfigError
+
+    legacy = {"type": "disagg-headers-handler", "parameters": {"prefillProfile": "pf"}}
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**HEAD, **PD, "plugins": [*PD["plugins"], legacy]})
+    assert raised.value.errors == [
+        "plugins[7].parameters.prefillProfile: 'pf' is not the profile handler's prefill "
+        "profile 'prefill'; epp writes the headers from the profile handler's profiles"
+    ]

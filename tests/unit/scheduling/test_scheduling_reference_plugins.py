@@ -179,3 +179,33 @@ def test_pickers_take_one_endpoint_only() -> None:
                 "plugins": [{"type": "random-picker", "parameters": {"maxNumOfEndpoints": 2}}],
             }
         )
+
+
+def test_header_label_affinity_scores_pods_whose_label_equals_the_header() -> None:
+    scorer = built("header-label-affinity-scorer", headerName="X-Preferred-Zone", labelKey="zone")
+    pods = [pod(1, {"zone": "a"}), pod(2, {"zone": "b"}), pod(3)]
+    wanted = InferenceRequest("m", "m", headers={"x-preferred-zone": "b"})
+    assert scorer.score(wanted, pods) == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("headers", [{}, {"x-preferred-zone": ""}, {"x-preferred-zone": "c"}])
+def test_header_label_affinity_without_a_matching_header_scores_every_pod_zero(headers) -> None:
+    scorer = built("header-label-affinity-scorer", headerName="x-preferred-zone", labelKey="zone")
+    pods = [pod(1, {"zone": "a"}), pod(2, {"zone": "b"})]
+    assert scorer.score(InferenceRequest("m", "m", headers=headers), pods) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("missing", ["headerName", "labelKey"])
+def test_header_label_affinity_needs_both_parameters(missing: str) -> None:
+    from epp.config.loader import ConfigError, parse_config
+
+    parameters = {"headerName": "x-zone", "labelKey": "zone", missing: ""}
+    with pytest.raises(ConfigError) as raised:
+        parse_config(
+            {
+                "apiVersion": "llm-d.ai/v1alpha1",
+                "kind": "EndpointPickerConfig",
+                "plugins": [{"type": "header-label-affinity-scorer", "parameters": parameters}],
+            }
+        )
+    assert raised.value.errors == [f"plugins[0].parameters.{missing}: required"]
