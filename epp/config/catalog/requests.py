@@ -178,7 +178,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "session-id-producer",
         Kind.PRODUCER,
         "publishes a header's or a cookie's session id as the attribute "
-        "SessionIDDataKey/<its name>",
+        "`SessionIDDataKey/` + its name",
         (
             Param("headerName", T.STRING, "", "header carrying the session id"),
             Param("cookieName", T.STRING, "", "cookie carrying the session id"),
