@@ -25,8 +25,9 @@ metrics (ties: fewest running, then at random).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from epp.api.models import InferenceObjective, InferencePool, PoolRef
 from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
@@ -43,6 +44,8 @@ from epp.sim.scenario import Scenario
 
 CHARS_PER_TOKEN = 4
 POOL_NAME = "sim-pool"
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+"""The headers of every simulated request (none), shared."""
 
 
 @dataclass(slots=True)
@@ -173,6 +176,9 @@ class EppPolicy:
             False,  # multimodal
             None,  # routing
             None,  # destination
+            NO_HEADERS,
+            None,  # attributes
+            None,  # response headers
             request,
         )
         # All positional: calling a class with a keyword builds a dict.
