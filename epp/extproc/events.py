@@ -49,6 +49,15 @@ class PrefillDone:
 
 
 @dataclass(slots=True)
+class FirstToken:
+    """The first bytes of a streamed (SSE) response came: its server runs
+    the request (a model server streams only what it generated). A whole,
+    unstreamed response says so only at its end, so it sends none."""
+
+    request: FlowRequest
+
+
+@dataclass(slots=True)
 class Rejected:
     """The request was answered locally with an error (already in the replies).
 
@@ -60,5 +69,5 @@ class Rejected:
     request: FlowRequest | None
 
 
-Event = ProcessingResponse | AdmissionNeeded | Release | Rejected | PrefillDone
+Event = ProcessingResponse | AdmissionNeeded | Release | Rejected | PrefillDone | FirstToken
 """A ProcessingResponse means: send it to Envoy, in the order given."""

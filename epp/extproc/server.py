@@ -23,7 +23,14 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from epp.extproc.events import AdmissionNeeded, Event, PrefillDone, Rejected, Release
+from epp.extproc.events import (
+    AdmissionNeeded,
+    Event,
+    FirstToken,
+    PrefillDone,
+    Rejected,
+    Release,
+)
 from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
@@ -69,6 +76,7 @@ class ExtProcService:
         listener: StreamListener | None = None,
         screen: Screen | None = None,
         on_prefill_done: Callable[[FlowRequest], None] | None = None,
+        on_first_token: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.admission = admission
         self.screen = screen
@@ -80,6 +88,8 @@ class ExtProcService:
         self.listener = listener
         self.on_prefill_done = on_prefill_done
         """Told when a disaggregated request's prefill stage is over."""
+        self.on_first_token = on_first_token
+        """Told when a streamed response's first bytes came (its server runs it)."""
         self.open_streams = 0
 
     def open(self, call: Call) -> ExtProcCall:
@@ -92,7 +102,11 @@ class ExtProcService:
         if call is not None:
             call.evict()
 
-    def settle(self, event: Rejected | Release | PrefillDone) -> None:
+    def settle(self, event: Rejected | Release | PrefillDone | FirstToken) -> None:
+        if isinstance(event, FirstToken):
+            if self.on_first_token is not None:
+                self.on_first_token(event.request)
+            return
         if isinstance(event, PrefillDone):
             if self.on_prefill_done is not None:
                 self.on_prefill_done(event.request)

@@ -46,7 +46,14 @@ from enum import Enum
 from epp.api.address import address_ip
 from epp.extproc import headers as h
 from epp.extproc import messages
-from epp.extproc.events import AdmissionNeeded, Event, PrefillDone, Rejected, Release
+from epp.extproc.events import (
+    AdmissionNeeded,
+    Event,
+    FirstToken,
+    PrefillDone,
+    Rejected,
+    Release,
+)
 from epp.extproc.messages import ProcessingRequest
 from epp.extproc.openai import BadRequest
 from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
@@ -393,9 +400,12 @@ class ExtProcStream:
 
     def _on_response_body(self, chunk: bytes, end_of_stream: bool, now: float) -> list[Event]:
         self.phase = Phase.RESPONSE_BODY
+        started: list[Event] = []
         if chunk:
             if self._first_byte_at is None:
                 self._first_byte_at = now
+                if self._sse is not None and self.request is not None and not end_of_stream:
+                    started.append(FirstToken(self.request))
             self._response_bytes += len(chunk)
         if self._sse is not None:
             self._sse.feed(chunk)
@@ -404,7 +414,7 @@ class ExtProcStream:
         if self._held is not None:
             self._held.append(chunk)
             if not end_of_stream:
-                return []
+                return started
             chunk = b"".join(self._held)
             self._held = None
         if self._restorer is not None:
@@ -413,6 +423,7 @@ class ExtProcStream:
             replies: list[Event] = list(messages.body_chunks(chunk, end_of_stream, response=True))
         else:
             replies = [messages.response_body_reply(chunk, end_of_stream)]
+        replies.extend(started)
         if end_of_stream:
             self.phase = Phase.DONE
             self._finish_usage()

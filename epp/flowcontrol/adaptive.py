@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Protocol, TypeVar
 
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, State
 from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
 
 
@@ -365,11 +365,28 @@ class AdaptiveGate:
             if estimator is not None:
                 estimator.done += 1
                 if request.seq > estimator.seen_seq:
-                    # Sent after the last sample, so counted as pending: done,
-                    # it is not waiting any more.
+                    # Sent after the last sample, so counted as pending
+                    # unless its first token came: done, it is not waiting.
                     estimator.done_unseen += 1
-                    if estimator.pending:
+                    if estimator.pending and not request.running:
                         estimator.pending -= 1
+
+    def on_first_token(self, request: FlowRequest) -> bool:
+        """`request`'s first output token reached the EPP: its server runs
+        it. If it was sent after the endpoint's last sample it no longer
+        counts as pending, so the endpoint may take the next request now
+        rather than at its next sample. Returns whether that made room (the
+        shell then pokes the core)."""
+        if request.running or request.state is not State.DISPATCHED:
+            return False
+        request.running = True
+        endpoint = request.endpoint
+        estimator = self._estimators.get(endpoint) if endpoint is not None else None
+        if estimator is None or not estimator.pending or request.seq <= estimator.seen_seq:
+            return False
+        estimator.pending -= 1
+        self._changes += 1
+        return True
 
     # -- the scheduler's credits -----------------------------------------------
 

@@ -66,3 +66,6 @@ class FlowRequest(QueueEntry):
     deadline: float = field(default=float("inf"), init=False)
     order_key: float = field(default=0.0, init=False, repr=False)
     seq: int = field(default=0, init=False, repr=False)
+    running: bool = field(default=False, init=False, repr=False)
+    """Its first output token reached the EPP, so its server runs it
+    (written by the gate, `on_first_token`)."""

@@ -313,7 +313,15 @@ class EppServer:
             listener=self.metrics.on_stream_event,
             screen=self.screen,
             on_prefill_done=self.prefill_stage.prefill_done if self.prefill_stage else None,
+            on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
         )
+
+    def _first_token(self, request: FlowRequest) -> None:
+        """A streamed response began: the adaptive gate learns that its
+        endpoint runs the request, and the core dispatches what that lets go."""
+        credits = self.credits
+        if isinstance(credits, AdaptiveGate) and credits.on_first_token(request):
+            self.admission.poke()
 
     # -- building ------------------------------------------------------------
 

@@ -105,6 +105,10 @@ class Policy(Protocol):
         (after the KV transfer, or for a local prefill after a failure)."""
         ...
 
+    def first_token(self, request: SimRequest, now: float) -> None:
+        """`request`'s first output token came (its response begins)."""
+        ...
+
     def timer(self, now: float) -> None:
         """The time the policy asked for (`Simulation.want_timer`) came."""
         ...
@@ -171,6 +175,9 @@ class Simulation:
         self._seq = 0
         self._scheduled = [inf] * pool.servers
         self._finished: list[SimRequest] = []
+        self._first_tokens: list[SimRequest] = []
+        """First tokens of the server step being advanced, told to the
+        policy after it (the policy may send to that server)."""
         self._timer_at = inf
         self._transfers = 0
         self.store = EndpointStore(self._live_specs())
@@ -288,7 +295,8 @@ class Simulation:
         self.service_by_tenant[tenant] += self._weights[tenant][0] * owner.prompt_tokens
 
     def first_token(self, request: ServerRequest, now: float) -> None:
-        pass
+        if type(request) is SimRequest:  # a prefill leg's token stays with the sidecar
+            self._first_tokens.append(request)
 
     def finished(self, request: ServerRequest, now: float) -> None:
         self._finished.append(request)  # type: ignore[arg-type]
@@ -325,6 +333,7 @@ class Simulation:
         servers = self.servers
         scheduled = self._scheduled
         finished = self._finished
+        first_tokens = self._first_tokens
         end_time = self.end_time
         progress = self._progress
         progress_step = max(1, count // 100)
@@ -347,6 +356,10 @@ class Simulation:
                     if following != inf:
                         self._seq += 1
                         heappush(heap, (following, self._seq, SERVER, index))
+                    if first_tokens:
+                        for started in first_tokens:
+                            policy.first_token(started, when)
+                        first_tokens.clear()
                     while finished:
                         done = finished.pop()
                         if type(done) is PrefillLeg:

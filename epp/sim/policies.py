@@ -220,6 +220,18 @@ class EppPolicy:
         if credits is not None and credits.release(request.owner):
             self._settle(self.core.poke(now), now)
 
+    def first_token(self, request: SimRequest, now: float) -> None:
+        """A streamed response's first token reaches the EPP (a whole
+        response arrives only at its end: `finished`)."""
+        adaptive = self.adaptive
+        if (
+            adaptive is not None
+            and self._stream[request.tenant]
+            and request.owner is not None
+            and adaptive.on_first_token(request.owner)
+        ):
+            self._settle(self.core.poke(now), now)
+
     def timer(self, now: float) -> None:
         self._settle(self.core.poke(now), now)
 
@@ -271,6 +283,9 @@ class RoundRobinPolicy:
         pass
 
     def prefill_done(self, request: SimRequest, now: float) -> None:
+        pass
+
+    def first_token(self, request: SimRequest, now: float) -> None:
         pass
 
     def timer(self, now: float) -> None:

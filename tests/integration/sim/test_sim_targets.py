@@ -10,7 +10,7 @@ from epp.cli import main
 from epp.config.loader import load_config
 from epp.sim.report import build_report
 from epp.sim.runner import run_scenario
-from epp.sim.scenario import load_scenario
+from epp.sim.scenario import load_scenario, parse_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "config" / "scenarios"
 
@@ -174,3 +174,38 @@ def test_overload_keeps_the_top_tier_isolated_with_the_default_config_too():
         "overload-three-tiers", 60.0, baselines=(), epp_config=default, epp_config_path=None
     )
     assert policies["epp"]["objectives"]["premium"]["isolation_p99"] <= 1.5
+
+
+def below_capacity(stream: bool) -> dict:
+    """Eight servers at 200 req/s of short requests: about half of what they
+    can serve, and four requests per endpoint per scrape interval."""
+    tenant = {
+        "objective": "standard",
+        "rate_rps": 50,
+        "arrival": "poisson",
+        "prompt_tokens": {"uniform": [100, 400]},
+        "output_tokens": {"uniform": [10, 40]},
+        "stream": stream,
+    }
+    document = {
+        "name": "below-capacity",
+        "seed": 1,
+        "duration_s": 30,
+        "pool": {
+            "servers": 8,
+            "max_num_seqs": 32,
+            "prefill_ms_per_token": 0.05,
+            "decode_ms_per_token": 5,
+        },
+        "objectives": [{"name": "standard", "priority": 0}],
+        "tenants": [{"name": f"t{i}", **tenant} for i in range(4)],
+        "baselines": ["round-robin"],
+        "isolation": False,
+    }
+    return build_report(run_scenario(parse_scenario(document)))["policies"]
+
+
+def test_adaptive_admits_streamed_requests_as_fast_as_they_come_below_capacity():
+    policies = below_capacity(stream=True)
+    ours = policies["epp"]["objectives"]["standard"]["ttft_p99_s"]
+    assert ours <= 2 * policies["round-robin"]["objectives"]["standard"]["ttft_p99_s"]

@@ -17,7 +17,7 @@ from extproc_wire import (
 )
 
 from epp.api.address import format_address
-from epp.extproc.events import AdmissionNeeded, Rejected, Release
+from epp.extproc.events import AdmissionNeeded, FirstToken, Rejected, Release
 from epp.extproc.messages import CHUNK_BYTES, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, Phase, StreamSettings
 from epp.flowcontrol.outcome import Outcome
@@ -361,7 +361,8 @@ def test_streamed_response_is_echoed_chunk_by_chunk_and_usage_read_from_sse():
     )
     first = b'data: {"choices":[{"text":"a"}],"usage":null}\n\n'
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":3}}\n\n'
-    assert [streamed(r) for r in stream.receive(response_body(first), 0.0)] == [(first, False)]
+    echo, started = stream.receive(response_body(first), 0.0)
+    assert (streamed(echo), started) == ((first, False), FirstToken(stream.request))
     assert [streamed(r) for r in stream.receive(response_body(usage[:20]), 0.0)] == [
         (usage[:20], False)
     ]

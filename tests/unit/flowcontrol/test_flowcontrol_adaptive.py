@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.flowcontrol.adaptive import AdaptiveGate, AdaptiveLimits, LimitEstimator, allowed
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, State
 from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 
@@ -144,6 +144,7 @@ def dispatch(gate: AdaptiveGate, endpoint: str, priority: int = 0) -> FlowReques
     request = FlowRequest(f"r{gate.in_flight}", "tenant", priority, 0.0)
     request.endpoint = endpoint
     request.seq = next(SEQ)
+    request.state = State.DISPATCHED  # as the core does before it tells the gate
     gate.on_dispatch(request)
     return request
 
@@ -311,3 +312,44 @@ def test_one_request_done_unseen_in_an_interval_says_nothing():
     gate.has_room(A, 0)
     dispatch(gate, A)
     assert not gate.has_room(A, 0)
+
+
+def test_a_first_token_lets_the_endpoint_take_the_next_request_before_its_next_sample():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    request = dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+    assert gate.on_first_token(request)
+    assert gate.has_room(A, 0)
+
+
+def test_a_request_counts_off_the_pending_budget_once_first_token_then_completion():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    started, waiting = dispatch(gate, A), dispatch(gate, A)
+    gate.on_first_token(started)
+    assert not gate.on_first_token(started)  # the same token again: no news
+    gate.on_complete(started)
+    assert gate._estimators[A].pending == 1  # `waiting` still is
+    gate.on_complete(waiting)
+    assert gate._estimators[A].pending == 0
+
+
+def test_a_first_token_of_a_request_the_last_sample_covered_changes_nothing():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    request = dispatch(gate, A)
+    pool.publish(0.05, a=(0, 1))  # the server still holds it in its queue
+    gate.has_room(A, 0)
+    assert not gate.on_first_token(request)  # the next sample will show it
+    assert gate._estimators[A].pending == 1
+
+
+def test_a_first_token_after_the_request_ended_changes_nothing():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    ended, _other = dispatch(gate, A), dispatch(gate, A)
+    gate.on_complete(ended)
+    ended.state = State.COMPLETED
+    assert not gate.on_first_token(ended)
+    assert gate._estimators[A].pending == 1  # `other`'s count stays

@@ -69,6 +69,9 @@ class Sidecar:
     def prefill_done(self, request, now):
         self.prefilled.append((request.request_id, now))
 
+    def first_token(self, request, now):
+        pass
+
     def timer(self, now):
         pass
 
