@@ -21,7 +21,10 @@ The control law (measured against the alternatives in
   running (its queue at the last sample, plus what was sent since). This
   alone keeps the server's queue, where priority no longer reaches a
   request, at about one request, whatever the limit says; and it paces a
-  new endpoint's growth to what the server admits.
+  new endpoint's growth to what the server admits. The first token of a
+  streamed response (`on_first_token`) shows its request running before
+  the next sample does, so the budget refills at the server's pace (a
+  step), not the scrape's.
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room

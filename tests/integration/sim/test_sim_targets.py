@@ -51,6 +51,16 @@ def test_vtc_shares_token_service_within_its_bound(unequal):
     assert band["max_service_diff"] <= band["vtc_bound"]
 
 
+def test_vtc_shares_token_service_with_the_default_config_too():
+    default = load_config(SCENARIOS.parent / "epp" / "default.yaml")
+    policies = report_of(
+        "unequal-tenants", 60.0, baselines=(), variants=(), epp_config=default, epp_config_path=None
+    )
+    band = policies["epp"]["bands"]["0"]
+    assert band["jain"] >= 0.99
+    assert band["max_service_diff"] <= band["vtc_bound"]
+
+
 @pytest.mark.parametrize("other", ["epp-round-robin", "epp-fcfs", "round-robin"])
 def test_vtc_is_fairer_than(unequal, other):
     ours, theirs = unequal["epp"]["bands"]["0"], unequal[other]["bands"]["0"]
