@@ -24,7 +24,10 @@ The control law (measured against the alternatives in
   new endpoint's growth to what the server admits. The first token of a
   streamed response (`on_first_token`) shows its request running before
   the next sample does, so the budget refills at the server's pace (a
-  step), not the scrape's.
+  step), not the scrape's. A server of known size running less than half
+  its limit, with no queue, may be sent up to half its limit at once (its
+  requests may finish between samples, when the pace of one per sample
+  would starve it).
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room
@@ -150,6 +153,7 @@ class LimitEstimator:
 
     __slots__ = (
         "adjustments",
+        "budget",
         "done",
         "done_unseen",
         "found",
@@ -194,6 +198,8 @@ class LimitEstimator:
         """The server's queue at the last sample."""
         self.seen: float | None = None
         self.adjustments = 0
+        self.budget = settings.pending
+        """Requests it may have pending until the next sample (`_budget`)."""
         self.done = 0
         """Requests completed since the last sample."""
         self.done_unseen = 0
@@ -252,11 +258,30 @@ class LimitEstimator:
             self.probing = True
             self.probe_since = now
         new = min(new, settings.maximum)
+        self.budget = self._budget(new, running, waiting)
         if new == old:
             return 0
         self.limit = new
         self.adjustments += 1
         return new - old
+
+    def _budget(self, limit: int, running: int, waiting: int) -> int:
+        """`pending`, one more for a large server still searching (it admits
+        two a step); but a server of known size that showed no queue while
+        running less than `FAST_FILL` of its limit may be sent up to that
+        share at once: its next step admits them all, and near the top the
+        one-at-a-time pace keeps the server's queue and the top band's
+        prefill steps short."""
+        pending = self.settings.pending
+        if not self.found:
+            return pending + 1 if limit >= 64 else pending
+        if waiting:
+            return pending
+        return max(pending, int(limit * FAST_FILL) - running)
+
+
+FAST_FILL = 0.5
+"""The share of its limit an idle server of known size may be sent at once."""
 
 
 def allowed(limit: int, ceiling: float) -> int:
@@ -427,7 +452,6 @@ class AdaptiveGate:
         in_flight = self._in_flight
         blind_after = self._blind_after
         blind_limit = self.blind_limit
-        pending = self._pending
         blocked = self.blocked
         kept = []
         for endpoint in endpoints:
@@ -440,8 +464,7 @@ class AdaptiveGate:
                     kept.append(endpoint)
                 continue
             limit = estimator.limit
-            budget = pending + 1 if not estimator.found and limit >= 64 else pending
-            if estimator.pending < budget and held < (
+            if estimator.pending < estimator.budget and held < (
                 limit + 1 if estimator.probing else allowed(limit, ceiling)
             ):
                 kept.append(endpoint)
@@ -471,9 +494,7 @@ class AdaptiveGate:
         if self.usage.dynamic:
             priorities = self._priorities
             ceiling = self.usage.ceiling(rank, len(priorities), priorities, in_flight / limit)
-        budget = self._pending
-        if not estimator.found and limit >= 64:
-            budget += 1  # a large server searching admits two a step
+        budget = estimator.budget
         if estimator.pending >= (max(budget, self._pending + 1) if top else budget):
             room = False
         elif estimator.probing:

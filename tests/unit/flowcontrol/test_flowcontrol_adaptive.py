@@ -353,3 +353,15 @@ def test_a_first_token_after_the_request_ended_changes_nothing():
     ended.state = State.COMPLETED
     assert not gate.on_first_token(ended)
     assert gate._estimators[A].pending == 1  # `other`'s count stays
+
+
+def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at_once():
+    pool, gate = settled_gate(16, 0)  # found full at 16, now runs nothing
+    for _ in range(8):
+        assert gate.has_room(A, 0)
+        dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # half its limit pending: one at a time now
+    pool.publish(2.0, a=(8, 0))
+    assert gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
