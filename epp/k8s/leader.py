@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -74,6 +74,7 @@ class LeaderElector:
         settings: LeaseSettings | None = None,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -83,6 +84,7 @@ class LeaderElector:
         self._settings = settings or LeaseSettings()
         self._on_change = on_change
         self._clock = clock
+        self._sleep = sleep
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -107,7 +109,7 @@ class LeaderElector:
             elif self.is_leader and now - self._renewed_at >= self._settings.renew_deadline:
                 log.warning("lease %s: not renewed within the deadline; stepping down", self.name)
                 self._set_leader(False)
-            await asyncio.sleep(self._settings.retry_period)
+            await self._sleep(self._settings.retry_period)
 
     async def release(self) -> None:
         """Give the Lease up if we hold it (on shutdown)."""

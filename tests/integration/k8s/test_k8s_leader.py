@@ -4,36 +4,59 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import pytest
 from kubernetes_asyncio.client import CoordinationV1Api
 
 from epp.k8s.leader import LeaderElector, lease_name
 from tests.support.kube import FAST_LEASE, KubeEmulator, StartEpp, caught_up, objective, pool
+from tests.support.virtual_time import VirtualTime
 from tests.support.waiting import eventually
 
 LEASE = lease_name("default", "pool-a")
 
 
+@dataclass(slots=True)
+class Electors:
+    pairs: list[tuple[LeaderElector, asyncio.Task]]
+    time: VirtualTime
+
+    def leaders(self) -> list[LeaderElector]:
+        return [elector for elector, _ in self.pairs if elector.is_leader]
+
+    async def one_leader(self) -> LeaderElector:
+        await self.time.run_until(lambda: len(self.leaders()) == 1, FAST_LEASE.lease_duration)
+        [leader] = self.leaders()
+        return leader
+
+    def task_of(self, elector: LeaderElector) -> asyncio.Task:
+        return next(task for each, task in self.pairs if each is elector)
+
+
 @pytest.fixture
-async def electors(kube: KubeEmulator) -> AsyncIterator[list[tuple[LeaderElector, asyncio.Task]]]:
+async def electors(kube: KubeEmulator) -> AsyncIterator[Electors]:
+    """Two candidates on virtual time: durations are exact, and every state
+    they pass through is seen between their steps."""
+    pairs: list[tuple[LeaderElector, asyncio.Task]] = []
+    time = VirtualTime(lambda: sum(not task.done() for _, task in pairs))
     async with kube.api_client() as api:
         coordination = CoordinationV1Api(api)
-        pairs = []
         for identity in ("epp-1", "epp-2"):
-            elector = LeaderElector(coordination, LEASE, "default", identity, FAST_LEASE)
+            elector = LeaderElector(
+                coordination,
+                LEASE,
+                "default",
+                identity,
+                FAST_LEASE,
+                clock=time.clock,
+                sleep=time.sleep,
+            )
             pairs.append((elector, asyncio.create_task(elector.run())))
-        yield pairs
+        yield Electors(pairs, time)
         for _, task in pairs:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def leaders(pairs: list[tuple[LeaderElector, asyncio.Task]]) -> list[LeaderElector]:
-    return [elector for elector, _ in pairs if elector.is_leader]
+            await stop(task)
 
 
 async def stop(task: asyncio.Task) -> None:
@@ -42,36 +65,48 @@ async def stop(task: asyncio.Task) -> None:
         await task
 
 
+def at_most_one_leader(electors: Electors) -> Callable[[], None]:
+    def check() -> None:
+        assert len(electors.leaders()) <= 1
+
+    return check
+
+
 async def test_exactly_one_candidate_leads_and_holds_the_lease(kube, electors):
-    await eventually(lambda: len(leaders(electors)) == 1)
-    for _ in range(50):
-        assert len(leaders(electors)) <= 1
-        await asyncio.sleep(0.01)
-    [leader] = leaders(electors)
+    await electors.one_leader()
+    await electors.time.run_until(
+        lambda: electors.time.now >= 5 * FAST_LEASE.lease_duration,
+        within=6 * FAST_LEASE.lease_duration,
+        between_steps=at_most_one_leader(electors),
+    )
+    [leader] = electors.leaders()
     lease = kube.get("coordination.k8s.io/v1", "Lease", LEASE)
     assert lease["spec"]["holderIdentity"] == leader.identity
     assert LEASE == "epp-default-pool-a.gateway-api-inference-extension.sigs.k8s.io"
 
 
 async def test_a_released_lease_is_taken_over_before_it_would_expire(kube, electors):
-    await eventually(lambda: len(leaders(electors)) == 1)
-    [(leader, task)] = [pair for pair in electors if pair[0].is_leader]
-    await stop(task)
-    released_at = time.monotonic()
+    leader = await electors.one_leader()
+    await stop(electors.task_of(leader))
     await leader.release()
-    await eventually(lambda: len(leaders(electors)) == 1)
+    took = await electors.time.run_until(
+        lambda: len(electors.leaders()) == 1, within=FAST_LEASE.lease_duration
+    )
     assert not leader.is_leader
-    assert time.monotonic() - released_at < FAST_LEASE.lease_duration / 2
+    assert took <= FAST_LEASE.retry_period
 
 
-async def test_a_vanished_leader_is_replaced_after_the_lease_expires(kube, electors):
-    await eventually(lambda: len(leaders(electors)) == 1)
-    [(leader, task)] = [pair for pair in electors if pair[0].is_leader]
-    await stop(task)
-    vanished_at = time.monotonic()
-    [(successor, _)] = [pair for pair in electors if pair[0] is not leader]
-    await eventually(lambda: successor.is_leader, timeout=3 * FAST_LEASE.lease_duration)
-    assert time.monotonic() - vanished_at >= FAST_LEASE.lease_duration - FAST_LEASE.retry_period
+async def test_a_vanished_leader_is_replaced_once_the_lease_expires(kube, electors):
+    leader = await electors.one_leader()
+    await stop(electors.task_of(leader))
+    [successor] = [elector for elector, _ in electors.pairs if elector is not leader]
+    took = await electors.time.run_until(
+        lambda: successor.is_leader, within=3 * FAST_LEASE.lease_duration
+    )
+    # Expiry counts from when the successor saw the last renewal: at most a
+    # retry before the stop, or a retry after it; then a retry to notice.
+    assert FAST_LEASE.lease_duration - FAST_LEASE.retry_period <= took
+    assert took <= FAST_LEASE.lease_duration + 2 * FAST_LEASE.retry_period
     lease = kube.get("coordination.k8s.io/v1", "Lease", LEASE)
     assert lease["spec"]["leaseTransitions"] == 1
 
@@ -89,11 +124,13 @@ async def test_only_the_leader_writes_status(kube: KubeEmulator, start_epp: Star
     assert len(kube.status_writes()) == 1
 
 
-async def test_a_leader_that_cannot_renew_steps_down(kube: KubeEmulator, electors):
-    await eventually(lambda: len(leaders(electors)) == 1)
+async def test_a_leader_that_cannot_renew_steps_down_at_its_renew_deadline(kube, electors):
+    await electors.one_leader()
     kube.fail("/leases")
-    started = time.monotonic()
-    await eventually(lambda: not leaders(electors), timeout=3 * FAST_LEASE.renew_deadline)
-    assert time.monotonic() - started >= FAST_LEASE.renew_deadline - FAST_LEASE.retry_period
+    took = await electors.time.run_until(
+        lambda: not electors.leaders(), within=3 * FAST_LEASE.renew_deadline
+    )
+    assert FAST_LEASE.renew_deadline - FAST_LEASE.retry_period <= took
+    assert took <= FAST_LEASE.renew_deadline + FAST_LEASE.retry_period
     kube.heal()
-    await eventually(lambda: len(leaders(electors)) == 1, timeout=3 * FAST_LEASE.lease_duration)
+    await electors.one_leader()
