@@ -44,6 +44,8 @@ def run(*paths: Path | str) -> tuple[bool, list[str]]:
         "config/epp/default.yaml",
         "config/epp/disaggregated.yaml",
         "config/epp/data-parallel.yaml",
+        "config/epp/header-profile.yaml",
+        "config/epp/session-affinity.yaml",
     ],
 )
 def test_shipped_file_is_valid(path: str) -> None:
