@@ -38,7 +38,8 @@ instead of one per endpoint.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from epp.flowcontrol.gate import Credits, Placement
 from epp.flowcontrol.outcome import Outcome
@@ -117,7 +118,7 @@ class Scheduler:
             else None
         )
         self._plugins = tuple(context.built.values())
-        self._named = dict(context.built)
+        self._named = MappingProxyType(dict(context.built))
         self._placed = tuple(
             plugin.placed for plugin in self._plugins if callable(getattr(plugin, "placed", None))
         )
@@ -134,9 +135,10 @@ class Scheduler:
         """The band of the request being placed (the credits depend on it)."""
         """The profiles' choices for the request being placed."""
 
-    def plugin(self, name: str) -> object | None:
-        """The live plugin configured as `name`, if this scheduler built one."""
-        return self._named.get(name)
+    @property
+    def plugins(self) -> Mapping[str, object]:
+        """The live plugins this scheduler built, by configured name."""
+        return self._named
 
     def has_endpoints(self) -> bool:
         return bool(self._pool().endpoints)

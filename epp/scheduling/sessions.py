@@ -286,6 +286,15 @@ def cookie_value(header: str, name: str) -> str:
     return ""
 
 
+def bindings_of(plugins: Mapping[str, object]) -> dict[str, SessionBindings]:
+    """The session bindings among `plugins` (name -> plugin), by plugin name."""
+    found = {}
+    for name, plugin in plugins.items():
+        if isinstance(plugin, _Affinity) and plugin.bindings is not None:
+            found[name] = plugin.bindings
+    return found
+
+
 # -- factories (the registry's session types build through these) --
 
 

@@ -62,6 +62,10 @@ From the gRPC servers (`watch_transport`):
 `epp_transport_limit_trips_total{port,limit}`, each time a transport limit
 ended a call or a connection, refused one, or made a connection wait, and
 `epp_transport_connections{port}`.
+From the `session_id` session-affinity plugins (`watch_sessions`):
+`epp_session_bindings{inference_pool,plugin}` and
+`epp_session_bindings_dropped_total{inference_pool,plugin}` (bindings
+dropped because the plugin held `maxSessions`).
 
 Series are kept as plain numbers per canonical label tuple (`Family`; a
 histogram as a `Tally`) and written out under both names at scrape time, the
@@ -107,6 +111,7 @@ from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.stages import DISAGG_HANDLERS
 
 if TYPE_CHECKING:
@@ -715,6 +720,11 @@ class EppMetrics:
         """Report each gRPC port's open connections and limit trips at scrape time."""
         self.registry.register(_TransportCollector(servers))
 
+    def watch_sessions(self, stores: Callable[[], Mapping[str, SessionBindings]]) -> None:
+        """Report the session bindings per plugin, and how many its limit
+        dropped, at scrape time."""
+        self.registry.register(_SessionsCollector(self.pool_name, stores))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -811,6 +821,29 @@ class _CreditsCollector(Collector):
         for stage, count in self._in_flight().items():
             family.add_metric([self._pool_name, stage], count)
         yield family
+
+
+class _SessionsCollector(Collector):
+    def __init__(self, pool_name: str, stores: Callable[[], Mapping[str, SessionBindings]]) -> None:
+        self._pool_name = pool_name
+        self._stores = stores
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "epp_session_bindings",
+            "Sessions bound to an endpoint, per session-affinity plugin (session_id).",
+            labels=["inference_pool", "plugin"],
+        )
+        dropped = CounterMetricFamily(
+            "epp_session_bindings_dropped",
+            "Session bindings dropped because the plugin held maxSessions of them.",
+            labels=["inference_pool", "plugin"],
+        )
+        for name, bindings in sorted(self._stores().items()):
+            held.add_metric([self._pool_name, name], len(bindings))
+            dropped.add_metric([self._pool_name, name], bindings.dropped)
+        yield held
+        yield dropped
 
 
 class _PoolCollector(Collector):

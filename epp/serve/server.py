@@ -82,6 +82,7 @@ from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
+from epp.scheduling.sessions import bindings_of
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -271,6 +272,7 @@ class EppServer:
         if isinstance(self.credits, AdaptiveGate):
             self.metrics.watch_limits(self.credits)
         self.metrics.watch_credits(self._credits_in_use)
+        self.metrics.watch_sessions(lambda: bindings_of(self.scheduler.plugins))
         self.metrics.watch_scheduling(self.config.scheduling.handler.name)
         self.core.on_flows_collected = self.metrics.on_flows_collected
         on_outcome = at_end_of_turn(self.metrics.on_outcome)

@@ -103,6 +103,7 @@ class Stack:
                 "--allow-experimental-plugins",  # the session plugins are alpha, as there
             )
         )
+        self.epp = epp
         envoy = await stack.enter_async_context(running_envoy(epp_port=epp.ports["grpc"]))
         self.url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
         self.session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -148,6 +149,10 @@ async def test_requests_of_one_session_cookie_all_reach_the_first_ones_server(tm
             sessions[name] = [
                 (await stack.post({"cookie": f"theme=dark; chat={name}"}))[0] for _ in range(6)
             ]
+        async with stack.session.get(stack.epp.metrics_url) as response:
+            exposition = await response.text()
+    held = 'epp_session_bindings{inference_pool="e2e-pool",plugin="session-affinity-filter"}'
+    assert f"{held} 2.0" in exposition
     assert len(spread) > 1
     for served in sessions.values():
         assert served == [served[0]] * 6

@@ -160,7 +160,7 @@ def test_the_filter_keeps_only_the_sessions_endpoint_whatever_the_scores() -> No
 def test_the_filter_keeps_every_candidate_without_a_usable_token() -> None:
     pods = [pod(1), pod(2), pod(3)]
     placer = scheduler_for(sticky({"type": "session-affinity-filter"}), pods)
-    keep = placer.plugin("session-affinity-filter").filter
+    keep = placer.plugins["session-affinity-filter"].filter
     assert keep(request(), pods) is pods
     gone = Endpoint("pod-9", "10.0.0.9:8000", id="default/pod-9-rank-0")
     assert keep(request(**{TOKEN: encode_token(gone)}), pods) is pods
@@ -299,7 +299,7 @@ def test_sources_are_tried_in_order_and_the_first_non_empty_wins() -> None:
     }
     pods = [pod(1), pod(2)]
     placer = scheduler_for(sticky(affinity), pods)
-    keep = placer.plugin("session-affinity-filter")
+    keep = placer.plugins["session-affinity-filter"]
     keep.bindings.bind("conv", pods[0].id)
     keep.bindings.bind("user", pods[1].id)
     assert keep.filter(request(**{"x-conversation": "conv", "x-user": "user"}), pods) == [pods[0]]
