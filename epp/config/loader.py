@@ -49,6 +49,7 @@ from epp.scheduling.config import (
 )
 from epp.scheduling.profiles import disagg_profile_handler, header_profile_handler
 from epp.scheduling.saturation import SaturationThresholds
+from epp.scheduling.sessions import SESSION_ID_DATA_KEY, attribute_key
 from epp.scheduling.spec import PluginSpec, named
 
 API_VERSION = "llm-d.ai/v1alpha1"
@@ -469,6 +470,7 @@ def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> Sch
         reader.fail(f"{saturation_filter.path}.parameters", str(error))
         saturation = defaults.saturation
     _check_headers_handlers(reader, plugins, handler)
+    _check_session_sources(reader, plugins)
     return SchedulingConfig(
         profiles=profiles,
         handler=handler,
@@ -511,6 +513,32 @@ def _check_headers_handlers(
                     f"profile {wanted!r}; epp writes the headers from the profile handler's "
                     "profiles",
                 )
+
+
+def _check_session_sources(reader: _Reader, plugins: dict[str, _Plugin]) -> None:
+    """Warn about a session id source reading an attribute that no declared
+    plugin publishes: it never yields a session id (the reference accepts it
+    silently)."""
+    published = {
+        attribute_key(SESSION_ID_DATA_KEY, name)
+        for name, plugin in plugins.items()
+        if plugin.type == "session-id-producer"
+    }
+    for plugin in plugins.values():
+        if not isinstance(plugin.value, PluginSpec):
+            continue
+        for key, sources in plugin.value.arguments:
+            if key != "sources":
+                continue
+            for index, source in enumerate(sources):
+                wanted = attribute_key(source.attribute, source.producer)
+                if source.attribute and wanted not in published:
+                    reader.warn(
+                        f"{plugin.path}.parameters.sessionIdConfig.sources[{index}]",
+                        f"no declared plugin publishes the attribute {wanted!r}, so this "
+                        "source finds no session id (a session-id-producer publishes "
+                        f"{SESSION_ID_DATA_KEY}/<its name>)",
+                    )
 
 
 BAND_FIELDS = frozenset(

@@ -436,3 +436,18 @@ def test_zero_ttl_and_no_sources_mean_the_defaults() -> None:
     scorer = placer.scorers[0][1]
     assert scorer.bindings.ttl == 300.0
     assert [source.header for source in scorer.sources] == ["x-session-id"]
+
+
+def test_an_attribute_source_no_declared_plugin_publishes_is_warned_about() -> None:
+    document = producer_document(
+        {"type": "session-id-producer", "name": "sid", "parameters": {"headerName": "x-s"}},
+        {"attribute": "SessionIDDataKey", "producer": "other"},
+    )
+    warnings = parse_config({**HEAD, **document}).warnings
+    assert warnings == (
+        "plugins[0].parameters.sessionIdConfig.sources[0]: no declared plugin publishes the "
+        "attribute 'SessionIDDataKey/other', so this source finds no session id (a "
+        "session-id-producer publishes SessionIDDataKey/<its name>)",
+    )
+    document["plugins"][0]["parameters"]["sessionIdConfig"]["sources"][0]["producer"] = "sid"
+    assert parse_config({**HEAD, **document}).warnings == ()
