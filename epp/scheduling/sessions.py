@@ -298,48 +298,21 @@ def bindings_of(plugins: Mapping[str, object]) -> dict[str, SessionBindings]:
 # -- factories (the registry's session types build through these) --
 
 
-def _affinity(
-    kind: type[_Affinity],
+def session_affinity(
     context: BuildContext,
-    strategy: str,
-    header: str,
-    profile: str,
-    sources: tuple[SessionSource, ...],
-    ttl: float,
-    max_sessions: int,
+    kind: type[_Affinity] = SessionAffinityScorer,
+    strategy: str = "encoded_endpoint_header",
+    header: str = DEFAULT_TOKEN_HEADER,
+    profile: str = "",
+    sources: tuple[SessionSource, ...] = (SessionSource(DEFAULT_SESSION_ID_HEADER),),
+    ttl: float = 300.0,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
 ) -> _Affinity:
+    """The session scorer or filter (`kind`) with the chosen strategy."""
     if strategy == "session_id":
         bindings = SessionBindings(ttl, max_sessions, context.clock)
         return kind(DEFAULT_TOKEN_HEADER, profile, sources, bindings)
     return kind(header, profile, (), None)
-
-
-def session_affinity_scorer(
-    context: BuildContext,
-    strategy: str = "encoded_endpoint_header",
-    header: str = DEFAULT_TOKEN_HEADER,
-    profile: str = "",
-    sources: tuple[SessionSource, ...] = (SessionSource(DEFAULT_SESSION_ID_HEADER),),
-    ttl: float = 300.0,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-) -> _Affinity:
-    return _affinity(
-        SessionAffinityScorer, context, strategy, header, profile, sources, ttl, max_sessions
-    )
-
-
-def session_affinity_filter(
-    context: BuildContext,
-    strategy: str = "encoded_endpoint_header",
-    header: str = DEFAULT_TOKEN_HEADER,
-    profile: str = "",
-    sources: tuple[SessionSource, ...] = (SessionSource(DEFAULT_SESSION_ID_HEADER),),
-    ttl: float = 300.0,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-) -> _Affinity:
-    return _affinity(
-        SessionAffinityFilter, context, strategy, header, profile, sources, ttl, max_sessions
-    )
 
 
 def session_id_producer(

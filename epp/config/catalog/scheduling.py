@@ -105,15 +105,21 @@ def _disagg(parameters: Mapping[str, Any]) -> PluginSpec:
     )
 
 
-def _session(make: Any) -> Any:
-    """The factory of the session affinity scorer or filter (`make`): the
+def _session(kind: type) -> Any:
+    """The factory of the session affinity scorer or filter (`kind`): the
     reference's defaults and checks, for the strategy chosen only."""
 
     def factory(parameters: Mapping[str, Any]) -> PluginSpec:
         strategy = parameters["strategy"]
         header = sessions.normal_header(parameters["encodedEndpointHeaderConfig"]["header"])
         if strategy != "session_id":
-            return _made(make, strategy=strategy, header=header, profile=parameters["profileName"])
+            return _made(
+                sessions.session_affinity,
+                kind=kind,
+                strategy=strategy,
+                header=header,
+                profile=parameters["profileName"],
+            )
         config = parameters["sessionIdConfig"]
         found = []
         for index, source in enumerate(config["sources"] or _SESSION_SOURCES):
@@ -137,7 +143,8 @@ def _session(make: Any) -> Any:
             if config[field] == 0:
                 config = {**config, field: default}
         return _made(
-            make,
+            sessions.session_affinity,
+            kind=kind,
             strategy=strategy,
             profile=parameters["profileName"],
             sources=tuple(found),
@@ -366,7 +373,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "keeps only the pod a session is pinned to (all when it is not a candidate); "
         "sets x-session-token on the response",
         _SESSION_PARAMETERS,
-        factory=_session(sessions.session_affinity_filter),
+        factory=_session(sessions.SessionAffinityFilter),
         stability=ALPHA,
     ),
     PluginType(
@@ -522,7 +529,7 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.SCORER,
         "scores the pod a session is pinned to 1, others 0; sets x-session-token on the response",
         _SESSION_PARAMETERS,
-        factory=_session(sessions.session_affinity_scorer),
+        factory=_session(sessions.SessionAffinityScorer),
         stability=ALPHA,
     ),
     PluginType(
