@@ -24,6 +24,7 @@ from epp.flowcontrol.gate import AllGates, ConcurrencyGate, Credits, Gate, OpenG
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.detectors import DetectorGate
 from epp.scheduling.endpoint import PoolSnapshot
+from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.saturation import (
     DEFAULT_THRESHOLDS,
     SaturationThresholds,
@@ -48,14 +49,21 @@ class Core:
     clock: Callable[[], float]
     prefill_credits: PrefillCredits | None = None
     """The prefill stage's credits under P/D (`epp.scheduling.stages`)."""
+    load: InFlightLoad | None = None
+    """What is in flight per endpoint, when a scheduling plugin reads it."""
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
         reload), and read utilization against its saturation thresholds; the
-        gate and its credits stay, so nothing in flight is lost."""
+        gate and its credits stay, so nothing in flight is lost. A reload
+        that first names a plugin reading the in-flight load counts from
+        then on."""
         self.scheduler = Scheduler(
-            config, self.pool, self.clock, rng, self.credits, self.prefill_credits
+            config, self.pool, self.clock, rng, self.credits, self.prefill_credits, self.load
         )
+        if self.load is None and self.scheduler.load is not None:
+            self.load = self.scheduler.load
+            self.gate = self.controller.gate = with_load(self.gate, self.load)
         self.controller.placer = self.scheduler
         for part in gate_parts(self.gate):
             if isinstance(part, UtilizationGate):
@@ -105,6 +113,13 @@ def build_gate(
     return AllGates(gates), credits
 
 
+def with_load(gate: Gate, load: InFlightLoad | None) -> Gate:
+    """`gate`, and `load` told of every dispatch and completion beside it."""
+    if load is None:
+        return gate
+    return AllGates((*gate_parts(gate), load))
+
+
 def build_core(
     flow_control: FlowControlConfig,
     scheduling: SchedulingConfig,
@@ -118,5 +133,6 @@ def build_core(
     gate, credits = build_gate(flow_control.gate, pool, clock, scheduling.saturation)
     gate, prefill = stage_gate(gate, flow_control.gate.max_per_prefill_endpoint, scheduling)
     scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill)
+    gate = with_load(gate, scheduler.load)
     controller = FlowController(flow_control, gate, scheduler, on_flows_collected)
-    return Core(controller, gate, credits, scheduler, pool, clock, prefill)
+    return Core(controller, gate, credits, scheduler, pool, clock, prefill, scheduler.load)

@@ -1,12 +1,22 @@
 """Filters: narrow the candidate endpoints before scoring. (The saturation
-filter, `unsaturated`, lives with its rule in `epp.scheduling.saturation`.)"""
+filter, `unsaturated`, lives with its rule in `epp.scheduling.saturation`.)
+
+A filter may also learn where requests went (`picked`, as a scorer):
+the prefix-cache affinity filter records prompts in the prefix index when
+no prefix-cache scorer keeps one.
+"""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 
 from epp.flowcontrol.gate import Credits
 from epp.scheduling.endpoint import Endpoint
+from epp.scheduling.inflight import InFlightLoad
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scorers import PrefixCacheScorer, prefix_cache_scorer
 from epp.scheduling.spec import BuildContext
 
 
@@ -125,3 +135,164 @@ def by_label_filter(
         return allows_no_label if value is None else value in valid_values
 
     return LabelFilter(keep)
+
+
+class UtilizationMetric(StrEnum):
+    ACTIVE_REQUESTS = "active-requests"
+    """Requests this EPP has in flight there (running or queued)."""
+    RUNNING_REQUESTS = "running-requests"
+    WAITING_QUEUE = "waiting-queue"
+    KV_CACHE_UTILIZATION = "kv-cache-utilization"
+
+
+class UtilizationFilter:
+    """Keeps the endpoints whose every metric is at most its cap (the
+    reference's utilization-filter); with `fallback_on_empty`, all of them
+    when none is. Metrics the endpoint does not report read 0."""
+
+    __slots__ = ("_load", "conditions", "fallback_on_empty")
+
+    def __init__(
+        self,
+        conditions: Sequence[tuple[UtilizationMetric, float]],
+        fallback_on_empty: bool,
+        load: InFlightLoad | None,
+    ) -> None:
+        self.conditions = tuple(conditions)
+        self.fallback_on_empty = fallback_on_empty
+        self._load = load
+
+    def filter(self, request: object, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        kept = [endpoint for endpoint in endpoints if self._fits(endpoint)]
+        if not kept and self.fallback_on_empty:
+            return endpoints
+        return kept
+
+    def _fits(self, endpoint: Endpoint) -> bool:
+        metrics = endpoint.metrics
+        for metric, cap in self.conditions:
+            if metric is UtilizationMetric.ACTIVE_REQUESTS:
+                value: float = self._load.requests_at(endpoint.address) if self._load else 0
+            elif metric is UtilizationMetric.RUNNING_REQUESTS:
+                value = metrics.running
+            elif metric is UtilizationMetric.WAITING_QUEUE:
+                value = metrics.waiting
+            else:
+                value = metrics.kv_usage
+            if value > cap:
+                return False
+        return True
+
+
+PREFIX_INDEX = "approx-prefix-cache-producer (prefix index)"
+"""The built name of a prefix index a filter made because no prefix-cache
+scorer was built before it; later prefix scorers share it."""
+
+
+class PrefixCacheAffinityFilter:
+    """Narrows the candidates to the sticky ones, whose cached prefix is at
+    least `threshold` of the prompt's blocks (the reference's
+    prefix-cache-affinity-filter). Keeps them all when none is sticky, with
+    probability `exploration`, or when the least loaded sticky endpoint's
+    estimated TTFT (prompt tokens in flight / `peak_prefill_throughput`)
+    exceeds the least loaded other one's by more than `max_ttft_penalty_ms`
+    (0: always stick)."""
+
+    __slots__ = (
+        "_learns",
+        "_load",
+        "_prefix",
+        "_rng",
+        "exploration",
+        "max_ttft_penalty_ms",
+        "peak_prefill_throughput",
+        "threshold",
+    )
+
+    def __init__(
+        self,
+        prefix: PrefixCacheScorer,
+        load: InFlightLoad,
+        rng: random.Random,
+        threshold: float = 0.8,
+        exploration: float = 0.0,
+        max_ttft_penalty_ms: float = 18000.0,
+        peak_prefill_throughput: float = 15928.0,
+        learns: bool = False,
+    ) -> None:
+        self._prefix = prefix
+        self._load = load
+        self._rng = rng
+        self.threshold = threshold
+        self.exploration = exploration
+        self.max_ttft_penalty_ms = max_ttft_penalty_ms
+        self.peak_prefill_throughput = peak_prefill_throughput
+        self._learns = learns
+        """Whether this filter records the prompts (it made the prefix index)."""
+
+    def filter(
+        self, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        if len(endpoints) <= 1 or self.threshold <= 0:
+            return endpoints
+        if self.exploration and self._rng.random() < self.exploration:
+            return endpoints
+        matched = self._prefix.matches(request)
+        if not matched:
+            return endpoints
+        needed = self.threshold * len(self._prefix.hashes(request))
+        sticky = [e for e in endpoints if matched.get(e.address, 0) >= needed]
+        if not sticky:
+            return endpoints
+        if self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints):
+            tokens_at = self._load.tokens_at
+            others = [e for e in endpoints if matched.get(e.address, 0) < needed]
+            best_sticky = min(tokens_at(e.address) for e in sticky)
+            best_other = min(tokens_at(e.address) for e in others)
+            penalty_ms = (best_sticky - best_other) / self.peak_prefill_throughput * 1000.0
+            if penalty_ms > self.max_ttft_penalty_ms:
+                return endpoints
+        return sticky
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        if self._learns:
+            self._prefix.picked(request, endpoint)
+
+
+def utilization_filter(
+    context: BuildContext,
+    conditions: tuple[tuple[str, float], ...] = (),
+    fallback_on_empty: bool = False,
+) -> UtilizationFilter:
+    metrics = [(UtilizationMetric(metric), cap) for metric, cap in conditions]
+    load = (
+        context.in_flight_load()
+        if any(metric is UtilizationMetric.ACTIVE_REQUESTS for metric, _ in metrics)
+        else None
+    )
+    return UtilizationFilter(metrics, fallback_on_empty, load)
+
+
+def prefix_cache_affinity_filter(
+    context: BuildContext,
+    threshold: float = 0.8,
+    exploration: float = 0.0,
+    max_ttft_penalty_ms: float = 18000.0,
+    peak_prefill_throughput: float = 15928.0,
+) -> PrefixCacheAffinityFilter:
+    """Reads the prefix index of the prefix-cache scorers; when none was
+    built yet, makes it (and records the prompts in it)."""
+    prefix = context.first(PrefixCacheScorer)
+    learns = prefix is None
+    if prefix is None:
+        prefix = context.built[PREFIX_INDEX] = prefix_cache_scorer(context)
+    return PrefixCacheAffinityFilter(
+        prefix,
+        context.in_flight_load(),
+        context.rng,
+        threshold,
+        exploration,
+        max_ttft_penalty_ms,
+        peak_prefill_throughput,
+        learns,
+    )

@@ -47,6 +47,7 @@ from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import ProfileConfig, SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import in_subset, reachable, with_room
+from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.profiles import DisaggProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import unsaturated
@@ -82,6 +83,7 @@ class Scheduler:
         "_single",
         "endpoints_now",
         "healthy_now",
+        "load",
         "picks",
         "priority_now",
         "scorers",
@@ -95,11 +97,12 @@ class Scheduler:
         rng: random.Random,
         concurrency: Credits | None = None,
         prefill_credits: PrefillCredits | None = None,
+        load: InFlightLoad | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
         self._clock = clock
-        context = BuildContext(config, rng, concurrency, clock=clock)
+        context = BuildContext(config, rng, concurrency, clock=clock, load=load)
         self._producers = tuple(context.build(producer).produce for producer in config.producers)
         self._runners = {
             profile.name: ProfileRunner(self, profile, context, concurrency)
@@ -122,6 +125,9 @@ class Scheduler:
         self._placed = tuple(
             plugin.placed for plugin in self._plugins if callable(getattr(plugin, "placed", None))
         )
+        self.load = context.load
+        """The in-flight load a plugin reads (given, or made for it), else None;
+        the core must tell it of every dispatch and completion."""
         self.scorers = next(iter(self._runners.values())).scorers if self._runners else ()
         self._membership = -1
         self._known: frozenset[str] = frozenset()
@@ -265,7 +271,8 @@ class ProfileRunner:
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
             (scorer.weight, context.build(scorer.plugin)) for scorer in profile.scorers
         )
-        filters = [context.build(plugin).filter for plugin in profile.filters]
+        filter_plugins = [context.build(plugin) for plugin in profile.filters]
+        filters = [plugin.filter for plugin in filter_plugins]
         filters.extend(
             scorer.filter for _, scorer in self.scorers if callable(getattr(scorer, "filter", None))
         )
@@ -293,7 +300,7 @@ class ProfileRunner:
         )
         self._learning = tuple(
             scorer.picked for _, scorer in self.scorers if not isinstance(scorer, StatelessScorer)
-        )
+        ) + tuple(plugin.picked for plugin in filter_plugins if hasattr(plugin, "picked"))
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
         self._picker = context.build(profile.picker)

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.endpoint import Endpoint
+from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.prefix import PrefixIndex, block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.spec import BuildContext
@@ -231,6 +232,7 @@ class LoraAffinityScorer(StatelessScorer):
 
 
 NO_SCORES: Mapping[str, float] = MappingProxyType({})
+NO_MATCHES: Mapping[str, int] = MappingProxyType({})
 
 
 CHARS_PER_TOKEN = 4
@@ -305,9 +307,18 @@ class PrefixCacheScorer:
 
     def matched_blocks(self, request: InferenceRequest, address: str) -> int:
         """How many leading blocks of the prompt `address` holds."""
+        return self.matches(request).get(address, 0)
+
+    def matches(self, request: InferenceRequest) -> Mapping[str, int]:
+        """Leading blocks of the prompt held, by endpoint address (only
+        endpoints that hold some)."""
         hashes = self.hashes(request)
-        matched = self._index.matches(hashes) if hashes else None
-        return matched.get(address, 0) if matched else 0
+        return (self._index.matches(hashes) if hashes else None) or NO_MATCHES
+
+    def cached_tokens(self, request: InferenceRequest) -> Mapping[str, float]:
+        """Tokens of the prompt cached, by endpoint address (4 characters a token)."""
+        per_block = self.block_chars / CHARS_PER_TOKEN
+        return {address: count * per_block for address, count in self.matches(request).items()}
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         scores = self.sparse_scores(request)
@@ -360,6 +371,37 @@ class ActiveRequestScorer(StatelessScorer):
         highest = max(counts, default=0)
         idle, busy = self.idle_threshold, self.max_busy_score
         return [1.0 if count <= idle else (highest - count) / highest * busy for count in counts]
+
+
+class TokenLoadScorer(StatelessScorer):
+    """Fewer prompt tokens in flight is better (the reference's
+    token-load-scorer): an endpoint's tokens are those in flight there plus
+    this request's own prompt less what is cached there; 1 - tokens /
+    `threshold`, 0 from the threshold on, 1 with none."""
+
+    __slots__ = ("_context", "_load", "threshold")
+
+    def __init__(
+        self, load: InFlightLoad, threshold: float, context: BuildContext | None = None
+    ) -> None:
+        self._load = load
+        self.threshold = float(threshold)
+        self._context = context
+        """Where the prefix index is found (built before or after this scorer)."""
+
+    def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        context = self._context
+        prefix = context.first(PrefixCacheScorer) if context is not None else None
+        cached = prefix.cached_tokens(request) if prefix is not None else NO_SCORES
+        own = request.input_tokens
+        threshold = self.threshold
+        tokens_at = self._load.tokens_at
+        scores = []
+        for endpoint in endpoints:
+            address = endpoint.address
+            tokens = tokens_at(address) + max(0.0, own - cached.get(address, 0.0))
+            scores.append(1.0 if tokens <= 0 else 1.0 - min(tokens, threshold) / threshold)
+        return scores
 
 
 class ContextLengthAwareScorer(StatelessScorer):
@@ -536,6 +578,10 @@ def active_request_scorer(
     gate = context.gate
     in_flight = gate.in_flight_at if gate is not None else (lambda address: 0)
     return ActiveRequestScorer(in_flight, idle_threshold, max_busy_score)
+
+
+def token_load_scorer(context: BuildContext, threshold: int = 4_194_304) -> TokenLoadScorer:
+    return TokenLoadScorer(context.in_flight_load(), threshold, context)
 
 
 def context_length_scorer(

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.scheduling.inflight import InFlightLoad
+
 
 @dataclass(slots=True, frozen=True)
 class PluginSpec:
@@ -43,13 +45,22 @@ class BuildContext:
     """What plugins may need when they are built: the scheduling
     configuration (prefix-block parameters, ...), the scheduler's random
     source, the concurrency gate (its in-flight counts), the scheduler's
-    clock (seconds), and the plugins built so far, by name."""
+    clock (seconds), the in-flight load (made by `in_flight_load` for the
+    first plugin that reads it; the core then tells it of every dispatch
+    and completion), and the plugins built so far, by name."""
 
     config: Any
     rng: random.Random
     gate: Any = None
     built: dict[str, Any] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=lambda: 0.0)
+    load: InFlightLoad | None = None
+
+    def in_flight_load(self) -> InFlightLoad:
+        """The in-flight load the scheduler's plugins share."""
+        if self.load is None:
+            self.load = InFlightLoad()
+        return self.load
 
     def build(self, plugin: PluginSpec) -> Any:
         """The plugin called `plugin.name`, built on first use."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
 import openai
 import pytest
 
 from epp.demo.stack import StackSettings, live_stack
+from tests.support.chat import chat_through_envoy
 
 pytestmark = [pytest.mark.envoy]
 
@@ -25,18 +25,11 @@ SAMPLES = Path(__file__).parents[1] / "data" / "reference_configs"
     ["epp-config.yaml", "epp-estimate-prefix-cache-config.yaml", "pd-epp-config.yaml"],
 )
 async def test_a_reference_sample_config_serves_a_chat_request(sample: str) -> None:
-    settings = StackSettings(servers=2, epp_config=str(SAMPLES / sample))
-    async with live_stack(settings) as stack, aiohttp.ClientSession() as session:
-        assert stack.envoy is not None
-        body = {
-            "model": settings.model,
-            "messages": [{"role": "user", "content": "hello " * 40}],
-            "max_completion_tokens": 4,
-        }
-        async with session.post(f"{stack.envoy.url}/v1/chat/completions", json=body) as response:
-            text = await response.text()
-            assert response.status == 200, text
-        assert '"choices"' in text
+    status, text, _ = await chat_through_envoy(
+        StackSettings(servers=2, epp_config=str(SAMPLES / sample))
+    )
+    assert status == 200, text
+    assert '"choices"' in text
 
 
 async def test_the_openai_sdk_lists_models_and_chats_through_envoy() -> None:

@@ -16,8 +16,8 @@ from epp.config.plugin import (
     ParamType,
     PluginType,
     Stability,
+    Unsupported,
     configured,
-    pending,
 )
 from epp.scheduling import filters, pickers, profiles, scorers, sessions
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
@@ -87,6 +87,41 @@ def _prefix_scorer(parameters: Mapping[str, Any]) -> PluginSpec:
         raise ParameterError("matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
     return _made(
         scorers.prefix_cache_scorer, match_length_weight=weight, match_length_scale_tokens=scale
+    )
+
+
+def _utilization(parameters: Mapping[str, Any]) -> PluginSpec:
+    conditions = parameters["conditions"]
+    if not conditions:
+        raise ParameterError("conditions", "at least one condition is required")
+    for index, condition in enumerate(conditions):
+        if condition["metric"] == "kv-cache-utilization" and condition["maxValue"] > 1:
+            raise ParameterError(
+                f"conditions[{index}].maxValue", "kv-cache-utilization is a fraction: at most 1"
+            )
+    return _made(
+        filters.utilization_filter,
+        conditions=tuple((c["metric"], float(c["maxValue"])) for c in conditions),
+        fallback_on_empty=parameters["fallbackOnEmpty"],
+    )
+
+
+def _prefix_affinity(parameters: Mapping[str, Any]) -> PluginSpec:
+    penalty = parameters["maxTTFTPenaltyMs"]
+    if penalty > 0 and parameters["ttftSource"] == "latencyPredictor":
+        raise Unsupported(
+            "prefix-cache-affinity-filter",
+            f"ttftSource latencyPredictor {NEEDS_LATENCY_PREDICTOR}; "
+            "prefillThroughput (the default) estimates TTFT from the tokens in flight",
+        )
+    if penalty > 0 and parameters["peakPrefillThroughput"] <= 0:
+        raise ParameterError("peakPrefillThroughput", "must be > 0 when maxTTFTPenaltyMs > 0")
+    return _made(
+        filters.prefix_cache_affinity_filter,
+        threshold=parameters["affinityThreshold"],
+        exploration=parameters["explorationProbability"],
+        max_ttft_penalty_ms=penalty,
+        peak_prefill_throughput=parameters["peakPrefillThroughput"],
     )
 
 
@@ -321,9 +356,21 @@ ENTRIES: tuple[PluginType, ...] = (
         "keeps pods with a prefix-cache score above the threshold unless the load "
         "penalty breaks stickiness",
         (
-            Param("affinityThreshold", T.FLOAT, 0.80, "prefix score for stickiness", 0, 1),
+            Param(
+                "affinityThreshold",
+                T.FLOAT,
+                0.80,
+                "share of the prompt's blocks cached for stickiness; <= 0 turns the filter off",
+                maximum=1,
+            ),
             Param("explorationProbability", T.FLOAT, 0.0, "chance to skip the gate", 0, 1),
-            Param("maxTTFTPenaltyMs", T.FLOAT, 18000.0, "TTFT penalty that breaks stickiness", 0),
+            Param(
+                "maxTTFTPenaltyMs",
+                T.FLOAT,
+                18000.0,
+                "TTFT penalty that breaks stickiness; 0 = always stick",
+                0,
+            ),
             Param(
                 "ttftSource",
                 T.STRING,
@@ -331,12 +378,12 @@ ENTRIES: tuple[PluginType, ...] = (
                 "how the TTFT penalty is estimated",
                 choices=("prefillThroughput", "latencyPredictor"),
             ),
-            Param("peakPrefillThroughput", T.FLOAT, 15928.0, "tokens per second", 0, None, True),
+            Param("peakPrefillThroughput", T.FLOAT, 15928.0, "tokens per second", 0),
             Param("inFlightLoadProducerName", T.STRING, ""),
             Param("latencyPredictionInfoProducerName", T.STRING, ""),
             Param("prefixMatchInfoProducerName", T.STRING, ""),
         ),
-        factory=pending("prefix-cache-affinity-filter", PART3),
+        factory=_prefix_affinity,
     ),
     PluginType(
         "saturation-filter",
@@ -379,7 +426,8 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "utilization-filter",
         Kind.FILTER,
-        "keeps pods whose metrics are under every configured cap",
+        "keeps pods whose every metric (active-requests, running-requests, waiting-queue, "
+        "kv-cache-utilization) is at most its cap",
         (
             Param(
                 "conditions",
@@ -405,7 +453,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("fallbackOnEmpty", T.BOOL, False, "keep all when every pod is dropped"),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=pending("utilization-filter", PART3),
+        factory=_utilization,
         stability=ALPHA,
     ),
     PluginType(
@@ -505,12 +553,21 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "token-load-scorer",
         Kind.SCORER,
-        "fewer tokens in flight scores higher: 1 - tokens / queueThresholdTokens",
+        "fewer prompt tokens in flight (plus the request's uncached prompt) scores higher: "
+        "1 - tokens / queueThresholdTokens",
         (
-            Param("queueThresholdTokens", T.INT, 4_194_304, "in-flight tokens that score 0", 1),
+            Param(
+                "queueThresholdTokens",
+                T.INT,
+                4_194_304,
+                "in-flight tokens that score 0; <= 0 means the default",
+            ),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=pending("token-load-scorer", PART3),
+        factory=lambda p: _made(
+            scorers.token_load_scorer,
+            threshold=p["queueThresholdTokens"] if p["queueThresholdTokens"] > 0 else 4_194_304,
+        ),
     ),
     PluginType(
         "no-hit-lru-scorer",
