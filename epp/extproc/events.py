@@ -38,6 +38,14 @@ class Release:
     first_byte_at: float | None = field(default=None, compare=False)
     streaming: bool = field(default=False, compare=False)
 
+    def time_per_output_token(self, now: float) -> float | None:
+        """The streamed response's mean time per output token after the
+        first, ending at `now` (None: not streamed, or one token or none)."""
+        first = self.first_byte_at
+        if not self.streaming or first is None or self.output_tokens < 2:
+            return None
+        return max(0.0, now - first) / (self.output_tokens - 1)
+
 
 @dataclass(slots=True)
 class PrefillDone:

@@ -37,6 +37,15 @@ The control law (measured against the alternatives in
 - the limit drops to the most the server ran over a `window` in which it
   kept a queue half the time and never came within 10% of the limit (it
   restarted smaller, slowed down or its KV cache holds fewer requests).
+- latency: the shells report each streamed response's time per output
+  token (`observe_latency`). Each endpoint keeps a recent average and a
+  reference taken while it ran full at a healthy speed; when its latency
+  grew `slower` (2) times more than the median of the other endpoints'
+  (each against its own reference, so a pool of different servers or a
+  request mix that slows every server alike changes nothing), its limit is
+  divided by that factor and does not grow again until the factor is back
+  under `recovered` (1.25). A server that slows down without queueing (a
+  throttled GPU) then holds fewer requests, each of which waits less.
 - headroom: bands below the top may fill only their share of the limit
   (the usage-limit policy; by default the reference's priority-holdback
   shape, at least one slot held back), so a top-band arrival finds a free
@@ -56,7 +65,8 @@ The control law (measured against the alternatives in
 
 Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
 whose chosen endpoint has requests pending, once per change of the pool or
-of the in-flight counts; a new snapshot O(endpoints).
+of the in-flight counts; a new snapshot O(E log E) for E endpoints (the
+latency comparison sorts them); a response's latency O(1).
 """
 
 from __future__ import annotations
@@ -122,6 +132,10 @@ class AdaptiveLimits:
     most it ran.
     `blind_after`: an endpoint with no sample newer than this (s), or none
     yet, is not learned from: the gate's fixed limit applies, no budget.
+    `slower`: an endpoint whose inter-token latency grew this many times
+    more than the pool's did (each against its own latency when full) has
+    slowed down: its limit is divided by that factor. It may grow again
+    once the factor is back under `recovered`.
     """
 
     initial: int = 4
@@ -131,7 +145,21 @@ class AdaptiveLimits:
     probe_interval: float = 5.0
     window: float = 2.0
     blind_after: float = 1.0
+    slower: float = 2.0
+    recovered: float = 1.25
 
+
+LATENCY_WEIGHT = 0.2
+"""Weight of a response in an endpoint's recent inter-token latency (an
+exponential average over about the last five responses)."""
+
+REFERENCE_WEIGHT = 0.05
+"""Weight of a response in an endpoint's reference latency, taken while it
+runs full at a healthy speed (about the last twenty)."""
+
+LATENCY_SAMPLES = 8
+"""Responses an endpoint must have seen, since it was found full, before
+its latency is compared."""
 
 SHRINK = 0.9
 """A server must run fewer than this share of its limit to lower it (the
@@ -156,7 +184,11 @@ class LimitEstimator:
         "budget",
         "done",
         "done_unseen",
+        "factor",
         "found",
+        "itl",
+        "itl_reference",
+        "itl_samples",
         "limit",
         "most",
         "pending",
@@ -164,11 +196,14 @@ class LimitEstimator:
         "probing",
         "queue",
         "queued",
+        "reference_limit",
+        "running",
         "samples",
         "seen",
         "seen_seq",
         "sent_seq",
         "settings",
+        "slowed",
         "too_fast_to_see",
         "window_end",
     )
@@ -207,6 +242,61 @@ class LimitEstimator:
         self.too_fast_to_see = False
         """Whether most requests completed unseen in the last interval with
         completions: `running` cannot show what the server runs."""
+        self.running = 0
+        """The server's running count at the last sample."""
+        self.itl = 0.0
+        """Recent inter-token latency of its streamed responses (s)."""
+        self.itl_reference = 0.0
+        """Its inter-token latency when it ran full at a healthy speed."""
+        self.itl_samples = 0
+        """Responses that fed `itl_reference`."""
+        self.reference_limit = 0
+        """The limit `itl_reference` was measured at."""
+        self.slowed = False
+        """Its latency grew more than the pool's: the limit holds (no probe)."""
+        self.factor = 1.0
+        """How much more its latency grew than the pool's, at the last comparison."""
+
+    def observe_latency(self, itl: float) -> None:
+        """A streamed response from this server ended: `itl` is its mean
+        time per output token after the first."""
+        self.itl = itl if not self.itl else self.itl + LATENCY_WEIGHT * (itl - self.itl)
+        if (
+            self.found
+            and self.factor < self.settings.recovered
+            and self.running >= self.limit * SHRINK
+        ):
+            reference = self.itl_reference
+            self.itl_reference = (
+                itl if not reference else reference + REFERENCE_WEIGHT * (itl - reference)
+            )
+            self.itl_samples += 1
+            self.reference_limit = self.limit
+
+    def latency_ratio(self) -> float | None:
+        """Recent latency over the reference (None: not known yet)."""
+        if self.itl_samples < LATENCY_SAMPLES:
+            return None
+        return self.itl / self.itl_reference
+
+    def slow_down(self, factor: float) -> int:
+        """The pool says this server is `factor` times slower than it was:
+        hold its limit at its reference divided by `factor` (never grow it
+        while `factor` stays above `recovered`). Returns the change."""
+        settings = self.settings
+        self.factor = factor
+        if factor >= settings.slower:
+            self.slowed = True
+            self.probing = False
+            target = max(1, int(self.reference_limit / factor))
+            if self.limit > target:
+                change = target - self.limit
+                self.limit = target
+                self.adjustments += 1
+                return change
+        elif self.slowed and factor <= settings.recovered:
+            self.slowed = False
+        return 0
 
     def observe(self, sample: Sample, binding: bool) -> int | None:
         """Use `sample` if it is new and was read; `binding` tells whether
@@ -223,6 +313,7 @@ class LimitEstimator:
         running = int(sample.running)
         waiting = int(sample.waiting)
         self.pending = self.queue = waiting
+        self.running = running
         settings = self.settings
         if self.window_end is None:
             self.window_end = now + settings.window
@@ -234,7 +325,7 @@ class LimitEstimator:
         old = new = self.limit
         if self.probe_since is None:
             self.probe_since = now
-        if running > old:
+        if running > old and not self.slowed:
             new = running  # it runs more than it was known to: room found
             self.probe_since = now
         elif now >= window_end:
@@ -254,7 +345,12 @@ class LimitEstimator:
                 self.probing = False  # no room found: hold the limit
                 self.found = True
                 self.probe_since = now
-        elif binding and not waiting and now - self.probe_since >= settings.probe_interval:
+        elif (
+            binding
+            and not waiting
+            and not self.slowed
+            and now - self.probe_since >= settings.probe_interval
+        ):
             self.probing = True
             self.probe_since = now
         new = min(new, settings.maximum)
@@ -295,6 +391,18 @@ def allowed(limit: int, ceiling: float) -> int:
     if ceiling <= 0.0:
         return 0
     return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
+
+
+def median_without(ordered: Sequence[float], position: int) -> float:
+    """The median of `ordered` (sorted, two or more) without the value at
+    `position`, in O(1)."""
+    count = len(ordered) - 1
+    middle = count // 2
+
+    def at(index: int) -> float:
+        return ordered[index if index < position else index + 1]
+
+    return at(middle) if count % 2 else (at(middle - 1) + at(middle)) / 2
 
 
 E = TypeVar("E", bound=Observed)
@@ -398,6 +506,14 @@ class AdaptiveGate:
                     estimator.done_unseen += 1
                     if estimator.pending and not request.running:
                         estimator.pending -= 1
+
+    def observe_latency(self, request: FlowRequest, itl: float) -> None:
+        """`request`'s streamed response ended with `itl` seconds per output
+        token after the first (the shell measures it on the response)."""
+        endpoint = request.endpoint
+        estimator = self._estimators.get(endpoint) if endpoint is not None else None
+        if estimator is not None and itl > 0.0:
+            estimator.observe_latency(itl)
 
     def on_first_token(self, request: FlowRequest) -> bool:
         """`request`'s first output token reached the EPP: its server runs
@@ -599,3 +715,20 @@ class AdaptiveGate:
             for address in [a for a in estimators if a not in present]:
                 del estimators[address]
                 blocked.discard(address)
+        self._compare_latencies()
+
+    def _compare_latencies(self) -> None:
+        """Slow down the endpoints whose latency grew more than the rest of
+        the pool's (each against its own reference, so a pool of different
+        servers, or a request mix that slows every server alike, changes
+        nothing). O(E log E), once per snapshot."""
+        rated = sorted(
+            (ratio, index, estimator)
+            for index, estimator in enumerate(self._estimators.values())
+            if (ratio := estimator.latency_ratio()) is not None
+        )
+        if len(rated) < 2:
+            return
+        ratios = [ratio for ratio, _, _ in rated]
+        for position, (ratio, _, estimator) in enumerate(rated):
+            estimator.slow_down(ratio / median_without(ratios, position))

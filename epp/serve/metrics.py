@@ -672,8 +672,8 @@ class EppMetrics:
         if first is not None:
             streaming = "true" if event.streaming else "false"
             self.ttft.observe((*labels, streaming), max(0.0, first - arrival))
-            if event.streaming and event.output_tokens > 1:
-                tpot = max(0.0, now - first) / (event.output_tokens - 1)
+            tpot = event.time_per_output_token(now)
+            if tpot is not None:
                 self.streaming_tpot.observe(labels, tpot)
 
     def on_complete(self, request: FlowRequest) -> None:

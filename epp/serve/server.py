@@ -74,6 +74,7 @@ from epp.datalayer.endpoints import (
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
+from epp.extproc.events import Rejected, Release
 from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
@@ -312,11 +313,21 @@ class EppServer:
             self.admission,
             self.priority_of,
             self.settings,
-            listener=self.metrics.on_stream_event,
+            listener=self._stream_event,
             screen=self.screen,
             on_prefill_done=self.prefill_stage.prefill_done if self.prefill_stage else None,
             on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
         )
+
+    def _stream_event(self, event: Rejected | Release) -> None:
+        """A request ended: metrics, and the adaptive gate learns the
+        latency of its endpoint from a streamed response."""
+        credits = self.credits
+        if isinstance(event, Release) and isinstance(credits, AdaptiveGate):
+            tpot = event.time_per_output_token(self.service.clock())
+            if tpot is not None:
+                credits.observe_latency(event.request, tpot)
+        self.metrics.on_stream_event(event)
 
     def _first_token(self, request: FlowRequest) -> None:
         """A streamed response began: the adaptive gate learns that its

@@ -203,6 +203,10 @@ class EppPolicy:
     def finished(self, request: SimRequest, now: float) -> None:
         if request.outcome == COMPLETED:
             served = request.output_tokens
+            adaptive = self.adaptive
+            if adaptive is not None and served > 1 and self._stream[request.tenant]:
+                first = request.first_token_at
+                adaptive.observe_latency(request.owner, (now - first) / (served - 1))
         else:  # the server was lost: one token at most
             served = 0 if request.first_token_at is None else 1
         settled = self.core.complete(request.owner, now, request.prompt_tokens, served)

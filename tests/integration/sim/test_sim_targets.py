@@ -178,6 +178,16 @@ def test_adaptive_follows_a_server_that_slows_down_and_shrinks():
     assert ours["limit_settled_s"] <= 40.0 + 10.0  # the change comes at 40 s
 
 
+def test_adaptive_holds_fewer_requests_on_a_server_that_slowed_without_queueing():
+    policies = report_of("adaptive-slow-no-queue", baselines=("round-robin",))
+    ours = policies["epp"]
+    limits = ours["learned_limits"]
+    assert limits["server-1"] < 0.6 * 32  # three times slower from 40 s
+    assert [limits[f"server-{i}"] for i in (0, 2, 3)] == [32, 32, 32]
+    assert ours["tokens_per_s"] >= 0.95 * policies["round-robin"]["tokens_per_s"]
+    assert ours["server_waiting_max"] <= 2
+
+
 def test_overload_keeps_the_top_tier_isolated_with_the_default_config_too():
     default = load_config(SCENARIOS.parent / "epp" / "default.yaml")
     policies = report_of(

@@ -3,10 +3,18 @@ budget per endpoint, and headroom that only the top band may use."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.flowcontrol.adaptive import AdaptiveGate, AdaptiveLimits, LimitEstimator, allowed
+from epp.flowcontrol.adaptive import (
+    LATENCY_SAMPLES,
+    AdaptiveGate,
+    AdaptiveLimits,
+    LimitEstimator,
+    allowed,
+    median_without,
+)
 from epp.flowcontrol.request import FlowRequest, State
 from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
@@ -365,3 +373,89 @@ def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at
     assert gate.has_room(A, 0)
     dispatch(gate, A)
     assert not gate.has_room(A, 0)
+
+
+# -- latency: a server that slows down without queueing ------------------------
+
+
+def healthy(limit: int, itl: float = 0.04) -> LimitEstimator:
+    """Found full at `limit`, with a reference latency measured while full."""
+    estimator = found_at(limit)
+    for _ in range(LATENCY_SAMPLES):
+        estimator.observe_latency(itl)
+    return estimator
+
+
+def test_a_server_that_slowed_three_times_more_than_the_pool_holds_a_third_of_its_limit():
+    estimator = healthy(30)
+    assert estimator.slow_down(3.0) == 10 - 30
+    assert (estimator.limit, estimator.slowed, estimator.probing) == (10, True, False)
+
+
+def test_a_server_that_slowed_no_more_than_the_pool_keeps_its_limit():
+    estimator = healthy(30)
+    assert estimator.slow_down(1.5) == 0
+    assert (estimator.limit, estimator.slowed) == (30, False)
+
+
+def test_a_slowed_server_grows_again_only_once_it_recovers():
+    estimator = healthy(30)
+    estimator.slow_down(3.0)
+    for step in range(1, 80):  # it still runs what it held, demand waits
+        estimator.observe(sample(1.1 + step * 0.1, running=20), binding=True)
+    assert (estimator.limit, estimator.probing) == (10, False)
+    estimator.slow_down(1.1)
+    estimator.observe(sample(20.0, running=10), binding=True)
+    estimator.observe(sample(20.1 + SETTINGS.probe_interval, running=10), binding=True)
+    assert estimator.probing
+
+
+def test_the_latency_of_a_slowed_server_is_not_its_new_reference():
+    estimator = healthy(30, itl=0.04)
+    estimator.slow_down(3.0)
+    for _ in range(20):
+        estimator.observe_latency(0.12)
+    assert estimator.latency_ratio() == pytest.approx(3.0, rel=0.05)
+
+
+def test_the_median_of_the_others_leaves_out_the_value_at_its_position():
+    assert [median_without([1.0, 2.0, 3.0, 10.0], i) for i in range(4)] == [3.0, 3.0, 2.0, 2.0]
+    assert median_without([1.0, 3.0], 0) == 3.0
+
+
+def latency_pool(limit: int) -> tuple[Pool, AdaptiveGate]:
+    """A gate whose endpoints A and B were both found full at `limit` and run full."""
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 0)
+    full, queued = (limit, 0), (limit, 1)
+    for at, state in ((0.05, full), (0.1, queued), (1.2, queued), (1.25, full)):
+        gate.blocked.update((A, B))
+        pool.publish(at, a=state, b=state)
+        gate.has_room(A, 0)
+    return pool, gate
+
+
+def respond(pool: Pool, gate: AdaptiveGate, itl: dict[str, float], count: int) -> None:
+    """`count` rounds: a response from each endpoint in `itl`, then a sample."""
+    for _ in range(count):
+        for endpoint, seconds in itl.items():
+            request = FlowRequest("r", "tenant", 0, 0.0)
+            request.endpoint = endpoint
+            gate.observe_latency(request, seconds)
+        pool.publish(pool.now + 0.05, a=(30, 0), b=(30, 0))
+        gate.has_room(A, 0)
+
+
+def test_the_gate_slows_down_the_endpoint_whose_latency_grew_and_not_the_others():
+    pool, gate = latency_pool(30)
+    respond(pool, gate, {A: 0.04, B: 0.04}, LATENCY_SAMPLES)
+    respond(pool, gate, {A: 0.16, B: 0.04}, 20)  # A slows four times, B does not
+    assert gate.limits()[B] == 30
+    assert gate.limits()[A] < 30 / 2
+
+
+def test_a_pool_that_slows_alike_keeps_its_limits():
+    pool, gate = latency_pool(30)
+    respond(pool, gate, {A: 0.04, B: 0.04}, LATENCY_SAMPLES)
+    respond(pool, gate, {A: 0.16, B: 0.16}, 20)
+    assert gate.limits() == {A: 30, B: 30}

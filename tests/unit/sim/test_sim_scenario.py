@@ -21,6 +21,7 @@ SCENARIOS = [
         "adaptive-uniform",
         "adaptive-heterogeneous",
         "adaptive-slowdown",
+        "adaptive-slow-no-queue",
         "pd-long-prompts",
         "pd-short-prompts",
         "pd-prefix-heavy",
