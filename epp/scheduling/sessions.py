@@ -18,10 +18,12 @@ Two strategies, as in the reference:
 The scorer rates the session's endpoint 1 and the others 0 (a soft
 preference, weighed against the other scorers); the filter keeps only that
 endpoint when it is a candidate, else all (a hard pin that never empties
-the candidates). Both learn through `placed`, which the scheduler calls once
-a request is placed, with every profile's endpoint: an instance whose
-`profile` is set pins that profile's endpoint (P/D: one instance per
-stage), else the primary one.
+the candidates). An endpoint without an in-flight credit left is still a
+candidate of the filter, so a pinned request waits for it; the scorer's
+request goes elsewhere, and its session follows. Both learn through
+`placed`, which the scheduler calls once a request is placed, with every
+profile's endpoint: an instance whose `profile` is set pins that profile's
+endpoint (P/D: one instance per stage), else the primary one.
 
 Costs: a decision is O(candidates) (one id comparison each); a binding is
 read and refreshed in O(1), and bindings expire exactly `ttl` seconds after

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from epp.config.loader import ConfigError, parse_config
+from epp.flowcontrol.gate import ConcurrencyGate
+from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.filters import ROLE_LABEL
 from epp.scheduling.request import InferenceRequest
@@ -54,11 +56,14 @@ class Pool:
 
 
 def scheduler_for(
-    document: dict[str, Any], pods: list[Endpoint] | Pool, clock: Clock | None = None
+    document: dict[str, Any],
+    pods: list[Endpoint] | Pool,
+    clock: Clock | None = None,
+    gate: ConcurrencyGate | None = None,
 ) -> Scheduler:
     config = parse_config({**HEAD, **document}).scheduling
     pool = pods if isinstance(pods, Pool) else Pool(pods)
-    return Scheduler(config, pool, clock or Clock(), random.Random(3))
+    return Scheduler(config, pool, clock or Clock(), random.Random(3), gate)
 
 
 def request(**headers: str) -> InferenceRequest:
@@ -451,3 +456,28 @@ def test_an_attribute_source_no_declared_plugin_publishes_is_warned_about() -> N
     )
     document["plugins"][0]["parameters"]["sessionIdConfig"]["sources"][0]["producer"] = "sid"
     assert parse_config({**HEAD, **document}).warnings == ()
+
+
+def full(gate: ConcurrencyGate, endpoint: Endpoint) -> None:
+    """`endpoint` holds its one in-flight credit."""
+    holder = FlowRequest("holder", "f", 0, 0.0)
+    holder.endpoint = endpoint.address
+    gate.on_dispatch(holder)
+
+
+def test_a_pinned_request_waits_for_its_full_endpoint_under_the_filter() -> None:
+    pods = [pod(1), pod(2)]
+    gate = ConcurrencyGate(max_per_endpoint=1)
+    full(gate, pods[0])
+    placer = scheduler_for(sticky({"type": "session-affinity-filter"}), pods, gate=gate)
+    assert placer.choose(request(**{TOKEN: encode_token(pods[0])})) is None
+
+
+def test_a_session_moves_off_its_full_endpoint_under_the_scorer() -> None:
+    pods = [pod(1), pod(2)]
+    gate = ConcurrencyGate(max_per_endpoint=1)
+    full(gate, pods[0])
+    placer = scheduler_for(sticky(SCORER), pods, gate=gate)
+    moved = request(**{TOKEN: encode_token(pods[0])})
+    assert placer.choose(moved) is pods[1]
+    assert moved.response_headers == {TOKEN: encode_token(pods[1])}
