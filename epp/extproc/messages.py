@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from functools import lru_cache
 
 from epp.extproc.gen.envoy.config.core.v3 import base_pb2
@@ -108,12 +108,13 @@ def response_body_reply(chunk: bytes, end_of_stream: bool) -> ProcessingResponse
     return reply
 
 
-def response_headers_reply(set_headers: Iterable[tuple[str, str]] = ()) -> ProcessingResponse:
+def response_headers_reply(set_headers: Collection[tuple[str, str]] = ()) -> ProcessingResponse:
     """The answer to the response headers: unchanged but for `set_headers`."""
     reply = ProcessingResponse()
     common = reply.response_headers.response
     common.SetInParent()
-    _set_headers(common.header_mutation, set_headers)
+    if set_headers:
+        _set_headers(common.header_mutation, set_headers)
     return reply
 
 
