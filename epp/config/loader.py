@@ -270,7 +270,7 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
             reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
             continue
         if isinstance(built, PluginSpec):
-            built = named(built, name)
+            built = replace(named(built, name), type=plugin_type)
         if registered.deprecated_for is not None:
             reader.warn(
                 f"{path}.type", f"{plugin_type!r} is deprecated; use {registered.deprecated_for!r}"
@@ -804,7 +804,7 @@ def _build_default(reader: _Reader, plugin_type: str, path: str) -> _Plugin | No
         reader.fail(path, str(error))
         return None
     if isinstance(value, PluginSpec):
-        value = named(value, plugin_type)
+        value = replace(named(value, plugin_type), type=plugin_type)
     return _Plugin(plugin_type, registered.kind, parameters, value, path)
 
 

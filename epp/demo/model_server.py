@@ -14,7 +14,10 @@ and counted as aborted, not finished.
 The timing is `epp.sim.server_model.ModelServer`'s (continuous batching, KV
 blocks, waiting queue), played on the event loop's clock: a timer fires
 when the model's batch next changes and advances it to that time, which
-resolves the requests whose first token or completion has come.
+resolves the requests whose first token or completion has come. Its
+prefix cache is keyed by the prompt text's chained block hashes, so a prompt
+that repeats a cached prefix computes only the rest, and the usage reports
+the cached tokens (`prompt_tokens_details.cached_tokens`).
 
 Prefill/decode disaggregation, as vLLM's NixlConnector protocol: a body
 with `kv_transfer_params.do_remote_decode` is a remote prefill (counted in
@@ -43,8 +46,9 @@ from typing import Any
 from aiohttp import web
 
 from epp.demo.processes import serve_until_signalled
-from epp.demo.server_formats import Api, Reply, RequestError, read_request
+from epp.demo.server_formats import CHARS_PER_TOKEN, Api, Reply, RequestError, read_request
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
+from epp.scheduling.prefix import block_hashes
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
 
@@ -61,6 +65,9 @@ class _Pending:
     first_token: asyncio.Future[float]
     finished: asyncio.Future[float]
     request: ServerRequest | None = None
+
+    def cached_tokens(self) -> int:
+        return self.request.cached_tokens if self.request is not None else 0
 
 
 class RealTimeModel:
@@ -88,6 +95,7 @@ class RealTimeModel:
         output_tokens: int,
         lora: str | None = None,
         remote_kv: bool = False,
+        block_keys: tuple[int, ...] = (),
     ) -> _Pending | None:
         """The request's futures, or None when the waiting queue is full."""
         pending = _Pending(self._loop.create_future(), self._loop.create_future())
@@ -99,6 +107,7 @@ class RealTimeModel:
             lora=lora,
             owner=pending,
             remote_kv=remote_kv,
+            block_keys=block_keys,
         )
         pending.request = request
         if not self.model.admit(request, self.now()):
@@ -314,7 +323,8 @@ class SimulatedServer:
         remote_prefill = kv.get("do_remote_prefill") is True
         if remote_prefill:
             await asyncio.sleep(self.kv_transfer.seconds(prompt_tokens))
-        pending = model.submit(prompt_tokens, asked.output_tokens, lora, remote_prefill)
+        blocks = self._prompt_blocks(asked.prompt_text, prompt_tokens, asked.model)
+        pending = model.submit(prompt_tokens, asked.output_tokens, lora, remote_prefill, blocks)
         if pending is None:
             raise RequestError(503, "The waiting queue is full.", "ServiceUnavailableError")
         reply = Reply(api, asked.model, prompt_tokens, asked.output_tokens, asked.continuous_usage)
@@ -324,6 +334,7 @@ class SimulatedServer:
                 response = await self._stream(request, reply, pending, asked.include_usage)
             else:
                 await pending.finished
+                reply.cached_tokens = pending.cached_tokens()
                 whole = reply.whole()
                 if kv.get("do_remote_decode") is True:
                     pages.remote_prefill()
@@ -339,6 +350,14 @@ class SimulatedServer:
         if api is Api.RESPONSES:
             self._remember(reply.request_id, prompt_tokens + asked.output_tokens)
         return response
+
+    def _prompt_blocks(self, text: str, prompt_tokens: int, model: str) -> tuple[int, ...]:
+        """The prompt's cacheable blocks by content: full blocks of
+        `block_size` tokens, short of the last token (vLLM computes at least
+        one), hashed in a chain seeded with the model."""
+        size = self.params.block_size
+        blocks = max(0, prompt_tokens - 1) // size
+        return block_hashes(text, model, size * CHARS_PER_TOKEN, blocks) if text else ()
 
     def _kv_for_remote_decode(self, request_id: str) -> dict[str, Any]:
         """What vLLM's NixlConnector returns for a decode server to pull the KV."""
@@ -366,6 +385,7 @@ class SimulatedServer:
         await response.prepare(request)
         await response.write(reply.first_events())
         first = await pending.first_token
+        reply.cached_tokens = pending.cached_tokens()
         output_tokens = reply.output_tokens
         sent = 1
         await response.write(reply.token_events(1, 0, output_tokens == 1))

@@ -74,6 +74,8 @@ class InferenceRequest:
     previous_response_id: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     """vLLM's P/D connector parameters, as given."""
+    prompt_text: str = ""
+    """The prompt's text (empty for token ids), for the prefix cache."""
 
 
 def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequest:
@@ -89,7 +91,7 @@ def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequ
         model = served[0]
     if not isinstance(model, str) or model not in served:
         raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    prompt_tokens = _prompt_tokens(api, body)
+    prompt_text, prompt_tokens = _prompt(api, body)
     output_tokens = 1 if api is Api.EMBEDDINGS else _output_tokens(api, body)
     stream = body.get("stream") is True
     options = body.get("stream_options")
@@ -107,6 +109,7 @@ def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequ
         include_usage and options.get("continuous_usage_stats") is True,
         previous if isinstance(previous, str) else None,
         kv if isinstance(kv, dict) else None,
+        prompt_text,
     )
 
 
@@ -126,23 +129,26 @@ def _text_of(value: Any) -> str:
     return ""
 
 
-def _prompt_tokens(api: Api, body: dict[str, Any]) -> int:
+def _prompt(api: Api, body: dict[str, Any]) -> tuple[str, int]:
+    """The prompt's text and tokens."""
     if api is Api.CHAT or (api is Api.EMBEDDINGS and "input" not in body):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise bad_request("`messages` must be a non-empty list", "messages")
-        return _tokens(_text_of(messages))
+        text = _text_of(messages)
+        return text, _tokens(text)
     if api is Api.RESPONSES and "input" not in body:
         if isinstance(body.get("previous_response_id"), str):
-            return 0
+            return "", 0
         raise bad_request("`input` is required", "input")
     name = "prompt" if api is Api.COMPLETIONS else "input"
     value = body.get(name)
     if isinstance(value, list) and value and all(isinstance(item, int) for item in value):
-        return len(value)
+        return "", len(value)
     if not isinstance(value, str | list) or not value:
         raise bad_request(f"`{name}` is required", name)
-    return _tokens(_text_of(value))
+    text = _text_of(value)
+    return text, _tokens(text)
 
 
 MAX_TOKENS_FIELDS = {
@@ -177,6 +183,10 @@ class Reply:
     continuous_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     request_id: str = ""
+    cached_tokens: int | None = None
+    """Prompt tokens read from the prefix cache, once known: reported in the
+    usage's `prompt_tokens_details` (`input_tokens_details` for Responses),
+    as vLLM does with `--enable-prompt-tokens-details`."""
 
     def __post_init__(self) -> None:
         prefix = {
@@ -187,18 +197,17 @@ class Reply:
         }
         self.request_id = f"{prefix[self.api]}{next(_ids):08x}"
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        if self.api is Api.RESPONSES:
-            return {
-                "input_tokens": self.prompt_tokens,
-                "output_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens,
-            }
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion_tokens,
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        responses = self.api is Api.RESPONSES
+        usage: dict[str, Any] = {
+            "input_tokens" if responses else "prompt_tokens": self.prompt_tokens,
+            "output_tokens" if responses else "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
         }
+        if self.cached_tokens is not None:
+            details = "input_tokens_details" if responses else "prompt_tokens_details"
+            usage[details] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     # -- whole bodies -------------------------------------------------------------
 

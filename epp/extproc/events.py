@@ -28,7 +28,8 @@ class Release:
     `input_tokens` is None when the response reported no usage (flow control
     then keeps its estimate); `output_tokens` is 0 then. The response's size,
     when its first body bytes came (None: no body) and whether it streamed
-    (SSE) are for metrics only.
+    (SSE) are for metrics only, as are the prompt tokens the server read
+    from its cache (None: not reported).
     """
 
     request: FlowRequest
@@ -37,6 +38,7 @@ class Release:
     response_bytes: int = field(default=0, compare=False)
     first_byte_at: float | None = field(default=None, compare=False)
     streaming: bool = field(default=False, compare=False)
+    cached_tokens: int | None = field(default=None, compare=False)
 
     def time_per_output_token(self, now: float) -> float | None:
         """The streamed response's mean time per output token after the

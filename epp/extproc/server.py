@@ -6,6 +6,10 @@ whose replies are sent in order. `AdmissionNeeded` offers the request to
 flow control; when it must queue, one task awaits its outcome (messages
 arriving meanwhile wait their turn). `Release` calls `admission.complete`
 once the replies of the turn are written.
+The EPP's own time on the response (each response message's handling,
+replies included; the waits between them are the model server's) is summed
+per call and reported once when the call ends, if it reached the response
+(`on_response_processed`, the reference's response processing duration).
 The call ends OK once Envoy has sent its last message and the admission is
 settled, or at once after an ImmediateResponse (Envoy sends nothing more).
 When Envoy resets the stream (its client went away) a queued request is
@@ -32,7 +36,7 @@ from epp.extproc.events import (
     Release,
 )
 from epp.extproc.messages import ProcessingRequest, ProcessingResponse
-from epp.extproc.stream import ExtProcStream, PriorityResolver, StreamSettings
+from epp.extproc.stream import ExtProcStream, Phase, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.transport import Call, Status
@@ -77,6 +81,8 @@ class ExtProcService:
         screen: Screen | None = None,
         on_prefill_done: Callable[[FlowRequest], None] | None = None,
         on_first_token: Callable[[FlowRequest], None] | None = None,
+        on_response_processed: Callable[[float], None] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.admission = admission
         self.screen = screen
@@ -90,6 +96,9 @@ class ExtProcService:
         """Told when a disaggregated request's prefill stage is over."""
         self.on_first_token = on_first_token
         """Told when a streamed response's first bytes came (its server runs it)."""
+        self.on_response_processed = on_response_processed
+        """Told, once per call that reached the response, the seconds the EPP spent on it."""
+        self.timer = timer
         self.open_streams = 0
 
     def open(self, call: Call) -> ExtProcCall:
@@ -127,6 +136,7 @@ class ExtProcCall:
         "_closed",
         "_half_closed",
         "_machine",
+        "_response_seconds",
         "_service",
         "_waiting",
     )
@@ -140,8 +150,11 @@ class ExtProcCall:
         self._waiting: list[ProcessingRequest] = []
         self._half_closed = False
         self._closed = False
+        self._response_seconds = 0.0
 
     def on_message(self, payload: bytes) -> None:
+        service = self._service
+        started = service.timer()
         try:
             message = ProcessingRequest.FromString(payload)
         except DecodeError:
@@ -150,7 +163,11 @@ class ExtProcCall:
         if self._admitting is not None:
             self._waiting.append(message)
             return
-        self._carry_out(self._machine.receive(message, self._service.clock()))
+        machine = self._machine
+        responding = machine.phase is Phase.UPSTREAM or machine.phase is Phase.RESPONSE_BODY
+        self._carry_out(machine.receive(message, service.clock()))
+        if responding:
+            self._response_seconds += service.timer() - started
 
     def on_half_close(self) -> None:
         self._half_closed = True
@@ -237,8 +254,11 @@ class ExtProcCall:
             return
         self._closed = True
         self._service.open_streams -= 1
+        service = self._service
         request = self._machine.request
-        if request is not None and self._service.calls.get(request) is self:
-            del self._service.calls[request]
+        if request is not None and service.calls.get(request) is self:
+            del service.calls[request]
         for event in self._machine.close():
-            self._service.settle(event)
+            service.settle(event)
+        if self._response_seconds and service.on_response_processed is not None:
+            service.on_response_processed(self._response_seconds)

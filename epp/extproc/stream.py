@@ -34,6 +34,9 @@ Choices:
   for the client (`InferenceRequest.response_headers`: the session token).
 - `close()` (stream ended, for any reason) releases a dispatched request that
   was not released yet, with the usage seen so far.
+- Of an SSE response, the time between consecutive body chunks goes to
+  `StreamSettings.chunk_gaps` as each chunk arrives (the reference's
+  inter-token latency): one histogram per request's labels, no buffer.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from epp.api.address import address_ip
 from epp.extproc import headers as h
@@ -65,6 +69,14 @@ from epp.scheduling.stages import prefiller_of
 
 PriorityResolver = Callable[[Mapping[str, str]], int]
 """Request headers -> priority (the objective registry's lookup)."""
+
+
+class Observer(Protocol):
+    def add(self, value: float) -> None: ...
+
+
+ChunkGaps = Callable[[FlowRequest], Observer]
+"""Where a request's gaps between SSE chunks go (a histogram for its labels)."""
 
 REJECTION_STATUS: dict[Outcome, int] = {
     Outcome.REJECTED_SATURATED: 429,
@@ -98,6 +110,8 @@ class StreamSettings:
     """A random ready endpoint, for a request without a body (GET /v1/models),
     which the reference sends there without scheduling; None: such a request
     gets 400."""
+    chunk_gaps: ChunkGaps | None = None
+    """Told the seconds between consecutive chunks of each SSE response (metrics)."""
 
 
 class Phase(Enum):
@@ -120,7 +134,9 @@ class ExtProcStream:
         "_body",
         "_body_size",
         "_first_byte_at",
+        "_gaps",
         "_held",
+        "_last_chunk_at",
         "_new_request_id",
         "_priority_of",
         "_released",
@@ -169,6 +185,8 @@ class ExtProcStream:
         self._held: list[bytes] | None = None
         self._response_bytes = 0
         self._first_byte_at: float | None = None
+        self._last_chunk_at: float | None = None
+        self._gaps: Observer | None = None
 
     # ---- input -------------------------------------------------------------
 
@@ -408,6 +426,8 @@ class ExtProcStream:
                     started.append(FirstToken(self.request))
             self._response_bytes += len(chunk)
         if self._sse is not None:
+            if chunk:
+                self._chunk_arrived(now)
             self._sse.feed(chunk)
         else:
             self._copy_for_usage(chunk)
@@ -429,6 +449,19 @@ class ExtProcStream:
             self._finish_usage()
             replies.extend(self._release())
         return replies
+
+    def _chunk_arrived(self, now: float) -> None:
+        last = self._last_chunk_at
+        self._last_chunk_at = now
+        if last is None:
+            return
+        gaps = self._gaps
+        if gaps is None:
+            chunk_gaps = self._settings.chunk_gaps
+            if chunk_gaps is None or self.request is None:
+                return
+            gaps = self._gaps = chunk_gaps(self.request)
+        gaps.add(now - last)
 
     def _on_response_trailers(self) -> list[Event]:
         replies: list[Event] = []
@@ -481,6 +514,7 @@ class ExtProcStream:
                 self._response_bytes,
                 self._first_byte_at,
                 self._sse is not None,
+                usage.cached_tokens if usage is not None else None,
             )
         ]
 

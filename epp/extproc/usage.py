@@ -21,6 +21,8 @@ import orjson
 class Usage:
     input_tokens: int
     output_tokens: int
+    cached_tokens: int | None = None
+    """Prompt tokens the server read from its cache; None when it did not say."""
 
 
 def usage_from_document(document: Any) -> Usage | None:
@@ -37,7 +39,16 @@ def usage_from_document(document: Any) -> Usage | None:
     output_tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
     if not _is_count(input_tokens) or not _is_count(output_tokens):
         return None
-    return Usage(input_tokens, output_tokens)
+    return Usage(input_tokens, output_tokens, _cached_tokens(usage))
+
+
+def _cached_tokens(usage: dict) -> int | None:
+    for details in ("prompt_tokens_details", "input_tokens_details"):
+        found = usage.get(details)
+        if isinstance(found, dict) and _is_count(cached := found.get("cached_tokens")):
+            return cached
+    cached = usage.get("cache_read_input_tokens")
+    return cached if _is_count(cached) else None
 
 
 def _is_count(value: Any) -> bool:

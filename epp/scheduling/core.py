@@ -32,6 +32,7 @@ from epp.scheduling.saturation import (
     gate_saturation,
 )
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.spec import PluginTimer
 from epp.scheduling.stages import PrefillCredits, stage_gate
 
 
@@ -51,6 +52,7 @@ class Core:
     """The prefill stage's credits under P/D (`epp.scheduling.stages`)."""
     load: InFlightLoad | None = None
     """What is in flight per endpoint, when a scheduling plugin reads it."""
+    plugin_timer: PluginTimer | None = None
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
@@ -59,7 +61,14 @@ class Core:
         that first names a plugin reading the in-flight load counts from
         then on."""
         self.scheduler = Scheduler(
-            config, self.pool, self.clock, rng, self.credits, self.prefill_credits, self.load
+            config,
+            self.pool,
+            self.clock,
+            rng,
+            self.credits,
+            self.prefill_credits,
+            self.load,
+            self.plugin_timer,
         )
         if self.load is None and self.scheduler.load is not None:
             self.load = self.scheduler.load
@@ -127,12 +136,16 @@ def build_core(
     clock: Callable[[], float],
     rng: random.Random,
     on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
+    plugin_timer: PluginTimer | None = None,
 ) -> Core:
     """Gate, scheduler and flow controller for `flow_control` and
-    `scheduling`, reading the pool from `pool` at the time `clock` gives."""
+    `scheduling`, reading the pool from `pool` at the time `clock` gives;
+    `plugin_timer` times the scheduler's plugin calls (`spec`)."""
     gate, credits = build_gate(flow_control.gate, pool, clock, scheduling.saturation)
     gate, prefill = stage_gate(gate, flow_control.gate.max_per_prefill_endpoint, scheduling)
-    scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill)
+    scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill, plugin_timer=plugin_timer)
     gate = with_load(gate, scheduler.load)
     controller = FlowController(flow_control, gate, scheduler, on_flows_collected)
-    return Core(controller, gate, credits, scheduler, pool, clock, prefill, scheduler.load)
+    return Core(
+        controller, gate, credits, scheduler, pool, clock, prefill, scheduler.load, plugin_timer
+    )

@@ -52,7 +52,7 @@ from epp.scheduling.profiles import DisaggProfileHandler, ProfileHandler, Single
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import unsaturated
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
-from epp.scheduling.spec import BuildContext
+from epp.scheduling.spec import BuildContext, PluginTimer
 from epp.scheduling.stages import PrefillCredits
 
 
@@ -62,7 +62,8 @@ class Scheduler:
     `pool` returns the latest snapshot, `clock` the current time (seconds,
     same clock as the snapshot's `updated_at`), `rng` drives every random
     choice, and `concurrency`, when given, is the gate whose per-endpoint
-    credits bound where a request may go.
+    credits bound where a request may go. `plugin_timer`, when given, times
+    each filter, scorer and picker call (see `spec`).
     """
 
     __slots__ = (
@@ -98,11 +99,12 @@ class Scheduler:
         concurrency: Credits | None = None,
         prefill_credits: PrefillCredits | None = None,
         load: InFlightLoad | None = None,
+        plugin_timer: PluginTimer | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
         self._clock = clock
-        context = BuildContext(config, rng, concurrency, clock=clock, load=load)
+        context = BuildContext(config, rng, concurrency, clock=clock, load=load, timer=plugin_timer)
         self._producers = tuple(context.build(producer).produce for producer in config.producers)
         self._runners = {
             profile.name: ProfileRunner(self, profile, context, concurrency)
@@ -246,7 +248,7 @@ class ProfileRunner:
         "_dense_weights",
         "_filters",
         "_learning",
-        "_picker",
+        "_pick",
         "_positions",
         "_positions_of",
         "_source",
@@ -271,30 +273,38 @@ class ProfileRunner:
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
             (scorer.weight, context.build(scorer.plugin)) for scorer in profile.scorers
         )
+        timed = context.timed
+        specs = [scorer.plugin for scorer in profile.scorers]
         filter_plugins = [context.build(plugin) for plugin in profile.filters]
-        filters = [plugin.filter for plugin in filter_plugins]
+        filters = [
+            timed("Filter", spec, plugin.filter)
+            for spec, plugin in zip(profile.filters, filter_plugins, strict=True)
+        ]
         filters.extend(
-            scorer.filter for _, scorer in self.scorers if callable(getattr(scorer, "filter", None))
+            timed("Filter", plugin, scorer.filter)
+            for plugin, (_, scorer) in zip(specs, self.scorers, strict=True)
+            if callable(getattr(scorer, "filter", None))
         )
         self._filters = tuple(filters)
-        self._sparse = tuple(
-            (weight, scorer.sparse_scores)
-            for weight, scorer in self.scorers
+        sparse = [
+            (plugin, weight, scorer)
+            for plugin, (weight, scorer) in zip(specs, self.scorers, strict=True)
             if isinstance(scorer, SparseScorer)
+        ]
+        dense = [
+            (plugin, weight, scorer)
+            for plugin, (weight, scorer) in zip(specs, self.scorers, strict=True)
+            if not isinstance(scorer, SparseScorer)
+        ]
+        self._sparse = tuple(
+            (weight, timed("Scorer", plugin, scorer.sparse_scores))
+            for plugin, weight, scorer in sparse
         )
-        self._dense = tuple(
-            scorer for _, scorer in self.scorers if not isinstance(scorer, SparseScorer)
-        )
-        self._dense_weights = tuple(
-            weight for weight, scorer in self.scorers if not isinstance(scorer, SparseScorer)
-        )
+        self._dense = tuple(timed("Scorer", plugin, scorer.score) for plugin, _, scorer in dense)
+        """Each dense scorer's `score`."""
+        self._dense_weights = tuple(weight for _, weight, _ in dense)
         self._dense_pair = (
-            (
-                self._dense_weights[0],
-                self._dense[0].score,
-                self._dense_weights[1],
-                self._dense[1].score,
-            )
+            (self._dense_weights[0], self._dense[0], self._dense_weights[1], self._dense[1])
             if len(self._dense) == 2
             else None
         )
@@ -303,7 +313,7 @@ class ProfileRunner:
         ) + tuple(plugin.picked for plugin in filter_plugins if hasattr(plugin, "picked"))
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
-        self._picker = context.build(profile.picker)
+        self._pick = timed("Picker", profile.picker, context.build(profile.picker).pick)
 
     def _filtered(
         self, request: InferenceRequest, endpoints: Sequence[Endpoint]
@@ -328,7 +338,7 @@ class ProfileRunner:
                     return Outcome.REJECTED_FILTERED
         else:
             candidates = candidates or reachable(endpoints) or endpoints
-        chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
+        chosen = candidates[self._pick(self.total_scores(request, candidates))]
         gate = self.credits
         if take_credit and gate is not None:
             priority = source.priority_now
@@ -336,7 +346,7 @@ class ProfileRunner:
                 candidates = with_room(candidates, gate, priority)
                 if not candidates:
                     return None
-                chosen = candidates[self._picker.pick(self.total_scores(request, candidates))]
+                chosen = candidates[self._pick(self.total_scores(request, candidates))]
         if source._single is None:
             source.picks.append((self, chosen))
         return chosen
@@ -358,7 +368,7 @@ class ProfileRunner:
             pairs = zip(score1(request, candidates), score2(request, candidates))  # noqa: B905
             totals = [w1 * a + w2 * b for a, b in pairs]
         else:
-            columns = [scorer.score(request, candidates) for scorer in self._dense]
+            columns = [score(request, candidates) for score in self._dense]
             totals = weighted_sum(columns, self._dense_weights, len(candidates))
         for weight, sparse_scores in self._sparse:
             scores = sparse_scores(request)

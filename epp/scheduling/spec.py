@@ -1,11 +1,17 @@
 """How a configured scheduling plugin becomes a live one.
 
 The configuration holds `PluginSpec`s: the plugin's configured name, the
-function of this package that makes it, and its keyword arguments. Specs
+function of this package that makes it, its keyword arguments and its
+registry type. Specs
 are plain values (equal when configured alike), so a reloaded configuration
 that did not change builds nothing new. A `Scheduler` builds each named
 plugin once (`BuildContext.build`), so a plugin referenced by two profiles is
 one instance with one state, as in the reference EPP.
+
+A `PluginTimer`, when the shell gives one, wraps each plugin call the
+scheduler makes (filter, score, pick) so its duration is measured per
+extension point, plugin type and name (the reference's
+`plugin_duration_seconds`); the core itself reads no clock.
 """
 
 from __future__ import annotations
@@ -20,11 +26,22 @@ from epp.scheduling.inflight import InFlightLoad
 
 @dataclass(slots=True, frozen=True)
 class PluginSpec:
-    """A plugin as configured: `make(context, **arguments)` builds it."""
+    """A plugin as configured: `make(context, **arguments)` builds it.
+    `type` is its registry type name; empty for the built-in defaults, whose
+    name is their type."""
 
     name: str
     make: Callable[..., Any]
     arguments: tuple[tuple[str, Any], ...] = ()
+    type: str = ""
+
+    @property
+    def type_name(self) -> str:
+        return self.type or self.name
+
+
+PluginTimer = Callable[[str, str, str, Callable[..., Any]], Callable[..., Any]]
+"""(extension point, plugin type, plugin name, call) -> the call, timed."""
 
 
 def spec(name: str, make: Callable[..., Any], **arguments: Any) -> PluginSpec:
@@ -47,7 +64,8 @@ class BuildContext:
     source, the concurrency gate (its in-flight counts), the scheduler's
     clock (seconds), the in-flight load (made by `in_flight_load` for the
     first plugin that reads it; the core then tells it of every dispatch
-    and completion), and the plugins built so far, by name."""
+    and completion), the plugins built so far, by name, and the shell's
+    plugin timer, if any."""
 
     config: Any
     rng: random.Random
@@ -61,6 +79,14 @@ class BuildContext:
         if self.load is None:
             self.load = InFlightLoad()
         return self.load
+
+    timer: PluginTimer | None = None
+
+    def timed(self, extension_point: str, plugin: PluginSpec, call: Callable[..., Any]) -> Any:
+        """`call` of `plugin`, timed when a timer is given."""
+        if self.timer is None:
+            return call
+        return self.timer(extension_point, plugin.type, plugin.name, call)
 
     def build(self, plugin: PluginSpec) -> Any:
         """The plugin called `plugin.name`, built on first use."""

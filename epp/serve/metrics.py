@@ -112,6 +112,7 @@ from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.sessions import SessionBindings
+from epp.scheduling.spec import PluginSpec
 from epp.scheduling.stages import DISAGG_HANDLERS
 
 if TYPE_CHECKING:
@@ -152,13 +153,18 @@ RESPONSE_SIZE_BUCKETS = (
     32778,
     65536,
 )
-TTFT_BUCKETS = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+TTFT_BUCKETS = DURATION_BUCKETS[: DURATION_BUCKETS.index(120) + 1]
 NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+TPOT_BUCKETS = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.6, 0.8, 1, 2,
+)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2)
 PROCESSING_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+)  # fmt: skip
+RESPONSE_PROCESSING_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
 )  # fmt: skip
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 QUEUE_BUCKETS = (
@@ -172,6 +178,7 @@ REQUEST = (*MODEL, "fairness_id", "priority")
 QUEUE = ("fairness_id", "priority", "inference_pool", *MODEL)
 QUEUE_DURATION = ("fairness_id", "priority", "outcome", "inference_pool", *MODEL)
 ATTEMPT = ("status", "target_model_name", "endpoint_name", "namespace", "port")
+PLUGIN = ("extension_point", "plugin_type", "plugin_name")
 LEGACY_ATTEMPT = ("status", "target_model_name", "pod_name", "namespace", "port")
 
 
@@ -350,6 +357,38 @@ class TimedPlacer:
         return self.placer.has_endpoints()
 
 
+class PluginDurations:
+    """`plugin_duration_seconds`: the scheduler's plugin calls, timed by the
+    wrappers `timed` makes (the core's `PluginTimer`). Made before the core
+    is built, registered with the metrics after."""
+
+    __slots__ = ("family",)
+
+    def __init__(self) -> None:
+        self.family = Family(
+            Kind.HISTOGRAM,
+            "plugin_duration_seconds",
+            "Plugin processing latency per extension point, plugin type and plugin name.",
+            PLUGIN,
+            "inference_extension_plugin_duration_seconds",
+            buckets=SCHEDULER_BUCKETS,
+        )
+
+    def timed(
+        self, extension_point: str, plugin_type: str, plugin_name: str, call: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        tally = self.family.tally((extension_point, plugin_type, plugin_name))
+        clock = time.perf_counter
+
+        def run(*args: Any) -> Any:
+            start = clock()
+            result = call(*args)
+            tally.add(clock() - start)
+            return result
+
+        return run
+
+
 def _models(request: FlowRequest | None) -> tuple[str, str]:
     payload = request.payload if request is not None else None
     if isinstance(payload, InferenceRequest):
@@ -396,6 +435,7 @@ class EppMetrics:
         clock: Callable[[], float] = time.monotonic,
         endpoint_names: Callable[[str], tuple[str, str]] | None = None,
         scheduler_latency: Tally | None = None,
+        plugin_durations: PluginDurations | None = None,
     ) -> None:
         self.pool_name = pool_name
         self.registry = CollectorRegistry()
@@ -480,6 +520,15 @@ class EppMetrics:
             models,
             buckets=RESPONSE_SIZE_BUCKETS,
         )
+        self.cached_tokens = Family(
+            histogram,
+            "request_cached_tokens",
+            "Prompt tokens read from the model server's cache, as its response reported.",
+            REQUEST,
+            "inference_objective_prompt_cached_tokens",
+            models,
+            buckets=INPUT_TOKEN_BUCKETS,
+        )
         self.ttft = Family(
             histogram,
             "request_ttft_seconds",
@@ -492,7 +541,14 @@ class EppMetrics:
             "request_streaming_tpot_seconds",
             "Time per output token after the first, of streamed responses.",
             REQUEST,
-            buckets=NTPOT_BUCKETS,
+            buckets=TPOT_BUCKETS,
+        )
+        self.streaming_itl = Family(
+            histogram,
+            "request_streaming_itl_seconds",
+            "Time between consecutive response body chunks of streamed responses.",
+            REQUEST,
+            buckets=ITL_BUCKETS,
         )
         self.running = Family(
             gauge,
@@ -507,6 +563,13 @@ class EppMetrics:
             "request_processing_duration_seconds",
             "From the end of the request body to its flow-control outcome, queue wait included.",
             buckets=PROCESSING_BUCKETS,
+        )
+        self.response_processing = Family(
+            histogram,
+            "response_processing_duration_seconds",
+            "The EPP's own time on a response: the sum of its handling of each response "
+            "message (the waits between them are the model server's).",
+            buckets=RESPONSE_PROCESSING_BUCKETS,
         )
         self.queue_duration = Family(
             histogram,
@@ -563,8 +626,8 @@ class EppMetrics:
             "llm_d_inference_scheduler_disagg_decision_total",
             (2, 3),
         )
-        self.disagg_handler: str | None = None
-        """The scheduling configuration's profile handler type when it disaggregates."""
+        self.disagg_handler: tuple[str, str] | None = None
+        """The profile handler's (name, type) when it disaggregates."""
         info = Family(
             gauge,
             "info",
@@ -573,14 +636,16 @@ class EppMetrics:
             "inference_extension_info",
         )
         info.add((epp_version(), "epp"))
+        self.plugin_durations = plugin_durations or PluginDurations()
         self.registry.register(
             _Families([
                 self.request_total, self.request_errors, self.request_duration,
-                self.request_size, self.input_tokens, self.output_tokens, self.ntpot,
-                self.response_size, self.ttft, self.streaming_tpot,
-                self.running, self.processing, self.queue_duration, self.flow_control_total,
-                self.queue_size, self.queue_bytes, self.attempts, self.scheduler_e2e,
-                self.disagg_decisions, info,
+                self.request_size, self.input_tokens, self.output_tokens, self.cached_tokens,
+                self.ntpot, self.response_size, self.ttft, self.streaming_tpot,
+                self.streaming_itl, self.running, self.processing, self.response_processing,
+                self.queue_duration, self.flow_control_total, self.queue_size,
+                self.queue_bytes, self.attempts, self.scheduler_e2e,
+                self.plugin_durations.family, self.disagg_decisions, info,
             ])
         )  # fmt: skip
 
@@ -637,13 +702,14 @@ class EppMetrics:
             if handler is not None:
                 payload = request.payload
                 decision = decision_type(payload.routing if payload is not None else None)
-                self.disagg_decisions.add((handler, handler, target, decision))
+                self.disagg_decisions.add((*handler, target, decision))
         elif outcome is Outcome.REJECTED_NO_ENDPOINTS or outcome is Outcome.REJECTED_FILTERED:
             self._attempt("failure", target, None)
 
-    def watch_scheduling(self, handler_type: str) -> None:
-        """Count disaggregation decisions when `handler_type` disaggregates."""
-        self.disagg_handler = handler_type if handler_type in DISAGG_HANDLERS else None
+    def watch_scheduling(self, handler: PluginSpec) -> None:
+        """Count disaggregation decisions when the profile `handler` disaggregates."""
+        disaggregates = handler.type_name in DISAGG_HANDLERS
+        self.disagg_handler = (handler.name, handler.type_name) if disaggregates else None
 
     def _attempt(self, status: str, target: str, address: str | None) -> None:
         name, namespace, port = "", "", ""
@@ -668,6 +734,8 @@ class EppMetrics:
         if event.output_tokens:
             self.output_tokens.observe(labels, event.output_tokens)
             self.ntpot.observe(labels, duration / event.output_tokens)
+        if event.cached_tokens is not None:
+            self.cached_tokens.observe(labels, event.cached_tokens)
         first = event.first_byte_at
         if first is not None:
             streaming = "true" if event.streaming else "false"
@@ -675,6 +743,15 @@ class EppMetrics:
             tpot = event.time_per_output_token(now)
             if tpot is not None:
                 self.streaming_tpot.observe(labels, tpot)
+
+    def chunk_gaps(self, request: FlowRequest) -> Tally:
+        """Where the gaps between `request`'s streamed chunks are tallied
+        (the ext_proc stream's `chunk_gaps`)."""
+        return self.streaming_itl.tally(self._request_labels(request))
+
+    def on_response_processed(self, seconds: float) -> None:
+        """The EPP spent `seconds` on one request's response."""
+        self.response_processing.observe((), seconds)
 
     def on_complete(self, request: FlowRequest) -> None:
         """A dispatched request gave its endpoint back (however it ended)."""
@@ -729,19 +806,51 @@ class EppMetrics:
         return generate_latest(self.registry)
 
 
+METRICS_SOURCE = "metrics-data-source"
+METRICS_EXTRACTOR = "core-metrics-extractor"
+EXTRACT_FAILURES = frozenset({"unreadable"})
+"""The scrape failure reasons where the page was read but not understood: the
+reference counts those as extract errors, the rest as poll errors."""
+
+
 class _ScrapeFailures(Collector):
+    """The reference's data-layer error counters (poll: the page could not be
+    read; extract: read, not understood), with their deprecated
+    `llm_d_inference_scheduler_*` twins, and ours by reason, which tells a
+    timeout from a refused connection or a wrong path."""
+
     def __init__(self, failures: Callable[[], Mapping[str, int]]) -> None:
         self._failures = failures
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
+        by_reason = CounterMetricFamily(
             "epp_model_server_scrape_failures",
             "Failed reads of model servers' metrics pages, by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted(self._failures().items()):
-            family.add_metric([reason], count)
-        yield family
+        failures = self._failures()
+        polls = extracts = 0
+        for reason, count in sorted(failures.items()):
+            by_reason.add_metric([reason], count)
+            if reason in EXTRACT_FAILURES:
+                extracts += count
+            else:
+                polls += count
+        yield by_reason
+        for name, text, labels, value in (
+            ("datalayer_poll_errors", "Data-source poll errors per source type.",
+             [METRICS_SOURCE], polls),
+            ("datalayer_extract_errors", "Extract errors per source/extractor type.",
+             [METRICS_SOURCE, METRICS_EXTRACTOR], extracts),
+        ):  # fmt: skip
+            label_names = ["source_type", "extractor_type"][: len(labels)]
+            for family_name, documentation in (
+                (CURRENT + name, text),
+                (f"llm_d_inference_scheduler_{name}", f"[Deprecated: use {CURRENT}{name}] {text}"),
+            ):
+                family = CounterMetricFamily(family_name, documentation, labels=label_names)
+                family.add_metric(labels, value)
+                yield family
 
 
 def _twins(name: str, legacy: str | None, documentation: str, labels: list[str]):

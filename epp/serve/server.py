@@ -91,6 +91,7 @@ from epp.serve.metrics import (
     SCHEDULER_BUCKETS,
     Authorize,
     EppMetrics,
+    PluginDurations,
     Tally,
     TimedPlacer,
     serve_metrics,
@@ -258,6 +259,7 @@ class EppServer:
             )
         self.store = EndpointStore()
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
+        self.plugin_durations = PluginDurations()
         self._build_core(self.config)
         self._pool: InferencePool | None = None
         if not options.cluster:
@@ -267,6 +269,7 @@ class EppServer:
             pool_name or "default",
             endpoint_names=self._endpoint_names,
             scheduler_latency=self.scheduler_latency,
+            plugin_durations=self.plugin_durations,
         )
         self.metrics.watch_core(lambda: self.wired.saturation())
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
@@ -274,7 +277,7 @@ class EppServer:
             self.metrics.watch_limits(self.credits)
         self.metrics.watch_credits(self._credits_in_use)
         self.metrics.watch_sessions(lambda: bindings_of(self.scheduler.plugins))
-        self.metrics.watch_scheduling(self.config.scheduling.handler.name)
+        self.metrics.watch_scheduling(self.config.scheduling.handler)
         self.core.on_flows_collected = self.metrics.on_flows_collected
         on_outcome = at_end_of_turn(self.metrics.on_outcome)
         on_complete = self.metrics.on_complete
@@ -308,6 +311,7 @@ class EppServer:
             default_model=options.default_model,
             parsers=parser_set(self.config.parsers),
             any_endpoint=self.any_endpoint,
+            chunk_gaps=self.metrics.chunk_gaps,
         )
         self.service = ExtProcService(
             self.admission,
@@ -317,6 +321,7 @@ class EppServer:
             screen=self.screen,
             on_prefill_done=self.prefill_stage.prefill_done if self.prefill_stage else None,
             on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
+            on_response_processed=self.metrics.on_response_processed,
         )
 
     def _stream_event(self, event: Rejected | Release) -> None:
@@ -378,6 +383,7 @@ class EppServer:
             self.store.snapshot,
             time.monotonic,
             random.Random(seed),
+            plugin_timer=self.plugin_durations.timed,
         )
         self.gate, self.credits = self.wired.gate, self.wired.credits
         self.prefill_credits = self.wired.prefill_credits
@@ -466,7 +472,7 @@ class EppServer:
                 new.scheduling, random.Random(self._rng.randrange(1 << 63))
             )
             self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
-            self.metrics.watch_scheduling(new.scheduling.handler.name)
+            self.metrics.watch_scheduling(new.scheduling.handler)
         if new.parsers != old.parsers:
             self.settings = replace(self.settings, parsers=parser_set(new.parsers))
             self.service.settings = self.settings

@@ -13,7 +13,8 @@ What it models:
   step, each further token one step later;
 - KV cache: a request holds ceil((prompt + output) / block_size) blocks minus
   the prompt blocks it finds cached; prefix caching keeps the blocks of
-  shared prompt prefixes (`prefix_group`) in an LRU bounded by the free
+  shared prompt prefixes (`prefix_group`, or the prompt's own block hashes
+  `block_keys` when the caller has its text) in an LRU bounded by the free
   blocks, and a prompt reuses its leading cached blocks;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
   arrives to a full queue is rejected;
@@ -77,6 +78,9 @@ class ServerRequest:
     lora: str | None = None
     owner: Any = None
     remote_kv: bool = False
+    block_keys: tuple[int, ...] = ()
+    """The prompt's cacheable blocks by content (chained hashes); when given,
+    they key the prefix cache instead of `prefix_group`."""
 
     started_at: float | None = None
     first_token_at: float | None = None
@@ -130,7 +134,7 @@ class ModelServer:
         self.waiting: deque[ServerRequest] = deque()
         self._running: list[tuple[int, int, ServerRequest]] = []
         self._prefilling: list[ServerRequest] = []
-        self._cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int] | int, None] = OrderedDict()
         self._lora_active: dict[str, int] = {}
         self._step = 0
         self._seq = 0
@@ -354,8 +358,13 @@ class ModelServer:
         cached_blocks = 0
         shared_blocks = 0
         group = request.prefix_group
+        keys = request.block_keys
         cache = self._cache
-        if group >= 0:
+        if keys:
+            shared_blocks = len(keys)
+            while cached_blocks < shared_blocks and keys[cached_blocks] in cache:
+                cached_blocks += 1
+        elif group >= 0:
             shared_blocks = min(request.prefix_tokens, request.prompt_tokens) // size
             while cached_blocks < shared_blocks and (group, cached_blocks) in cache:
                 cached_blocks += 1
@@ -372,7 +381,7 @@ class ModelServer:
             self.prompt_tokens += request.prompt_tokens
             self.cached_tokens += cached
         for block in range(shared_blocks):
-            key = (group, block)
+            key = keys[block] if keys else (group, block)
             if block < cached_blocks:
                 cache.move_to_end(key)
             else:

@@ -90,10 +90,25 @@ async def test_completion_reports_max_tokens_as_completion_usage(server_url):
     )
     assert status == 200
     reply = json.loads(body)
-    assert reply["usage"] == {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+    assert reply["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 7,
+        "total_tokens": 17,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert reply["choices"][0]["text"].count("x") == 7
     assert reply["model"] == MODEL
     assert reply["id"].startswith("cmpl-")
+
+
+async def test_a_repeated_prompt_reports_its_full_blocks_but_the_last_token_as_cached(server_url):
+    prompt = {"model": MODEL, "prompt": "y" * (4 * 49), "max_tokens": 2}  # 49 tokens
+    cached = []
+    for _ in range(2):
+        status, body, _ = await post(f"{server_url}/v1/completions", prompt)
+        assert status == 200
+        cached.append(json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached == [0, 48]  # three blocks of 16; the 49th token is computed
 
 
 async def test_streaming_chat_sends_a_role_chunk_then_every_token_then_usage_then_done(
@@ -209,7 +224,12 @@ async def test_responses_are_served_whole_and_continued(server_url):
     assert status == 200
     first = json.loads(body)
     assert first["id"].startswith("resp_")
-    assert first["usage"] == {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    assert first["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "total_tokens": 15,
+        "input_tokens_details": {"cached_tokens": 0},
+    }
     status, body, _ = await post(
         f"{server_url}/v1/responses",
         {"model": MODEL, "previous_response_id": first["id"], "max_output_tokens": 2},

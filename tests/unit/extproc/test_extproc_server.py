@@ -219,3 +219,41 @@ async def test_release_is_settled_after_the_last_reply_is_sent_in_the_same_turn(
     ]
     await asyncio.sleep(0)
     assert log[-1] == "complete"
+
+
+class Ticks:
+    """A timer that advances one second per reading."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+async def test_the_response_messages_handling_time_is_told_once_when_the_call_ends():
+    told: list[float] = []
+    service = ExtProcService(
+        Admission(), lambda headers: 0, on_response_processed=told.append, timer=Ticks()
+    )
+    call = service.open(RecordingCall([]))
+    for message in (request_headers(HEADERS), request_body(BODY)):
+        call.on_message(message.SerializeToString())
+    call.on_message(response_headers({"content-type": "text/event-stream"}).SerializeToString())
+    call.on_message(response_body(b"data: {}\n\n").SerializeToString())
+    assert told == []
+    call.on_message(response_body(b"data: [DONE]\n\n", end_of_stream=True).SerializeToString())
+    call.on_half_close()
+    assert told == [3.0]  # three response messages, one tick each
+
+
+async def test_a_call_that_never_reached_the_response_tells_no_response_time():
+    told: list[float] = []
+    service = ExtProcService(
+        Admission(), lambda headers: 0, on_response_processed=told.append, timer=Ticks()
+    )
+    call = service.open(RecordingCall([]))
+    call.on_message(request_headers(HEADERS).SerializeToString())
+    call.on_cancel()
+    assert told == []

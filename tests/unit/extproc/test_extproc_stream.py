@@ -559,3 +559,50 @@ def test_eviction_before_dispatch_or_after_the_end_does_nothing():
     dispatch(over)
     over.close()
     assert over.evict() == []
+
+
+class Gaps:
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+        self.asked_for = []
+
+    def __call__(self, request):
+        self.asked_for.append(request)
+        return self
+
+    def add(self, value: float) -> None:
+        self.seen.append(value)
+
+
+def test_the_gaps_between_sse_chunks_are_told_as_they_arrive():
+    gaps = Gaps()
+    stream = machine(chunk_gaps=gaps)
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "text/event-stream"}), 1.0)
+    stream.receive(response_body(b"data: {}\n\n"), 2.0)
+    stream.receive(response_body(b""), 2.1)  # an empty message is no chunk
+    stream.receive(response_body(b"data: {}\n\n"), 2.5)
+    assert gaps.seen == [0.5]
+    stream.receive(response_body(b"data: [DONE]\n\n", end_of_stream=True), 2.75)
+    assert gaps.seen == [0.5, 0.25]
+    assert gaps.asked_for == [stream.request]
+
+
+def test_a_json_response_has_no_chunk_gaps():
+    gaps = Gaps()
+    stream = machine(chunk_gaps=gaps)
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 1.0)
+    stream.receive(response_body(b'{"a":'), 2.0)
+    stream.receive(response_body(b"1}", end_of_stream=True), 3.0)
+    assert gaps.seen == []
+
+
+def test_the_release_tells_the_cached_prompt_tokens():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({"content-type": "application/json"}), 0.0)
+    body = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4,'
+    body += b' "prompt_tokens_details": {"cached_tokens": 8}}}'
+    release = stream.receive(response_body(body, end_of_stream=True), 0.0)[1]
+    assert release.cached_tokens == 8

@@ -26,6 +26,23 @@ def test_responses_api_usage_from_json():
     assert usage_from_json(b'{"usage": {"input_tokens": 2, "output_tokens": 5}}') == Usage(2, 5)
 
 
+def test_cached_prompt_tokens_are_read_where_each_api_reports_them():
+    chat = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1,'
+    chat += b' "prompt_tokens_details": {"cached_tokens": 8}}}'
+    responses = b'{"usage": {"input_tokens": 9, "output_tokens": 1,'
+    responses += b' "input_tokens_details": {"cached_tokens": 6}}}'
+    anthropic = b'{"usage": {"input_tokens": 9, "output_tokens": 1, "cache_read_input_tokens": 4}}'
+    assert usage_from_json(chat) == Usage(9, 1, 8)
+    assert usage_from_json(responses) == Usage(9, 1, 6)
+    assert usage_from_json(anthropic) == Usage(9, 1, 4)
+
+
+def test_cached_tokens_are_none_when_the_server_does_not_report_them():
+    details_null = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1,'
+    details_null += b' "prompt_tokens_details": null}}'
+    assert usage_from_json(details_null) == Usage(9, 1, None)
+
+
 def test_no_usage_or_bad_json_gives_none():
     assert usage_from_json(b'{"usage": null}') is None
     assert usage_from_json(b"not json") is None

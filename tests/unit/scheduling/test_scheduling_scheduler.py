@@ -5,6 +5,8 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import ProfileConfig, SchedulingConfig, ScorerConfig
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.scheduling.filters import decode_filter
+from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.scorers import kv_cache_scorer, queue_scorer
@@ -174,3 +176,34 @@ def test_prefixes_of_an_endpoint_that_left_are_forgotten():
     placer.place(flow_request(prompt="x" * 10))
     prefix = placer.scorers[2][1]
     assert prefix.score(InferenceRequest("m", "m", prompt=PROMPT), first.endpoints) == [0.0, 0.0]
+
+
+def test_a_plugin_timer_times_each_filter_scorer_and_picker_call_by_type_and_name():
+    calls: list[tuple[str, str, str]] = []
+
+    def timer(point, plugin_type, name, call):
+        def timed(*args):
+            calls.append((point, plugin_type, name))
+            return call(*args)
+
+        return timed
+
+    profile = ProfileConfig(
+        filters=(PluginSpec("decoders", decode_filter, type="decode-filter"),),
+        scorers=(ScorerConfig(PluginSpec("q", queue_scorer, type="queue-scorer")),),
+        picker=PluginSpec("max-score-picker", max_score_picker),
+    )
+    pool = pool_of(endpoint(1), endpoint(2))
+    placer = Scheduler(
+        SchedulingConfig(profiles=(profile,)),
+        lambda: pool,
+        lambda: NOW,
+        random.Random(1),
+        plugin_timer=timer,
+    )
+    placer.place(flow_request())
+    assert calls == [
+        ("Filter", "decode-filter", "decoders"),
+        ("Scorer", "queue-scorer", "q"),
+        ("Picker", "max-score-picker", "max-score-picker"),
+    ]

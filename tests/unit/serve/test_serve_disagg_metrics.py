@@ -5,8 +5,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.scheduling.profiles import PREFILLER_HEADER
+from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler, single_profile_handler
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics
 
 
@@ -15,6 +16,9 @@ def dispatched(routing=None) -> FlowRequest:
     request = FlowRequest("r", "f", 0, 0.0, payload=payload)
     request.outcome = Outcome.DISPATCHED
     return request
+
+
+DISAGG = PluginSpec("pd", disagg_profile_handler, type="disagg-profile-handler")
 
 
 def decisions(metrics: EppMetrics, name: str) -> dict[str, float]:
@@ -30,7 +34,7 @@ def decisions(metrics: EppMetrics, name: str) -> dict[str, float]:
 
 def test_each_dispatched_request_counts_its_decision_under_a_disagg_handler():
     metrics = EppMetrics("pool")
-    metrics.watch_scheduling("disagg-profile-handler")
+    metrics.watch_scheduling(DISAGG)
     metrics.on_outcome(dispatched({PREFILLER_HEADER: "10.0.0.1:8000"}), 1.0)
     metrics.on_outcome(dispatched(), 1.0)
     metrics.on_outcome(dispatched(), 1.0)
@@ -39,9 +43,24 @@ def test_each_dispatched_request_counts_its_decision_under_a_disagg_handler():
     assert decisions(metrics, "llm_d_inference_scheduler_disagg_decision") == expected
 
 
+def test_decisions_carry_the_handler_name_and_type_as_configured():
+    metrics = EppMetrics("pool")
+    metrics.watch_scheduling(DISAGG)
+    metrics.on_outcome(dispatched(), 1.0)
+    text = metrics.exposition().decode()
+    labels = [
+        sample.labels
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_d_epp_disagg_decision"
+        for sample in family.samples
+    ]
+    assert labels[0]["plugin_name"] == "pd"
+    assert labels[0]["plugin_type"] == "disagg-profile-handler"
+
+
 def test_no_decisions_are_counted_without_a_disagg_handler():
     metrics = EppMetrics("pool")
-    metrics.watch_scheduling("single-profile-handler")
+    metrics.watch_scheduling(PluginSpec("single-profile-handler", single_profile_handler))
     metrics.on_outcome(dispatched(), 1.0)
     assert decisions(metrics, "llm_d_epp_disagg_decision") == {}
 

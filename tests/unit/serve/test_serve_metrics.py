@@ -18,6 +18,7 @@ from epp.scheduling.request import InferenceRequest
 from epp.serve.metrics import (
     SCHEDULER_BUCKETS,
     EppMetrics,
+    PluginDurations,
     Tally,
     TimedPlacer,
     flow_control_outcome,
@@ -99,6 +100,51 @@ def test_a_streamed_release_records_size_ttft_and_tpot(metrics):
     assert value(metrics, "inference_objective_response_sizes_sum", **M) == 700
     assert value(metrics, "llm_d_epp_request_ttft_seconds_sum", **R, streaming="true") == 0.5
     assert value(metrics, "llm_d_epp_request_streaming_tpot_seconds_sum", **R) == 1.5 / 4
+
+
+def test_cached_prompt_tokens_are_recorded_under_both_names_when_reported(metrics):
+    metrics.on_stream_event(Release(request(), 10, 5, cached_tokens=8))
+    metrics.on_stream_event(Release(request(), 10, 5))
+    assert value(metrics, "llm_d_epp_request_cached_tokens_count", **R) == 1
+    assert value(metrics, "llm_d_epp_request_cached_tokens_sum", **R) == 8
+    assert value(metrics, "inference_objective_prompt_cached_tokens_sum", **M) == 8
+
+
+def test_chunk_gaps_go_to_the_requests_inter_token_latency(metrics):
+    gaps = metrics.chunk_gaps(request())
+    gaps.add(0.03)
+    gaps.add(0.05)
+    assert value(metrics, "llm_d_epp_request_streaming_itl_seconds_count", **R) == 2
+    assert value(metrics, "llm_d_epp_request_streaming_itl_seconds_bucket", **R, le="0.04") == 1
+
+
+def test_response_processing_is_one_observation_per_request(metrics):
+    metrics.on_response_processed(0.0002)
+    assert value(metrics, "llm_d_epp_response_processing_duration_seconds_count") == 1
+    assert value(metrics, "llm_d_epp_response_processing_duration_seconds_sum") == 0.0002
+
+
+def test_plugin_calls_are_timed_under_both_names():
+    durations = PluginDurations()
+    metrics = EppMetrics(POOL, plugin_durations=durations)
+    score = durations.timed("Scorer", "queue-scorer", "q", lambda a, b: a + b)
+    assert score(1, 2) == 3
+    labels = {"extension_point": "Scorer", "plugin_type": "queue-scorer", "plugin_name": "q"}
+    assert value(metrics, "llm_d_epp_plugin_duration_seconds_count", **labels) == 1
+    assert value(metrics, "inference_extension_plugin_duration_seconds_count", **labels) == 1
+
+
+def test_scrape_failures_are_the_references_poll_and_extract_errors_and_ours_by_reason(metrics):
+    metrics.watch_scrapes(lambda: {"timeout": 2, "connection": 1, "unreadable": 4})
+    source = {"source_type": "metrics-data-source"}
+    extractor = {**source, "extractor_type": "core-metrics-extractor"}
+    assert value(metrics, "llm_d_epp_datalayer_poll_errors_total", **source) == 3
+    assert value(metrics, "llm_d_inference_scheduler_datalayer_poll_errors_total", **source) == 3
+    assert value(metrics, "llm_d_epp_datalayer_extract_errors_total", **extractor) == 4
+    assert value(
+        metrics, "llm_d_inference_scheduler_datalayer_extract_errors_total", **extractor
+    ) == 4  # fmt: skip
+    assert value(metrics, "epp_model_server_scrape_failures_total", reason="timeout") == 2
 
 
 def test_a_response_without_body_has_no_ttft(metrics):
