@@ -13,10 +13,15 @@ Per request (label children cached per label tuple):
   control, `request_error_total{error_code}` when it is answered with an error
   (the code is the dropped reason, or `bad-request`, `request-too-large`...;
   labels are empty when the body was never parsed), `request_duration_seconds`,
-  `request_input_tokens`, `request_output_tokens`, `request_ntpot_seconds`,
+  `request_input_tokens`, `request_output_tokens`, `request_cached_tokens`
+  (when the server reports them), `request_ntpot_seconds`,
   `response_size_bytes` at its end, `request_ttft_seconds{streaming}` (to the
   first response body bytes) and `request_streaming_tpot_seconds` (no twins),
-  `request_running` while it runs (twin: `model_name` only);
+  `request_streaming_itl_seconds` (no twin) as each SSE chunk arrives (the
+  stream adds to the histogram `chunk_gaps` hands it), `request_running`
+  while it runs (twin: `model_name` only);
+- `response_processing_duration_seconds` (no twin): the EPP's own time on
+  one response, summed over its messages, once per call;
 - `request_processing_duration_seconds` (no twin): from the end of the body to
   the flow-control outcome, queue wait included, as the reference measures;
 - flow control: `flow_control_request_queue_duration_seconds{fairness_id,
@@ -31,7 +36,9 @@ Per request (label children cached per label tuple):
   endpoint_name, namespace, port}` (twin: `pod_name` for `endpoint_name`) per
   dispatch (success) or per request no endpoint could take (failure);
   `scheduler_e2e_duration_seconds`, each call of the scheduler, tallied by
-  `TimedPlacer` and read at scrape time;
+  `TimedPlacer` and read at scrape time; `plugin_duration_seconds{
+  extension_point, plugin_type, plugin_name}`, each filter, scorer and picker
+  call, timed by the wrappers `PluginDurations.timed` gives the scheduler;
 - credits (ours, no twin): `epp_flow_control_credits_in_use{inference_pool,
   stage}` at scrape time, `decode` (per-endpoint credits) and, under P/D,
   `prefill` (see `epp.scheduling.stages`);
@@ -49,10 +56,14 @@ At scrape time: the pool's gauges (`average_kv_cache_utilization`,
 `model_server_endpoint`), and `flow_control_pool_saturation{inference_pool,
 stage="effective"}`. Besides the reference's, per endpoint with a good latest
 read: `epp_per_endpoint_kv_cache_utilization`, `epp_per_endpoint_running_requests`
-and `epp_per_endpoint_metrics_age_seconds` (how old the EPP's view is), and
-`epp_model_server_scrape_failures_total{reason}` (`watch_scrapes`: failed
-reads of model servers' pages: timeout, connection, http-status,
-not-prometheus-text, too-large, unreadable).
+and `epp_per_endpoint_metrics_age_seconds` (how old the EPP's view is).
+From the scraper (`watch_scrapes`): the reference's
+`datalayer_poll_errors_total{source_type}` and
+`datalayer_extract_errors_total{source_type, extractor_type}` (twins
+`llm_d_inference_scheduler_*`), and ours,
+`epp_model_server_scrape_failures_total{reason}` (timeout, connection,
+http-status, not-prometheus-text, too-large: poll errors; unreadable: an
+extract error), kept because the reason is what an operator acts on.
 With the adaptive gate (`watch_limits`), per endpoint
 (`inference_pool`, `endpoint`; no twin, the reference learns no limit):
 `flow_control_endpoint_limit` (the learned in-flight limit),
