@@ -27,17 +27,17 @@ from epp.scheduling.inflight import InFlightLoad
 @dataclass(slots=True, frozen=True)
 class PluginSpec:
     """A plugin as configured: `make(context, **arguments)` builds it.
-    `type` is its registry type name; empty for the built-in defaults, whose
-    name is their type."""
+    `type` is its registry type name; when not given, its name (the
+    built-in defaults are named after their type)."""
 
     name: str
     make: Callable[..., Any]
     arguments: tuple[tuple[str, Any], ...] = ()
     type: str = ""
 
-    @property
-    def type_name(self) -> str:
-        return self.type or self.name
+    def __post_init__(self) -> None:
+        if not self.type:
+            object.__setattr__(self, "type", self.name)
 
 
 PluginTimer = Callable[[str, str, str, Callable[..., Any]], Callable[..., Any]]

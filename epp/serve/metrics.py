@@ -719,8 +719,8 @@ class EppMetrics:
 
     def watch_scheduling(self, handler: PluginSpec) -> None:
         """Count disaggregation decisions when the profile `handler` disaggregates."""
-        disaggregates = handler.type_name in DISAGG_HANDLERS
-        self.disagg_handler = (handler.name, handler.type_name) if disaggregates else None
+        disaggregates = handler.type in DISAGG_HANDLERS
+        self.disagg_handler = (handler.name, handler.type) if disaggregates else None
 
     def _attempt(self, status: str, target: str, address: str | None) -> None:
         name, namespace, port = "", "", ""
