@@ -63,7 +63,7 @@ class Scheduler:
     same clock as the snapshot's `updated_at`), `rng` drives every random
     choice, and `concurrency`, when given, is the gate whose per-endpoint
     credits bound where a request may go. `plugin_timer`, when given, times
-    each filter, scorer and picker call (see `spec`).
+    each data producer, filter, scorer and picker call (see `spec`).
     """
 
     __slots__ = (
@@ -105,7 +105,10 @@ class Scheduler:
         self._pool = pool
         self._clock = clock
         context = BuildContext(config, rng, concurrency, clock=clock, load=load, timer=plugin_timer)
-        self._producers = tuple(context.build(producer).produce for producer in config.producers)
+        self._producers = tuple(
+            context.timed("DataProducer", producer, context.build(producer).produce)
+            for producer in config.producers
+        )
         self._runners = {
             profile.name: ProfileRunner(self, profile, context, concurrency)
             for profile in config.profiles
