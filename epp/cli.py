@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
     "serve": ("epp.serve.command", "run the EPP: ext_proc for Envoy, health, metrics"),
     "demo": ("epp.demo.command", "run the EPP live behind Envoy with simulated model servers"),
+    "sidecar": (
+        "epp.demo.sidecar",
+        "run the P/D routing sidecar in front of a decode server (x-prefiller-host-port)",
+    ),
 }
 """name -> (module, one-line help)."""
 

@@ -609,6 +609,7 @@ GATE_FIELDS = frozenset(
         "maxInFlight",
         "maxPerEndpoint",
         "maxPerPrefillEndpoint",
+        "prefillTimeout",
         "queueDepthThreshold",
         "kvCacheUtilThreshold",
         "metricsStalenessThreshold",
@@ -646,7 +647,21 @@ def _gate(reader: _Reader, value: Any) -> GateConfig:
             "flowControl.gate.maxPerPrefillEndpoint",
             defaults.max_per_prefill_endpoint,
         ),
+        prefill_timeout=_positive_duration(
+            reader,
+            fields.get("prefillTimeout"),
+            "flowControl.gate.prefillTimeout",
+            defaults.prefill_timeout,
+        ),
     )
+
+
+def _positive_duration(reader: _Reader, value: Any, path: str, default: float) -> float:
+    seconds = reader.duration(value, path, default)
+    if seconds is None or seconds <= 0:
+        reader.fail(path, f"must be a positive duration, got {value!r}")
+        return default
+    return seconds
 
 
 GATE_THRESHOLDS = {

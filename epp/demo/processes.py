@@ -44,19 +44,21 @@ class Part(Protocol):
     async def stop(self) -> None: ...
 
 
-async def serve_until_signalled(parts: Sequence[Part], ready_file: str) -> None:
+async def serve_until_signalled(parts: Sequence[Part], ready_file: str | None) -> None:
     """The child's side of the ready-file protocol: start `parts`, announce
-    their ports atomically in `ready_file`, and serve until SIGTERM or SIGINT."""
+    their ports atomically in `ready_file` (if given), and serve until
+    SIGTERM or SIGINT."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
         ports = [await part.start() for part in parts]
-        path = Path(ready_file)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({"ports": ports, "pid": os.getpid()}))
-        temporary.replace(path)
+        if ready_file is not None:
+            path = Path(ready_file)
+            temporary = path.with_name(path.name + ".tmp")
+            temporary.write_text(json.dumps({"ports": ports, "pid": os.getpid()}))
+            temporary.replace(path)
         await stop.wait()
     finally:
         for part in parts:

@@ -20,12 +20,22 @@ A request without the header, and every other path (`/metrics`, `/health`,
 `/v1/models`), goes to the decode server unchanged, so the EPP scrapes the
 decode server through its sidecar as it would in a pod.
 
-    python -m epp.demo.sidecar --decoders 127.0.0.1:8200,... --ready-file F
+    epp sidecar [--port 8000] [--model-server-port 8200]
 
-runs one sidecar per decode server on free loopback ports, in one process,
-and writes `{"ports": [...], "pid": N}` (in the decoders' order); SIGTERM
-stops them. Counters: `remote_prefills` (legs that succeeded), `fallbacks`,
-`local` (requests without the header), in `Sidecar.stats`.
+runs one sidecar as the reference's runs in a decode pod: on `--port`, in
+front of the decode server at localhost:`--model-server-port` (the
+reference's flags and defaults; `--vllm-port` is its deprecated name).
+
+    epp sidecar --decoders 127.0.0.1:8200,... --ready-file F
+
+runs one sidecar per decode server on free ports, in one process (the
+demo's way; `python -m epp.demo.sidecar` is the same command). With
+`--ready-file`, once listening it writes `{"ports": [...], "pid": N}` (in
+the decoders' order); SIGTERM or SIGINT stops them. `--prefill-timeout`
+bounds a prefill leg (then the decode server prefills locally), 60 s as the
+EPP's `flowControl.gate.prefillTimeout`. Counters: `remote_prefills` (legs
+that succeeded), `fallbacks`, `local` (requests without the header), in
+`Sidecar.stats`.
 """
 
 from __future__ import annotations
@@ -33,12 +43,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from epp.config.units import parse_duration
 from epp.demo.processes import serve_until_signalled
 
 PREFILLER_HEADER = "x-prefiller-host-port"
@@ -103,17 +115,26 @@ class Sidecar:
     """One sidecar in front of the decode server at `decoder` (host:port)."""
 
     def __init__(
-        self, decoder: str, prefill_retries: int = 1, prefill_timeout_s: float = 60.0
+        self,
+        decoder: str,
+        prefill_retries: int = 1,
+        prefill_timeout_s: float = 60.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.decoder = decoder
         self.prefill_retries = prefill_retries
         self.prefill_timeout_s = prefill_timeout_s
+        self.host = host
+        self.listen_port = port
         self.stats = SidecarStats()
         self.port = 0
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+    async def start(self) -> int:
+        """Listen on the host and port it was given (port 0: a free one); the bound port."""
+        host, port = self.host, self.listen_port
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
             connector=aiohttp.TCPConnector(limit=0),
@@ -207,24 +228,94 @@ class Sidecar:
             )
 
 
-async def _serve(decoders: list[str], ready_file: str, retries: int) -> None:
-    sidecars = [Sidecar(decoder, retries) for decoder in decoders]
+DEFAULT_PORT = 8000
+DEFAULT_MODEL_SERVER_PORT = 8200
+"""The reference sidecar's defaults: it listens on 8000 in front of the
+decode server on localhost:8200."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the port the sidecar listens on (default {DEFAULT_PORT}; 0: a free port)",
+    )
+    parser.add_argument(
+        "--model-server-port",
+        type=int,
+        default=None,
+        help=f"the decode server's port on localhost (default {DEFAULT_MODEL_SERVER_PORT})",
+    )
+    parser.add_argument(
+        "--vllm-port", type=int, default=None, help="deprecated: use --model-server-port"
+    )
+    parser.add_argument(
+        "--decoders",
+        default=None,
+        help="host:port,... of several decode servers: one sidecar each on a free port "
+        "(instead of --port and --model-server-port)",
+    )
+    parser.add_argument(
+        "--bind-address", default="0.0.0.0", help="the address the sidecars listen on"
+    )
+    parser.add_argument(
+        "--ready-file",
+        default=None,
+        help='once listening, write {"ports": [...], "pid": N} there',
+    )
+    parser.add_argument(
+        "--prefill-retries", type=int, default=1, help="retries of a 502/503/504 prefill"
+    )
+    parser.add_argument(
+        "--prefill-timeout",
+        default="60s",
+        help="the longest a prefill leg may take before the decode server prefills locally "
+        "(a Go duration, as the EPP's flowControl.gate.prefillTimeout; default 60s)",
+    )
+
+
+def sidecars_of(args: argparse.Namespace) -> list[Sidecar]:
+    """The sidecars the arguments ask for; ValueError naming the flag at fault."""
+    try:
+        timeout = parse_duration(args.prefill_timeout)
+    except ValueError as error:
+        raise ValueError(f"--prefill-timeout: {error}") from None
+    if timeout <= 0:
+        raise ValueError(f"--prefill-timeout: must be positive, got {args.prefill_timeout!r}")
+    if args.prefill_retries < 0:
+        raise ValueError(f"--prefill-retries: must not be negative, got {args.prefill_retries}")
+    host = args.bind_address
+    if args.decoders is not None:
+        if args.model_server_port is not None or args.vllm_port is not None:
+            raise ValueError("--decoders names the decode servers: drop --model-server-port")
+        decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+        if not decoders:
+            raise ValueError("--decoders: none given")
+        return [Sidecar(d, args.prefill_retries, timeout, host) for d in decoders]
+    port = args.model_server_port or args.vllm_port or DEFAULT_MODEL_SERVER_PORT
+    decoder = f"127.0.0.1:{port}"
+    return [Sidecar(decoder, args.prefill_retries, timeout, host, args.port)]
+
+
+async def _serve(sidecars: list[Sidecar], ready_file: str | None) -> None:
     await serve_until_signalled(sidecars, ready_file)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sidecars = sidecars_of(args)
+    except ValueError as error:
+        print(f"epp sidecar: {error}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(sidecars, args.ready_file))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m epp.demo.sidecar")
-    parser.add_argument("--decoders", required=True, help="host:port,... of the decode servers")
-    parser.add_argument("--ready-file", required=True, help="where to write the bound ports")
-    parser.add_argument(
-        "--prefill-retries", type=int, default=1, help="retries of a 502/503/504 prefill"
-    )
-    args = parser.parse_args(argv)
-    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    if not decoders:
-        parser.error("--decoders: none given")
-    asyncio.run(_serve(decoders, args.ready_file, args.prefill_retries))
-    return 0
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -183,7 +183,9 @@ class LiveStack:
             return
         decoders = ",".join(self.servers[i] for i in decoding)
         self.sidecars = await start_child(
-            "sidecars", ["-m", "epp.demo.sidecar", "--decoders", decoders], self.workdir
+            "sidecars",
+            ["-m", "epp.demo.sidecar", "--decoders", decoders, "--bind-address", "127.0.0.1"],
+            self.workdir,
         )
         for index, port in zip(decoding, self.sidecars.ready["ports"], strict=True):
             self.endpoints[index] = f"127.0.0.1:{port}"

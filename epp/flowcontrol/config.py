@@ -62,7 +62,9 @@ class GateConfig:
     read (nothing to learn from).
     `max_per_prefill_endpoint`: under prefill/decode disaggregation, the
     requests in their prefill stage per prefill endpoint (0 = unlimited;
-    see `epp.scheduling.stages`).
+    see `epp.scheduling.stages`); `prefill_timeout`: the longest a request
+    holds its prefill credit when the decode server's response does not
+    begin (seconds).
     `utilization`: the pool's saturation from scraped waiting queue and
     KV-cache usage, against the one set of saturation thresholds (the
     saturation filter's, `epp.scheduling.saturation`).
@@ -73,6 +75,7 @@ class GateConfig:
     max_in_flight: int = 0
     max_per_endpoint: int = 32
     max_per_prefill_endpoint: int = 8
+    prefill_timeout: float = 60.0
     usage_limits: UsageLimitPolicy = DEFAULT_USAGE_LIMITS
     """The share of each endpoint's learned limit each band may use
     (adaptive), or each band's ceiling on the detector's saturation."""

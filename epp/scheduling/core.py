@@ -53,13 +53,21 @@ class Core:
     load: InFlightLoad | None = None
     """What is in flight per endpoint, when a scheduling plugin reads it."""
     plugin_timer: PluginTimer | None = None
+    max_per_prefill_endpoint: int = 0
+    """The prefill credits per prefill endpoint a disaggregating reload gets."""
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
         reload), and read utilization against its saturation thresholds; the
         gate and its credits stay, so nothing in flight is lost. A reload
         that first names a plugin reading the in-flight load counts from
-        then on."""
+        then on; one that first disaggregates gets the prefill stage's
+        credits from then on (they stay if a later reload stops)."""
+        if self.prefill_credits is None:
+            gate, prefill = stage_gate(self.gate, self.max_per_prefill_endpoint, config)
+            if prefill is not None:
+                self.gate = self.controller.gate = gate
+                self.prefill_credits = prefill
         self.scheduler = Scheduler(
             config,
             self.pool,
@@ -147,5 +155,14 @@ def build_core(
     gate = with_load(gate, scheduler.load)
     controller = FlowController(flow_control, gate, scheduler, on_flows_collected)
     return Core(
-        controller, gate, credits, scheduler, pool, clock, prefill, scheduler.load, plugin_timer
+        controller,
+        gate,
+        credits,
+        scheduler,
+        pool,
+        clock,
+        prefill,
+        scheduler.load,
+        plugin_timer,
+        flow_control.gate.max_per_prefill_endpoint,
     )

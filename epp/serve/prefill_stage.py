@@ -5,7 +5,9 @@ endpoint's prefill credits from its dispatch (`epp.scheduling.stages`). Its
 prefill is over when the decode server's response begins (the ext_proc
 stream's `PrefillDone`, at the response headers: the sidecar sends the
 decode leg only once the prefill has answered), or, if that never comes,
-`timeout_s` after the dispatch; then the credit returns and the core
+`timeout_s` after the dispatch (`flowControl.gate.prefillTimeout`, 60 s by
+default, as long as the routing sidecar waits for a prefill); then the
+credit returns and the core
 dispatches what can go. At the latest the credit returns when the request
 ends (the gate's `on_complete`).
 
@@ -21,10 +23,6 @@ from collections.abc import Callable
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.stages import PrefillCredits, prefiller_of
 
-PREFILL_TIMEOUT_S = 60.0
-"""The longest a request holds a prefill credit without a response; the
-routing sidecar gives up on a prefill after as long."""
-
 
 class PrefillStage:
     __slots__ = ("_poke", "_timers", "credits", "timeout_s")
@@ -33,7 +31,7 @@ class PrefillStage:
         self,
         credits: PrefillCredits,
         poke: Callable[[], None],
-        timeout_s: float = PREFILL_TIMEOUT_S,
+        timeout_s: float,
     ) -> None:
         self.credits = credits
         self.timeout_s = timeout_s

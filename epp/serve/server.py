@@ -279,31 +279,17 @@ class EppServer:
         self.metrics.watch_sessions(lambda: bindings_of(self.scheduler.plugins))
         self.metrics.watch_scheduling(self.config.scheduling.handler)
         self.core.on_flows_collected = self.metrics.on_flows_collected
-        on_outcome = at_end_of_turn(self.metrics.on_outcome)
-        on_complete = self.metrics.on_complete
+        self._metrics_outcome = at_end_of_turn(self.metrics.on_outcome)
         self.prefill_stage: PrefillStage | None = None
-        if self.prefill_credits is not None:
-            stage = self.prefill_stage = PrefillStage(
-                self.prefill_credits, lambda: self.admission.poke()
-            )
-            metrics_outcome, metrics_complete = on_outcome, on_complete
-
-            def on_outcome(request: FlowRequest, now: float) -> None:
-                stage.on_outcome(request, now)
-                metrics_outcome(request, now)
-
-            def on_complete(request: FlowRequest) -> None:
-                stage.on_complete(request)
-                metrics_complete(request)
-
         self.admission = AdmissionController(
             self.core,
-            on_outcome=on_outcome,
-            on_complete=on_complete,
+            on_outcome=self._on_outcome,
+            on_complete=self._on_complete,
             on_queued=self.metrics.on_queued,
             evictor=Evictor(*eviction) if (eviction := self.config.flow_plugins.eviction) else None,
             on_evict=lambda request: self.service.evict(request),
         )
+        self._follow_prefill_stage()
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(
             max_body_bytes=options.max_body_bytes,
@@ -319,10 +305,35 @@ class EppServer:
             self.settings,
             listener=self._stream_event,
             screen=self.screen,
-            on_prefill_done=self.prefill_stage.prefill_done if self.prefill_stage else None,
+            on_prefill_done=self._prefill_done,
             on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
             on_response_processed=self.metrics.on_response_processed,
         )
+
+    def _follow_prefill_stage(self) -> None:
+        """Time the prefill stage once the core has prefill credits: from the
+        start, or from the reload that first disaggregates."""
+        credits = self.prefill_credits = self.wired.prefill_credits
+        if credits is not None and self.prefill_stage is None:
+            self.prefill_stage = PrefillStage(
+                credits, self.admission.poke, self.config.flow_control.gate.prefill_timeout
+            )
+
+    def _on_outcome(self, request: FlowRequest, now: float) -> None:
+        stage = self.prefill_stage
+        if stage is not None:
+            stage.on_outcome(request, now)
+        self._metrics_outcome(request, now)
+
+    def _on_complete(self, request: FlowRequest) -> None:
+        stage = self.prefill_stage
+        if stage is not None:
+            stage.on_complete(request)
+        self.metrics.on_complete(request)
+
+    def _prefill_done(self, request: FlowRequest) -> None:
+        if self.prefill_stage is not None:
+            self.prefill_stage.prefill_done(request)
 
     def _stream_event(self, event: Rejected | Release) -> None:
         """A request ended: metrics, and the adaptive gate learns the
@@ -455,9 +466,11 @@ class EppServer:
     def reload_config(self) -> None:
         new = self._load_config()
         old = self.config
-        if new.flow_control.gate != old.flow_control.gate:
+        gate, old_gate = new.flow_control.gate, old.flow_control.gate
+        if replace(gate, prefill_timeout=old_gate.prefill_timeout) != old_gate:
             log.warning("%s: gate changes apply at the next restart", self.options.config_file)
-            new = replace(new, flow_control=replace(new.flow_control, gate=old.flow_control.gate))
+            gate = replace(old_gate, prefill_timeout=gate.prefill_timeout)
+            new = replace(new, flow_control=replace(new.flow_control, gate=gate))
         if new.flow_plugins.eviction != old.flow_plugins.eviction:
             log.warning(
                 "%s: enableEviction changes apply at the next restart", self.options.config_file
@@ -472,11 +485,15 @@ class EppServer:
                 new.scheduling, random.Random(self._rng.randrange(1 << 63))
             )
             self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
+            self.gate = self.wired.gate
             self.metrics.watch_scheduling(new.scheduling.handler)
         if new.parsers != old.parsers:
             self.settings = replace(self.settings, parsers=parser_set(new.parsers))
             self.service.settings = self.settings
         self.config = new
+        self._follow_prefill_stage()
+        if self.prefill_stage is not None:
+            self.prefill_stage.timeout_s = gate.prefill_timeout
         self.admission.reconfigure(new.flow_control)
 
     def any_endpoint(self) -> str | None:

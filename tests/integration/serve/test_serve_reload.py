@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.request import InferenceRequest
 from epp.serve.server import EppServer, ServeOptions, StartupError, read_endpoints
 
 CONFIG = """\
@@ -188,3 +189,61 @@ def test_an_endpoint_file_may_be_an_endpoints_document_with_labels(tmp_path):
     [spec] = read_endpoints(f"@{path}")
     assert (spec.name, spec.address) == ("a", "10.0.0.1:80")
     assert spec.labels == {"llm-d.ai/engine-type": "trtllm-serve"}
+
+
+PD_CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+flowControl:
+  gate: {kinds: [concurrency], maxPerEndpoint: 4, maxPerPrefillEndpoint: 2, prefillTimeout: 7s}
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: always-disagg-pd-decider
+- type: disagg-profile-handler
+  name: pd
+  parameters:
+    deciders: {prefill: always-disagg-pd-decider}
+schedulingProfiles:
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}]
+"""
+SINGLE_CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+flowControl:
+  gate: {kinds: [concurrency], maxPerEndpoint: 4, maxPerPrefillEndpoint: 2, prefillTimeout: 7s}
+"""
+ROLES = """\
+endpoints:
+- {name: d, address: 10.0.0.1, port: '8000', labels: {llm-d.ai/role: decode}}
+- {name: p, address: 10.0.0.2, port: '8000', labels: {llm-d.ai/role: prefill}}
+"""
+
+
+def pd_request(name: str) -> FlowRequest:
+    payload = InferenceRequest("m", "m", prompt="p" * 400, input_tokens=100)
+    return FlowRequest(name, "tenant", 0, arrival=0.0, byte_size=10, payload=payload)
+
+
+async def test_a_reload_that_turns_disaggregation_on_bounds_and_times_the_prefill_stage(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(SINGLE_CONFIG)
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(ROLES)
+    server = EppServer(
+        ServeOptions(config_file=str(config), pool_name="pd-pool", endpoints=f"@{endpoints}")
+    )
+    assert server.prefill_credits is None and server.prefill_stage is None
+    server.watch_files()
+    write(config, PD_CONFIG)
+    server.watcher.check()
+    assert server.prefill_stage is not None and server.prefill_stage.timeout_s == 7.0
+    outcomes = [server.admission.offer(pd_request(str(n))) for n in range(3)]
+    assert [o is not None and o.is_dispatched for o in outcomes] == [True, True, False]
+    assert server.prefill_credits is not None
+    assert server.prefill_credits.in_flight_at("10.0.0.2:8000") == 2  # its two credits
+    assert server.prefill_stage.timed == 2

@@ -408,3 +408,15 @@ def test_a_zero_no_endpoint_request_ttl_stays_zero() -> None:
         config(flowControl={"defaultRequestTTL": "20s", "noEndpointRequestTTL": "0s"})
     ).flow_control
     assert parsed.empty_pool_ttl == 0.0
+
+
+def test_the_prefill_timeout_is_a_gate_field_read_as_a_go_duration() -> None:
+    parsed = parse_config(config(flowControl={"gate": {"prefillTimeout": "1m30s"}}))
+    assert parsed.flow_control.gate.prefill_timeout == 90.0
+    assert parse_config(config()).flow_control.gate.prefill_timeout == 60.0
+
+
+@pytest.mark.parametrize("value", ["0s", "-1s", "soon"])
+def test_a_prefill_timeout_that_is_no_positive_duration_is_refused(value: str) -> None:
+    errors = errors_of(config(flowControl={"gate": {"prefillTimeout": value}}))
+    assert any("flowControl.gate.prefillTimeout" in error for error in errors)

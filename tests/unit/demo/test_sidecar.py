@@ -4,6 +4,7 @@ decode server does both. Real simulated servers on loopback."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import aiohttp
@@ -12,7 +13,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.model_server import SimulatedServer
-from epp.demo.sidecar import PREFILLER_HEADER, Sidecar, prefill_body
+from epp.demo.processes import start_child
+from epp.demo.sidecar import PREFILLER_HEADER, Sidecar, add_arguments, prefill_body, run
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ServerParams
 
@@ -106,3 +108,45 @@ async def test_other_paths_reach_the_decode_server(pd, path):
     _, _, sidecar, session = pd
     async with session.get(f"http://127.0.0.1:{sidecar.port}{path}") as response:
         assert response.status == 200
+
+
+async def test_epp_sidecar_on_a_free_port_in_front_of_a_model_server_routes_a_prefill(tmp_path):
+    prefill = SimulatedServer(PARAMS)
+    decode = SimulatedServer(PARAMS, kv_transfer=KvTransfer(fixed_ms=1.0))
+    await prefill.start()
+    await decode.start()
+    child = await start_child(
+        "epp sidecar",
+        ["-m", "epp", "sidecar", "--port", "0", "--model-server-port", str(decode.port),
+         "--bind-address", "127.0.0.1", "--prefill-timeout", "5s"],
+        tmp_path,
+    )  # fmt: skip
+    try:
+        (port,) = child.ready["ports"]
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        headers = {PREFILLER_HEADER: f"127.0.0.1:{prefill.port}"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=BODY, headers=headers) as response:
+                assert response.status == 200
+                assert (await response.json())["usage"]["completion_tokens"] == 5
+            assert await remote_prefills(session, prefill) == 1
+        assert decode.model.finished_total == 1
+    finally:
+        await child.stop()
+        await decode.stop()
+        await prefill.stop()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fault"),
+    [
+        (["--prefill-timeout", "0s"], "--prefill-timeout"),
+        (["--prefill-timeout", "1.5"], "--prefill-timeout"),
+        (["--decoders", "127.0.0.1:1", "--model-server-port", "2"], "--decoders"),
+    ],
+)
+def test_epp_sidecar_refuses_unusable_flags_naming_them(arguments, fault, capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(arguments)) == 2
+    assert fault in capsys.readouterr().err

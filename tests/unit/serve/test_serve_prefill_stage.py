@@ -26,7 +26,7 @@ def dispatched(credits: PrefillCredits) -> FlowRequest:
 
 async def test_the_prefill_credit_returns_once_and_the_core_is_poked():
     credits, pokes = PrefillCredits(1), []
-    stage = PrefillStage(credits, lambda: pokes.append(1))
+    stage = PrefillStage(credits, lambda: pokes.append(1), timeout_s=60.0)
     request = dispatched(credits)
     stage.on_outcome(request, 0.0)
     assert not credits.has_room(PREFILLER)
@@ -45,7 +45,7 @@ async def test_without_a_response_the_credit_returns_after_the_timeout():
 
 async def test_a_request_that_ends_drops_its_timer():
     credits = PrefillCredits(1)
-    stage = PrefillStage(credits, lambda: None)
+    stage = PrefillStage(credits, lambda: None, timeout_s=60.0)
     request = dispatched(credits)
     stage.on_outcome(request, 0.0)
     credits.on_complete(request)
