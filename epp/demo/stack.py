@@ -118,7 +118,10 @@ def read_epp_metrics(text: str) -> EppMetricsView:
                 queued += sample.value
             elif sample.name == "llm_d_epp_request_running":
                 running += sample.value
-            elif sample.name == "llm_d_epp_flow_control_pool_saturation":
+            elif (
+                sample.name == "llm_d_epp_flow_control_pool_saturation"
+                and sample.labels.get("stage") == "effective"
+            ):
                 saturation = sample.value
     return EppMetricsView(queued, running, saturation)
 

@@ -53,7 +53,7 @@ from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import unsaturated
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
 from epp.scheduling.spec import BuildContext, PluginTimer
-from epp.scheduling.stages import PrefillCredits
+from epp.scheduling.stages import DECODE, PREFILL, PrefillCredits
 
 
 class Scheduler:
@@ -88,6 +88,7 @@ class Scheduler:
         "picks",
         "priority_now",
         "scorers",
+        "waiting_for",
     )
 
     def __init__(
@@ -120,6 +121,7 @@ class Scheduler:
             prefill = self._runners.get(handler.prefill)
             if prefill is not None:
                 prefill.credits = prefill_credits
+                prefill.stage = PREFILL
         self._single = (
             next(iter(self._runners.values()))
             if isinstance(self._handler, SingleProfileHandler)
@@ -145,6 +147,9 @@ class Scheduler:
         self.priority_now = 0
         """The band of the request being placed (the credits depend on it)."""
         """The profiles' choices for the request being placed."""
+        self.waiting_for: str | None = None
+        """The stage (`decode`, `prefill`) whose lack of room made the latest
+        choice wait; None when it did not wait."""
 
     @property
     def plugins(self) -> Mapping[str, object]:
@@ -167,6 +172,7 @@ class Scheduler:
         """The endpoint for `request` of band `priority`, an Outcome that
         ends it, or None to wait."""
         self.priority_now = priority
+        self.waiting_for = None
         pool = self._pool()
         if pool.membership != self._membership:
             self._forget_departed(pool)
@@ -180,6 +186,7 @@ class Scheduler:
                 return Outcome.REJECTED_NO_ENDPOINTS
             healthy = in_subset(healthy, request.subset)
         if not endpoints:
+            self.waiting_for = DECODE
             return None
         self.healthy_now = healthy
         self.endpoints_now = endpoints
@@ -259,6 +266,7 @@ class ProfileRunner:
         "credits",
         "name",
         "scorers",
+        "stage",
     )
 
     def __init__(
@@ -273,6 +281,8 @@ class ProfileRunner:
         self.credits = concurrency
         """The credits this profile's choice must respect (the prefill profile's are
         the prefill stage's)."""
+        self.stage = DECODE
+        """The stage whose credits `credits` are."""
         self.scorers: tuple[tuple[float, Scorer], ...] = tuple(
             (scorer.weight, context.build(scorer.plugin)) for scorer in profile.scorers
         )
@@ -348,6 +358,7 @@ class ProfileRunner:
             if not gate.has_room(chosen.address, priority):
                 candidates = with_room(candidates, gate, priority)
                 if not candidates:
+                    source.waiting_for = self.stage
                     return None
                 chosen = candidates[self._pick(self.total_scores(request, candidates))]
         if source._single is None:

@@ -30,10 +30,35 @@ from collections.abc import Sequence
 from epp.flowcontrol.gate import AllGates, E, Gate, gate_parts
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
+from epp.scheduling.endpoint import PoolSnapshot
+from epp.scheduling.filters import DECODE_ROLES, PREFILL_ROLES, ROLE_LABEL
 from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler
 from epp.scheduling.request import InferenceRequest
 
 DISAGG_HANDLERS = frozenset({"disagg-profile-handler", "pd-profile-handler"})
+
+DECODE = "decode"
+PREFILL = "prefill"
+
+
+def stage_pools(pool: PoolSnapshot) -> dict[str, PoolSnapshot]:
+    """The pool's endpoints by the stage they serve, as the role filters
+    choose them (decode: `llm-d.ai/role` a decode role, or none; prefill: a
+    prefill role; a pod serving both is in both; encode-only pods in
+    neither), as the reference partitions them for its per-stage
+    saturation. A stage without endpoints is left out."""
+    parts: dict[str, list] = {DECODE: [], PREFILL: []}
+    for endpoint in pool.endpoints:
+        role = endpoint.labels.get(ROLE_LABEL)
+        if role is None or role in DECODE_ROLES:
+            parts[DECODE].append(endpoint)
+        if role in PREFILL_ROLES:
+            parts[PREFILL].append(endpoint)
+    return {
+        stage: PoolSnapshot(tuple(endpoints), pool.version, pool.membership)
+        for stage, endpoints in parts.items()
+        if endpoints
+    }
 
 
 def disaggregates(config: SchedulingConfig) -> bool:

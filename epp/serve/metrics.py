@@ -54,7 +54,14 @@ At scrape time: the pool's gauges (`average_kv_cache_utilization`,
 `ready_endpoints` over the endpoints whose metrics are fresh, and
 `per_endpoint_queue_size` for every endpoint; labels `name` and
 `model_server_endpoint`), and `flow_control_pool_saturation{inference_pool,
-stage="effective"}`. Besides the reference's, per endpoint with a good latest
+stage}`: `effective` as the configured gate sees it, and, with a `StageView`
+(`watch_core`), `decode` and `prefill` over each stage's endpoints (the
+saturation rule, partitioned by role as the reference does), with
+`flow_control_stale_endpoints{detector}` (no twin) and ours,
+`epp_flow_control_queue_size_by_stage{inference_pool, stage}`: the queued
+requests under the stage whose lack of room holds the queue (`decode`,
+`prefill`: the head request waits for that stage's credit; `effective`: the
+gate is closed). Besides the reference's, per endpoint with a good latest
 read: `epp_per_endpoint_kv_cache_utilization`, `epp_per_endpoint_running_requests`
 and `epp_per_endpoint_metrics_age_seconds` (how old the EPP's view is).
 From the scraper (`watch_scrapes`): the reference's
@@ -96,6 +103,7 @@ import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from enum import Enum
 from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
@@ -778,9 +786,11 @@ class EppMetrics:
                 if labels[0] != OTHER:
                     family.remove(labels)
 
-    def watch_core(self, saturation: Callable[[], float]) -> None:
-        """Report the pool's saturation as the gate sees it, at scrape time."""
-        self.registry.register(_SaturationCollector(self.pool_name, saturation))
+    def watch_core(self, saturation: Callable[[], float], stages: StageView | None = None) -> None:
+        """Report the pool's saturation as the gate sees it, and with
+        `stages` per stage, the stale endpoints and the queue by the stage
+        holding it, at scrape time."""
+        self.registry.register(_SaturationCollector(self.pool_name, saturation, stages))
 
     def watch_limits(self, gate: AdaptiveGate) -> None:
         """Report the adaptive gate's learned limits at scrape time."""
@@ -876,21 +886,63 @@ def _twins(name: str, legacy: str | None, documentation: str, labels: list[str])
     return families
 
 
+@dataclass(slots=True, frozen=True)
+class StageView:
+    """What the pool-saturation collector reads per stage, at scrape time."""
+
+    saturation: Callable[[], Mapping[str, float]]
+    """Each stage's saturation (`decode`, and `prefill` when the pool has
+    prefill endpoints)."""
+    stale: Callable[[], tuple[str, int]]
+    """(who reads staleness, how many endpoints' metrics are stale)."""
+    queued: Callable[[], Mapping[str, int]]
+    """The queued requests by the stage whose lack of room holds them."""
+
+
 class _SaturationCollector(Collector):
-    def __init__(self, pool_name: str, saturation: Callable[[], float]) -> None:
+    def __init__(
+        self, pool_name: str, saturation: Callable[[], float], stages: StageView | None
+    ) -> None:
         self._pool_name = pool_name
         self._saturation = saturation
+        self._stages = stages
 
     def collect(self) -> Iterator[Metric]:
-        value = self._saturation()
+        readings = {"effective": self._saturation()}
+        stages = self._stages
+        if stages is not None:
+            readings.update(stages.saturation())
         for family in _twins(
             "flow_control_pool_saturation",
             "inference_extension_flow_control_pool_saturation",
-            "The pool's saturation as the gate sees it (1.0 and above: saturated).",
+            "The pool's saturation: effective as the gate sees it (1.0 and above: "
+            "saturated); prefill and decode over each stage's endpoints.",
             ["inference_pool", "stage"],
         ):
-            family.add_metric([self._pool_name, "effective"], value)
+            for stage, value in readings.items():
+                family.add_metric([self._pool_name, stage], value)
             yield family
+        if stages is None:
+            return
+        reader, count = stages.stale()
+        stale = GaugeMetricFamily(
+            CURRENT + "flow_control_stale_endpoints",
+            "Endpoints whose metrics are missing or older than the staleness threshold "
+            "(scored as saturated).",
+            labels=["detector"],
+        )
+        stale.add_metric([reader], count)
+        yield stale
+        queued = GaugeMetricFamily(
+            "epp_flow_control_queue_size_by_stage",
+            "Requests waiting in flow control, by the stage that holds the queue: decode or "
+            "prefill (the request at the head waits for that stage's room), effective (the "
+            "gate is closed).",
+            labels=["inference_pool", "stage"],
+        )
+        for stage, count in stages.queued().items():
+            queued.add_metric([self._pool_name, stage], count)
+        yield queued
 
 
 class _LimitsCollector(Collector):

@@ -83,7 +83,9 @@ from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
+from epp.scheduling.saturation import pool_saturation
 from epp.scheduling.sessions import bindings_of
+from epp.scheduling.stages import DECODE, PREFILL, stage_pools
 from epp.serve.admission import AdmissionController
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -92,6 +94,7 @@ from epp.serve.metrics import (
     Authorize,
     EppMetrics,
     PluginDurations,
+    StageView,
     Tally,
     TimedPlacer,
     serve_metrics,
@@ -271,7 +274,10 @@ class EppServer:
             scheduler_latency=self.scheduler_latency,
             plugin_durations=self.plugin_durations,
         )
-        self.metrics.watch_core(lambda: self.wired.saturation())
+        self.metrics.watch_core(
+            lambda: self.wired.saturation(),
+            StageView(self._stage_saturation, self._stale_endpoints, self._queued_by_stage),
+        )
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         if isinstance(self.credits, AdaptiveGate):
             self.metrics.watch_limits(self.credits)
@@ -309,6 +315,37 @@ class EppServer:
             on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
             on_response_processed=self.metrics.on_response_processed,
         )
+
+    def _stage_saturation(self) -> dict[str, float]:
+        """Each stage's saturation: the saturation rule over its endpoints,
+        with the saturation filter's thresholds."""
+        now = time.monotonic()
+        thresholds = self.config.scheduling.saturation
+        return {
+            stage: pool_saturation(part, now, thresholds)[0]
+            for stage, part in stage_pools(self.store.snapshot()).items()
+        }
+
+    def _stale_endpoints(self) -> tuple[str, int]:
+        """The endpoints the saturation filter counts stale (and saturated)."""
+        now = time.monotonic()
+        staleness = self.config.scheduling.saturation.staleness
+        endpoints = self.store.snapshot().endpoints
+        return "saturation-filter", sum(e.metrics.is_stale(now, staleness) for e in endpoints)
+
+    def _queued_by_stage(self) -> dict[str, int]:
+        """The queued requests under the stage that holds them: the one the
+        scheduler last waited for, else the gate (`effective`)."""
+        stages = dict.fromkeys(
+            (DECODE, PREFILL, "effective")
+            if self.prefill_credits is not None
+            else (DECODE, "effective"),
+            0,
+        )
+        queued = self.core.queued_requests
+        if queued:
+            stages[self.scheduler.waiting_for or "effective"] = queued
+        return stages
 
     def _follow_prefill_stage(self) -> None:
         """Time the prefill stage once the core has prefill credits: from the

@@ -3,7 +3,8 @@ reference's P/D sample configuration, two stand-in model servers labelled
 `llm-d.ai/role: prefill` and `decode` (the file-discovery format of
 `--endpoints @FILE`). A long uncached prompt goes to the decode server with
 the prefill server in `x-prefiller-host-port`, as the decode pod's sidecar
-expects; the same prompt again is cached there and goes without."""
+expects; the same prompt again is cached there and goes without. The EPP's
+pool saturation reads each stage."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import running_epp
@@ -54,7 +56,16 @@ async def test_a_long_prompt_is_prefilled_elsewhere_and_the_decode_pod_is_told(t
             for _ in range(2):
                 async with session.post(url, data=body) as response:
                     assert response.status == 200, await response.text()
+            async with session.get(epp.metrics_url) as response:
+                metrics = await response.text()
     assert prefill.received == []
+    stages = {
+        sample.labels["stage"]
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "llm_d_epp_flow_control_pool_saturation"
+    }
+    assert stages == {"effective", "decode", "prefill"}
     first, second = ({k.lower(): v for k, v in r["headers"].items()} for r in decode.received)
     assert first.get("x-prefiller-host-port") == prefill.address
     assert "x-prefiller-host-port" not in second

@@ -17,7 +17,7 @@ from epp.scheduling.core import build_gate
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.stages import PrefillCredits, prefiller_of, stage_gate
+from epp.scheduling.stages import PrefillCredits, prefiller_of, stage_gate, stage_pools
 
 NOW = 10.0
 PD_CONFIG = Path(__file__).resolve().parents[3] / "config" / "scenarios" / "pd-epp.yaml"
@@ -144,3 +144,29 @@ def test_no_endpoint_ever_holds_more_than_its_credits_in_either_stage(
         prefill = Counter(prefiller_of(r) for r in prefilling)
         assert max(prefill.values(), default=0) <= per_prefill
         assert all(credits.in_flight_at(e) == n for e, n in prefill.items())
+
+
+def test_the_scheduler_says_which_stage_a_waiting_request_waits_for():
+    core, _ = pd_core(prefill=1, decode=1, per_decode=2, per_prefill=1)
+    placer = core.placer
+    core.enqueue_and_dispatch(request("a", LOW, True), NOW)
+    core.enqueue_and_dispatch(request("b", LOW, True), NOW)  # the prefill endpoint is full
+    assert placer.waiting_for == "prefill"
+    core.enqueue_and_dispatch(request("c", LOW, False), NOW)  # queued behind b
+    assert placer.waiting_for == "prefill"
+    short_core, _ = pd_core(prefill=1, decode=1, per_decode=1, per_prefill=4)
+    short_core.enqueue_and_dispatch(request("d", LOW, False), NOW)
+    short_core.enqueue_and_dispatch(request("e", LOW, False), NOW)  # the decode endpoint is full
+    assert short_core.placer.waiting_for == "decode"
+
+
+def test_the_stages_are_the_role_filters_partition_of_the_pool():
+    roles = ["decode", "prefill", "both", None, "encode", "prefill-decode"]
+    endpoints = tuple(
+        Endpoint(f"e{i}", f"10.0.0.{i}:80", {"llm-d.ai/role": role} if role else {})
+        for i, role in enumerate(roles)
+    )
+    parts = stage_pools(PoolSnapshot(endpoints, 3, 2))
+    assert [e.name for e in parts["decode"].endpoints] == ["e0", "e2", "e3", "e5"]
+    assert [e.name for e in parts["prefill"].endpoints] == ["e1", "e2", "e5"]
+    assert stage_pools(PoolSnapshot(endpoints[:1], 1, 1)).keys() == {"decode"}

@@ -8,7 +8,7 @@ from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler, single_profile_handler
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.spec import PluginSpec
-from epp.serve.metrics import EppMetrics
+from epp.serve.metrics import EppMetrics, StageView
 
 
 def dispatched(routing=None) -> FlowRequest:
@@ -76,3 +76,26 @@ def test_credits_in_use_are_reported_per_stage():
         for sample in family.samples
     }
     assert found == {"decode": 3.0, "prefill": 1.0}
+
+
+def test_saturation_is_reported_per_stage_beside_the_effective_one():
+    metrics = EppMetrics("pool")
+    view = StageView(
+        saturation=lambda: {"decode": 0.5, "prefill": 1.25},
+        stale=lambda: ("saturation-filter", 2),
+        queued=lambda: {"decode": 0, "prefill": 3, "effective": 0},
+    )
+    metrics.watch_core(lambda: 0.75, view)
+    value = metrics.registry.get_sample_value
+    for name in ("llm_d_epp_flow_control_pool_saturation",
+                 "inference_extension_flow_control_pool_saturation"):  # fmt: skip
+        readings = {
+            stage: value(name, {"inference_pool": "pool", "stage": stage})
+            for stage in ("effective", "decode", "prefill")
+        }
+        assert readings == {"effective": 0.75, "decode": 0.5, "prefill": 1.25}
+    stale = value("llm_d_epp_flow_control_stale_endpoints", {"detector": "saturation-filter"})
+    assert stale == 2
+    by_stage = "epp_flow_control_queue_size_by_stage"
+    assert value(by_stage, {"inference_pool": "pool", "stage": "prefill"}) == 3
+    assert value(by_stage, {"inference_pool": "pool", "stage": "decode"}) == 0
