@@ -275,6 +275,13 @@ def _plugins(reader: _Reader, value: Any) -> dict[str, _Plugin]:
             reader.warn(
                 f"{path}.type", f"{plugin_type!r} is deprecated; use {registered.deprecated_for!r}"
             )
+        if registered.kind is Kind.PICKER and parameters["maxNumOfEndpoints"] > 1:
+            reader.warn(
+                f"{where}.maxNumOfEndpoints",
+                "x-gateway-destination-endpoint lists the destination and its fallbacks; "
+                "an Envoy ORIGINAL_DST cluster (config/envoy/envoy.yaml) reads one address "
+                "and refuses a list: the gateway must take fallbacks",
+            )
         plugins[name] = _Plugin(plugin_type, registered.kind, parameters, built, path)
     return plugins
 

@@ -373,6 +373,9 @@ class ExtProcStream:
         payload = request.payload
         destination = payload.destination if payload is not None else None
         endpoint = destination or request.endpoint or ""  # `ip:port` (epp.api.address)
+        if payload is not None and payload.fallbacks:
+            # The reference's list: the destination, then the picker's fallbacks.
+            endpoint = ",".join((endpoint, *payload.fallbacks))
         body = self._upstream_body
         self._upstream_body = b""
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]

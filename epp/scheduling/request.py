@@ -25,7 +25,10 @@ class InferenceRequest:
     besides the endpoint into `routing` (header name to value, e.g.
     `x-prefiller-host-port`), and sets `destination` when the request must
     go to another address than the endpoint it was placed on (data-parallel
-    ranks behind one primary port).
+    ranks behind one primary port). `fallbacks` are the addresses the
+    destination profile's picker ranked next (`maxNumOfEndpoints` > 1), which
+    follow the destination in `x-gateway-destination-endpoint` for the
+    gateway's retries.
 
     `headers` are the request's HTTP headers (lower-case names), which
     affinity scorers and the header profile handler read; `attributes` what
@@ -53,6 +56,7 @@ class InferenceRequest:
     multimodal: bool = False
     routing: dict[str, str] | None = None
     destination: str | None = None
+    fallbacks: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     attributes: dict[str, str] | None = None
     response_headers: dict[str, str] | None = None

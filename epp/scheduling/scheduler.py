@@ -173,6 +173,8 @@ class Scheduler:
         ends it, or None to wait."""
         self.priority_now = priority
         self.waiting_for = None
+        if request.fallbacks:
+            request.fallbacks = ()  # the first profile to choose sets them again
         pool = self._pool()
         if pool.membership != self._membership:
             self._forget_departed(pool)
@@ -259,6 +261,7 @@ class ProfileRunner:
         "_filters",
         "_learning",
         "_pick",
+        "_picker",
         "_positions",
         "_positions_of",
         "_source",
@@ -326,7 +329,8 @@ class ProfileRunner:
         ) + tuple(plugin.picked for plugin in filter_plugins if hasattr(plugin, "picked"))
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
-        self._pick = timed("Picker", profile.picker, context.build(profile.picker).pick)
+        self._picker = context.build(profile.picker)
+        self._pick = timed("Picker", profile.picker, self._picker.pick)
 
     def _filtered(
         self, request: InferenceRequest, endpoints: Sequence[Endpoint]
@@ -353,6 +357,7 @@ class ProfileRunner:
             candidates = candidates or reachable(endpoints) or endpoints
         chosen = candidates[self._pick(self.total_scores(request, candidates))]
         gate = self.credits
+        everyone = candidates
         if take_credit and gate is not None:
             priority = source.priority_now
             if not gate.has_room(chosen.address, priority):
@@ -361,9 +366,20 @@ class ProfileRunner:
                     source.waiting_for = self.stage
                     return None
                 chosen = candidates[self._pick(self.total_scores(request, candidates))]
+        if self._picker.count > 1 and not request.fallbacks:
+            request.fallbacks = self._fallbacks(request, everyone, chosen)
         if source._single is None:
             source.picks.append((self, chosen))
         return chosen
+
+    def _fallbacks(
+        self, request: InferenceRequest, candidates: Sequence[Endpoint], chosen: Endpoint
+    ) -> tuple[str, ...]:
+        """The `count - 1` candidates the picker ranks first after `chosen`
+        (whatever their credits: they are only tried when it fails)."""
+        order = self._picker.rank(self.total_scores(request, candidates))
+        others = [candidates[i].address for i in order if candidates[i] is not chosen]
+        return tuple(others[: self._picker.count - 1])
 
     def learn(self, request: InferenceRequest, chosen: Endpoint) -> None:
         """Tell the scorers where the request went."""

@@ -71,11 +71,8 @@ def _by_label(parameters: Mapping[str, Any]) -> PluginSpec:
 
 def _picker(make: Any) -> Any:
     def factory(parameters: Mapping[str, Any]) -> PluginSpec:
-        if parameters["maxNumOfEndpoints"] != 1:
-            raise ParameterError(
-                "maxNumOfEndpoints", "epp sends one endpoint per request; only 1 is supported"
-            )
-        return _made(make)
+        count = parameters["maxNumOfEndpoints"]
+        return _made(make) if count == 1 else _made(make, count=count)
 
     return factory
 

@@ -282,6 +282,18 @@ def test_a_destination_set_by_the_scheduler_replaces_the_endpoint():
     assert set_headers(events[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
 
 
+def test_fallbacks_follow_the_destination_in_the_header_and_the_metadata():
+    stream = machine()
+    needed = admit(stream)
+    needed.request.endpoint = "10.0.0.1:8000"
+    needed.request.payload.fallbacks = ("10.0.0.2:8000", "10.0.0.3:8000")
+    events = stream.admitted(Outcome.DISPATCHED)
+    listed = "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"
+    assert set_headers(events[0])["x-gateway-destination-endpoint"] == listed
+    lb = events[0].dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-gateway-destination-endpoint"].string_value == listed
+
+
 def test_the_scheduler_sees_the_request_headers():
     needed = admit(machine(), headers={"x-session-token": "abc"})
     assert needed.request.payload.headers["x-session-token"] == "abc"

@@ -168,17 +168,17 @@ def test_prefix_match_length_weight_adds_the_squared_match_length() -> None:
     assert scorer.sparse_scores(half) == {"10.0.0.1:8000": pytest.approx(0.5 * 1 + 0.5 * 0.5)}
 
 
-def test_pickers_take_one_endpoint_only() -> None:
-    from epp.config.loader import ConfigError, parse_config
+def test_a_picker_of_several_endpoints_warns_that_original_dst_takes_one() -> None:
+    from epp.config.loader import parse_config
 
-    with pytest.raises(ConfigError, match="maxNumOfEndpoints: epp sends one endpoint"):
-        parse_config(
-            {
-                "apiVersion": "llm-d.ai/v1alpha1",
-                "kind": "EndpointPickerConfig",
-                "plugins": [{"type": "random-picker", "parameters": {"maxNumOfEndpoints": 2}}],
-            }
-        )
+    config = parse_config(
+        {
+            "apiVersion": "llm-d.ai/v1alpha1",
+            "kind": "EndpointPickerConfig",
+            "plugins": [{"type": "random-picker", "parameters": {"maxNumOfEndpoints": 2}}],
+        }
+    )
+    assert any("maxNumOfEndpoints" in warning for warning in config.warnings)
 
 
 def test_header_label_affinity_scores_pods_whose_label_equals_the_header() -> None:
