@@ -3,7 +3,8 @@
 Each request is recorded with the `x-gateway-destination-endpoint` header it
 came with and this server's own address, so a test can check that the
 request reached the endpoint the EPP picked. A prompt starting with "hold"
-waits until `release` is set. Answers carry OpenAI usage.
+waits until `release` is set. Answers carry OpenAI usage, with `status`
+(200 unless a test makes the server fail).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class FakeVllm:
     received: list[dict] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     running: int = 0
+    status: int = 200
 
     async def completions(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -57,7 +59,8 @@ class FakeVllm:
                 "served_by": self.address,
                 "choices": [{"text": "ok"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2},
-            }
+            },
+            status=self.status,
         )
 
     async def metrics(self, _: web.Request) -> web.Response:
