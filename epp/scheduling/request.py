@@ -56,7 +56,7 @@ class InferenceRequest:
     multimodal: bool = False
     routing: dict[str, str] | None = None
     destination: str | None = None
-    fallbacks: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     attributes: dict[str, str] | None = None
     response_headers: dict[str, str] | None = None
+    fallbacks: tuple[str, ...] = ()

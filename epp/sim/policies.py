@@ -179,6 +179,7 @@ class EppPolicy:
             NO_HEADERS,
             None,  # attributes
             None,  # response headers
+            (),  # fallbacks
             request,
         )
         # All positional: calling a class with a keyword builds a dict.
