@@ -441,18 +441,33 @@ def _declared(reader: _Reader, plugins: dict[str, _Plugin], plugin_type: str) ->
     return _Plugin(plugin_type, registered.kind, parameters, Configured(plugin_type, parameters))
 
 
-def _prefix_blocks(producer: _Plugin, defaults: SchedulingConfig) -> tuple[int, int, int]:
-    """Block characters, blocks per prompt and LRU capacity from the
-    approx-prefix-cache-producer's parameters (4 characters per token)."""
+def _prefix_blocks(
+    producer: _Plugin, defaults: SchedulingConfig
+) -> tuple[int, int, int, bool, int]:
+    """Block characters, blocks per prompt, LRU capacity, autoTune and
+    maxPrefixTokensToMatch from the approx-prefix-cache-producer's
+    parameters (4 characters per token)."""
     if producer.path == "":
-        return defaults.prefix_block_chars, defaults.prefix_max_blocks, defaults.prefix_lru_capacity
+        return (
+            defaults.prefix_block_chars,
+            defaults.prefix_max_blocks,
+            defaults.prefix_lru_capacity,
+            defaults.prefix_auto_tune,
+            defaults.prefix_max_tokens,
+        )
     parameters = producer.parameters
     tokens = parameters["blockSizeTokens"]
     if parameters["blockSize"] and tokens == 16:
         tokens = parameters["blockSize"]
     max_tokens = parameters["maxPrefixTokensToMatch"]
     blocks = max_tokens // tokens if max_tokens > 0 else parameters["maxPrefixBlocksToMatch"]
-    return tokens * 4, max(blocks, 1), parameters["lruCapacityPerServer"]
+    return (
+        tokens * 4,
+        max(blocks, 1),
+        parameters["lruCapacityPerServer"],
+        parameters["autoTune"],
+        max_tokens,
+    )
 
 
 def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> SchedulingConfig:
@@ -462,7 +477,7 @@ def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> Sch
     defaults = SchedulingConfig()
     profiles = _profiles(reader, value, plugins) or defaults.profiles
     handler = _handler(reader, plugins, profiles)
-    block_chars, max_blocks, lru_capacity = _prefix_blocks(
+    block_chars, max_blocks, lru_capacity, auto_tune, max_tokens = _prefix_blocks(
         _declared(reader, plugins, PREFIX_PRODUCER), defaults
     )
     saturation_filter = _declared(reader, plugins, SATURATION_FILTER)
@@ -489,6 +504,8 @@ def _scheduling(reader: _Reader, value: Any, plugins: dict[str, _Plugin]) -> Sch
         prefix_block_chars=block_chars,
         prefix_max_blocks=max_blocks,
         prefix_lru_capacity=lru_capacity,
+        prefix_auto_tune=auto_tune,
+        prefix_max_tokens=max_tokens,
         saturation=saturation,
     )
 

@@ -76,4 +76,10 @@ class SchedulingConfig:
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250
+    prefix_auto_tune: bool = False
+    """Block size and per-endpoint capacity from the endpoints' metrics
+    (the producer's `autoTune`; see `scorers.PrefixCacheScorer`)."""
+    prefix_max_tokens: int = 0
+    """`maxPrefixTokensToMatch`: with an auto-tuned block size, the blocks
+    per prompt are these tokens over the block size (0: `prefix_max_blocks`)."""
     saturation: SaturationThresholds = DEFAULT_THRESHOLDS

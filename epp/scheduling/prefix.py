@@ -108,9 +108,10 @@ class PrefixIndex:
         self._roots: dict[int, frozenset[str]] = {}
         self._alone: dict[str, frozenset[str]] = {}
 
-    def record(self, endpoint: str, hashes: Sequence[int]) -> None:
+    def record(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
-        prompt order)."""
+        prompt order); `capacity`, when given, is the endpoint's own (its KV
+        cache's blocks) instead of the index's."""
         held = self._held.get(endpoint)
         if held is None:
             held = self._held[endpoint] = Generations()
@@ -118,7 +119,8 @@ class PrefixIndex:
         if not hashes:
             return
         young = held.young
-        if len(young) + len(hashes) > self._generation and young:
+        generation = self._generation if capacity is None else max(1, capacity // 2)
+        if len(young) + len(hashes) > generation and young:
             self._forget_old(endpoint, held)
             young = held.young
         root = hashes[0]

@@ -216,7 +216,7 @@ class PrefixBasedDecider:
         cached = 0
         if prefix is not None:
             blocks = prefix.matched_blocks(request, decode.address)
-            cached = blocks * prefix.block_chars // CHARS_PER_TOKEN
+            cached = blocks * prefix.block_chars_of(request) // CHARS_PER_TOKEN
         return tokens - cached >= threshold
 
 

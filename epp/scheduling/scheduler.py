@@ -105,7 +105,9 @@ class Scheduler:
         self._config = config
         self._pool = pool
         self._clock = clock
-        context = BuildContext(config, rng, concurrency, clock=clock, load=load, timer=plugin_timer)
+        context = BuildContext(
+            config, rng, concurrency, clock=clock, load=load, timer=plugin_timer, pool=pool
+        )
         self._producers = tuple(
             context.timed("DataProducer", producer, context.build(producer).produce)
             for producer in config.producers

@@ -17,7 +17,7 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from epp.scheduling.endpoint import Endpoint
+from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.prefix import PrefixIndex, block_hashes
 from epp.scheduling.request import InferenceRequest
@@ -240,20 +240,52 @@ CHARS_PER_TOKEN = 4
 reference's approximate prefix cache does."""
 
 
+MIN_BLOCK_TOKENS = 64
+"""The smallest auto-tuned block, in tokens: the reference's floor, which
+bounds the index (one entry per endpoint and block; vLLM's 16-token blocks
+would make it four times larger)."""
+
+
+def tuned_geometry(
+    pool: PoolSnapshot, block_chars: int, max_blocks: int, max_tokens: int
+) -> tuple[int, int]:
+    """(block characters, blocks per prompt) auto-tuned from the block size
+    the pool's first endpoint reporting one reports (at least
+    MIN_BLOCK_TOKENS; blocks per prompt = `max_tokens` over it when set);
+    the configured ones when none reports one."""
+    for endpoint in pool.endpoints:
+        size = endpoint.metrics.block_size
+        if size is not None and size > 0:
+            tokens = max(MIN_BLOCK_TOKENS, size)
+            blocks = max_tokens // tokens if max_tokens > 0 else max_blocks
+            return tokens * CHARS_PER_TOKEN, max(blocks, 1)
+    return block_chars, max_blocks
+
+
 class PrefixCacheScorer:
     """Matched leading prompt blocks / all prompt blocks (see `prefix`).
 
     A prompt shorter than one block scores 0 everywhere. The prompt's hashes
     are cached on the request, so placing it again does not rehash it.
+
+    Auto-tuned (the producer's `autoTune`, given `pool`): the block size is
+    the one the endpoints report (`tuned_geometry`, read again when the
+    snapshot changes), and an endpoint that reports its KV cache's block
+    count keeps that many blocks in the index instead of `lru_capacity`, as
+    the reference's producer does.
     """
 
     __slots__ = (
         "_addresses",
         "_index",
+        "_pool",
+        "_tuned",
+        "_tuned_version",
         "block_chars",
         "match_length_scale_tokens",
         "match_length_weight",
         "max_blocks",
+        "max_tokens",
     )
 
     def __init__(
@@ -263,6 +295,8 @@ class PrefixCacheScorer:
         lru_capacity: int,
         match_length_weight: float = 0.0,
         match_length_scale_tokens: int = 8192,
+        pool: Callable[[], PoolSnapshot] | None = None,
+        max_tokens: int = 0,
     ) -> None:
         if block_chars <= 0 or max_blocks <= 0:
             raise ValueError(
@@ -274,16 +308,37 @@ class PrefixCacheScorer:
         self.match_length_scale_tokens = match_length_scale_tokens
         self._index = PrefixIndex(lru_capacity)
         self._addresses = PerCandidates(attrgetter("address"))
+        self._pool = pool
+        self.max_tokens = max_tokens
+        self._tuned = (block_chars, max_blocks)
+        self._tuned_version: int | None = None
+
+    def geometry(self) -> tuple[int, int]:
+        """(block characters, blocks per prompt) now."""
+        pool = self._pool
+        if pool is None:
+            return self.block_chars, self.max_blocks
+        snapshot = pool()
+        if snapshot.version != self._tuned_version:
+            self._tuned_version = snapshot.version
+            self._tuned = tuned_geometry(
+                snapshot, self.block_chars, self.max_blocks, self.max_tokens
+            )
+        return self._tuned
 
     def hashes(self, request: InferenceRequest) -> tuple[int, ...]:
+        block_chars, max_blocks = self.geometry() if self._pool is not None else self._tuned
         cached = request.prefix_hashes
-        if cached is not None and cached[0] == self.block_chars and cached[1] == self.max_blocks:
+        if cached is not None and cached[0] == block_chars and cached[1] == max_blocks:
             return cached[2]
-        hashes = block_hashes(
-            request.prompt, request.target_model, self.block_chars, self.max_blocks
-        )
-        request.prefix_hashes = (self.block_chars, self.max_blocks, hashes)
+        hashes = block_hashes(request.prompt, request.target_model, block_chars, max_blocks)
+        request.prefix_hashes = (block_chars, max_blocks, hashes)
         return hashes
+
+    def block_chars_of(self, request: InferenceRequest) -> int:
+        """The block size `request` was hashed with."""
+        cached = request.prefix_hashes
+        return cached[0] if cached is not None else self.block_chars
 
     def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
         hashes = self.hashes(request)
@@ -295,7 +350,7 @@ class PrefixCacheScorer:
         if weight == 0.0:
             return {address: count * scale for address, count in matched.items()}
         # The reference's match-length term: (matched tokens / scale tokens)^2, capped at 1.
-        per_block = self.block_chars / CHARS_PER_TOKEN / self.match_length_scale_tokens
+        per_block = self.block_chars_of(request) / CHARS_PER_TOKEN / self.match_length_scale_tokens
         return {
             address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
             for address, count in matched.items()
@@ -317,8 +372,9 @@ class PrefixCacheScorer:
 
     def cached_tokens(self, request: InferenceRequest) -> Mapping[str, float]:
         """Tokens of the prompt cached, by endpoint address (4 characters a token)."""
-        per_block = self.block_chars / CHARS_PER_TOKEN
-        return {address: count * per_block for address, count in self.matches(request).items()}
+        matches = self.matches(request)
+        per_block = self.block_chars_of(request) / CHARS_PER_TOKEN
+        return {address: count * per_block for address, count in matches.items()}
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         scores = self.sparse_scores(request)
@@ -327,7 +383,11 @@ class PrefixCacheScorer:
         return list(map(scores.get, self._addresses.of(endpoints), repeat(0.0)))
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        self._index.record(endpoint.address, self.hashes(request))
+        capacity = None
+        if self._pool is not None:
+            blocks = endpoint.metrics.num_gpu_blocks
+            capacity = blocks if blocks is not None and blocks > 0 else None
+        self._index.record(endpoint.address, self.hashes(request), capacity)
 
     def forget(self, address: str) -> None:
         self._index.remove_endpoint(address)
@@ -562,6 +622,8 @@ def prefix_cache_scorer(
         config.prefix_lru_capacity,
         match_length_weight,
         match_length_scale_tokens,
+        context.pool if config.prefix_auto_tune else None,
+        config.prefix_max_tokens,
     )
     if existing is not None:
         scorer.share_index(existing)

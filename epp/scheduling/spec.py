@@ -72,6 +72,8 @@ class BuildContext:
     gate: Any = None
     built: dict[str, Any] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=lambda: 0.0)
+    pool: Callable[[], Any] | None = None
+    """The scheduler's pool snapshots (what the prefix index auto-tunes from)."""
     load: InFlightLoad | None = None
 
     def in_flight_load(self) -> InFlightLoad:
