@@ -1,8 +1,9 @@
 """The metrics measured on requests that went through a real Envoy to a
 simulated vLLM: prompt tokens served from the server's prefix cache, the gaps
 between streamed chunks, the EPP's time on each response, the scheduler's
-plugin calls, and the data layer's poll errors for an endpoint that does not
-answer. Asserted on the Prometheus text the EPP serves."""
+plugin calls, and the data layer's poll errors and a stale endpoint for an
+endpoint that does not answer. Asserted on the Prometheus text the EPP
+serves."""
 
 from __future__ import annotations
 
@@ -132,3 +133,4 @@ async def test_the_reference_metrics_are_measured_on_requests_through_envoy():
     source = {"source_type": "metrics-data-source"}
     assert total(errors_page, "llm_d_inference_scheduler_datalayer_poll_errors_total", **source) > 0
     assert total(errors_page, "epp_model_server_scrape_failures_total", reason="connection") > 0
+    assert total(errors_page, "llm_d_epp_flow_control_stale_endpoints") >= 1  # the dead one
