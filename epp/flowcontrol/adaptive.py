@@ -182,6 +182,7 @@ class LimitEstimator:
     __slots__ = (
         "adjustments",
         "budget",
+        "crowded",
         "done",
         "done_unseen",
         "factor",
@@ -201,6 +202,7 @@ class LimitEstimator:
         "samples",
         "seen",
         "seen_seq",
+        "sent",
         "sent_seq",
         "settings",
         "slowed",
@@ -224,6 +226,8 @@ class LimitEstimator:
         """The window's samples that showed a queue at the server."""
         self.samples = 0
         self.pending = 0
+        self.sent = 0
+        """Requests sent here since the last sample."""
         self.sent_seq = 0
         """The newest (by the core's sequence number) request sent here."""
         self.seen_seq = 0
@@ -235,6 +239,9 @@ class LimitEstimator:
         self.adjustments = 0
         self.budget = settings.pending
         """Requests it may have pending until the next sample (`_budget`)."""
+        self.crowded = False
+        """Whether two samples in a row showed a queue: the server has been
+        seen full, so its intake no longer grows the budget."""
         self.done = 0
         """Requests completed since the last sample."""
         self.done_unseen = 0
@@ -312,6 +319,13 @@ class LimitEstimator:
         self.done = self.done_unseen = 0
         running = int(sample.running)
         waiting = int(sample.waiting)
+        # What it took since the last sample: its queue then and what it
+        # was sent since, less its queue now (admitted or done already).
+        took = max(0, self.queue + self.sent - waiting)
+        quiet = not (waiting or self.queue)
+        if waiting and self.queue:
+            self.crowded = True
+        self.sent = 0
         self.pending = self.queue = waiting
         self.running = running
         settings = self.settings
@@ -354,23 +368,29 @@ class LimitEstimator:
             self.probing = True
             self.probe_since = now
         new = min(new, settings.maximum)
-        self.budget = self._budget(new, running, waiting)
+        self.budget = self._budget(new, running, waiting, took if quiet else 0)
         if new == old:
             return 0
         self.limit = new
         self.adjustments += 1
         return new - old
 
-    def _budget(self, limit: int, running: int, waiting: int) -> int:
+    def _budget(self, limit: int, running: int, waiting: int, took: int) -> int:
         """`pending`, one more for a large server still searching (it admits
-        two a step); but a server of known size that showed no queue while
+        two a step). A server still searching that showed no queue at its
+        last two samples, and never two in a row, may be sent `INTAKE`
+        times what it `took` since the last sample: below its size, what
+        limits its intake is the arrivals, and one request per sample would
+        cap it at one per scrape interval (a whole response tells nothing
+        before its end). A server of known size that showed no queue while
         running less than `FAST_FILL` of its limit may be sent up to that
         share at once: its next step admits them all, and near the top the
         one-at-a-time pace keeps the server's queue and the top band's
         prefill steps short."""
         pending = self.settings.pending
         if not self.found:
-            return pending + 1 if limit >= 64 else pending
+            base = pending + 1 if limit >= 64 else pending
+            return base if self.crowded else max(base, INTAKE * took)
         if waiting:
             return pending
         return max(pending, int(limit * FAST_FILL) - running)
@@ -378,6 +398,11 @@ class LimitEstimator:
 
 FAST_FILL = 0.5
 """The share of its limit an idle server of known size may be sent at once."""
+
+INTAKE = 2
+"""A server still searching, with no queue, may be sent this many times
+what it took in the last sampling interval (its demand may double from one
+sample to the next and still be met)."""
 
 
 def allowed(limit: int, ceiling: float) -> int:
@@ -484,6 +509,7 @@ class AdaptiveGate:
             if estimator is None:
                 estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
             estimator.pending += 1
+            estimator.sent += 1
             if request.seq > estimator.sent_seq:
                 estimator.sent_seq = request.seq
 

@@ -229,3 +229,21 @@ def test_adaptive_admits_streamed_requests_as_fast_as_they_come_below_capacity()
     policies = below_capacity(stream=True)
     ours = policies["epp"]["objectives"]["standard"]["ttft_p99_s"]
     assert ours <= 2 * policies["round-robin"]["objectives"]["standard"]["ttft_p99_s"]
+
+
+@pytest.fixture(scope="module")
+def whole_responses():
+    """Whole (unstreamed) responses below capacity, default config as shipped."""
+    policies = report_of("whole-responses")
+    return policies["epp"], policies["round-robin"]
+
+
+def test_whole_responses_below_capacity_are_served_at_the_offered_rate(whole_responses):
+    ours, round_robin = whole_responses
+    assert ours["throughput_rps"] >= 0.99 * round_robin["throughput_rps"]
+
+
+def test_whole_responses_below_capacity_wait_about_as_long_as_round_robin(whole_responses):
+    ours, round_robin = (side["objectives"]["standard"] for side in whole_responses)
+    assert ours["ttft_p50_s"] <= 1.25 * round_robin["ttft_p50_s"]
+    assert ours["ttft_p99_s"] <= 2.5 * round_robin["ttft_p99_s"]

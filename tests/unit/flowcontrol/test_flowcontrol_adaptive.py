@@ -177,6 +177,33 @@ def test_an_endpoint_takes_one_request_it_was_not_yet_seen_running():
     assert gate.has_room(A, 0)
 
 
+def test_a_searching_endpoint_with_no_queue_may_be_sent_twice_what_it_took():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(0, 0))
+    assert gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+    pool.publish(0.1, a=(1, 0))  # it took the one it was sent, and queues nothing
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert sent == 2
+
+
+def test_an_endpoint_seen_queueing_twice_in_a_row_is_paced_one_at_a_time_again():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(1, 1))
+    pool.publish(0.1, a=(2, 1))
+    pool.publish(0.15, a=(2, 0))
+    pool.publish(0.2, a=(2, 0))
+    assert gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+
+
 def test_the_top_band_may_send_one_more_than_the_pending_budget():
     pool = Pool(A)
     gate = gate_with_bands(pool, 10, 0)
@@ -319,6 +346,7 @@ def test_one_request_done_unseen_in_an_interval_says_nothing():
     pool.publish(0.05)
     gate.has_room(A, 0)
     dispatch(gate, A)
+    dispatch(gate, A)  # twice what it took since its last sample: still learned from
     assert not gate.has_room(A, 0)
 
 
