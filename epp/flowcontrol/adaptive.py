@@ -382,22 +382,29 @@ class LimitEstimator:
         times what it `took` since the last sample: below its size, what
         limits its intake is the arrivals, and one request per sample would
         cap it at one per scrape interval (a whole response tells nothing
-        before its end). A server of known size that showed no queue while
-        running less than `FAST_FILL` of its limit may be sent up to that
-        share at once: its next step admits them all, and near the top the
-        one-at-a-time pace keeps the server's queue and the top band's
-        prefill steps short."""
+        before its end). A server of known size that showed no queue may be
+        sent what it took, while that keeps it under `KEEP_PACE` of its
+        limit (its requests end faster than one per sample), and up to
+        `FAST_FILL` of its limit at once while it runs less than that: its
+        next step admits them all. Near the top the one-at-a-time pace keeps
+        the server's queue and the top band's prefill steps short."""
         pending = self.settings.pending
         if not self.found:
             base = pending + 1 if limit >= 64 else pending
             return base if self.crowded else max(base, INTAKE * took)
         if waiting:
             return pending
+        if took > pending and running + took <= limit * KEEP_PACE:
+            pending = took
         return max(pending, int(limit * FAST_FILL) - running)
 
 
 FAST_FILL = 0.5
 """The share of its limit an idle server of known size may be sent at once."""
+
+KEEP_PACE = 0.9
+"""Below this share of its limit, a server of known size with no queue may
+be sent as many as it took in the last sampling interval."""
 
 INTAKE = 2
 """A server still searching, with no queue, may be sent this many times

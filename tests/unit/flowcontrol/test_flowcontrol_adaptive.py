@@ -236,6 +236,28 @@ def fill(gate: AdaptiveGate, pool: Pool, priority: int) -> int:
     return sent
 
 
+def test_a_server_of_known_size_below_its_top_may_be_sent_what_it_took():
+    pool, gate = settled_gate(32, 0)
+    for _ in range(3):
+        dispatch(gate, A)
+    pool.publish(1.3, a=(20, 0))  # took all three; too busy for the fast fill
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert sent == 3
+
+
+def test_a_server_of_known_size_near_its_top_is_sent_one_at_a_time():
+    pool, gate = settled_gate(32, 0)
+    for _ in range(3):
+        dispatch(gate, A)
+    pool.publish(1.3, a=(28, 0))
+    assert gate.has_room(A, 0)
+    dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+
+
 def test_lower_bands_leave_the_last_slots_to_higher_ones():
     pool, gate = settled_gate(16, 10, 0, -5)
     assert fill(gate, pool, -5) == 14
