@@ -240,8 +240,9 @@ class LimitEstimator:
         self.budget = settings.pending
         """Requests it may have pending until the next sample (`_budget`)."""
         self.crowded = False
-        """Whether two samples in a row showed a queue: the server has been
-        seen full, so its intake no longer grows the budget."""
+        """Whether a request waited there a whole sampling interval (its
+        queue outgrew what it was sent since the sample before): it was seen
+        full, so its intake no longer sizes the budget."""
         self.done = 0
         """Requests completed since the last sample."""
         self.done_unseen = 0
@@ -323,8 +324,8 @@ class LimitEstimator:
         # was sent since, less its queue now (admitted or done already).
         took = max(0, self.queue + self.sent - waiting)
         quiet = not (waiting or self.queue)
-        if waiting and self.queue:
-            self.crowded = True
+        if waiting > self.sent:
+            self.crowded = True  # a request waited there a whole interval
         self.sent = 0
         self.pending = self.queue = waiting
         self.running = running
@@ -368,33 +369,37 @@ class LimitEstimator:
             self.probing = True
             self.probe_since = now
         new = min(new, settings.maximum)
-        self.budget = self._budget(new, running, waiting, took if quiet else 0)
+        self.budget = self._budget(new, running, waiting, took, quiet)
         if new == old:
             return 0
         self.limit = new
         self.adjustments += 1
         return new - old
 
-    def _budget(self, limit: int, running: int, waiting: int, took: int) -> int:
+    def _budget(self, limit: int, running: int, waiting: int, took: int, quiet: bool) -> int:
         """`pending`, one more for a large server still searching (it admits
-        two a step). A server still searching that showed no queue at its
-        last two samples, and never two in a row, may be sent `INTAKE`
-        times what it `took` since the last sample: below its size, what
-        limits its intake is the arrivals, and one request per sample would
-        cap it at one per scrape interval (a whole response tells nothing
-        before its end). A server of known size that showed no queue may be
-        sent what it took, while that keeps it under `KEEP_PACE` of its
-        limit (its requests end faster than one per sample), and up to
-        `FAST_FILL` of its limit at once while it runs less than that: its
-        next step admits them all. Near the top the one-at-a-time pace keeps
-        the server's queue and the top band's prefill steps short."""
+        two a step). A server still searching that never kept a request
+        waiting a whole interval may be sent `INTAKE` times what it `took`
+        since the last sample when its last two samples showed no queue, and
+        what it took when its queue is younger than the interval: below its
+        size, what limits its intake is the arrivals, and one request per
+        sample would cap it at one per scrape interval (a whole response
+        tells nothing before its end). A server of known size with no queue
+        at its last two samples may be sent what it took, while that keeps
+        it under `KEEP_PACE` of its limit (its requests end faster than one
+        per sample), and up to `FAST_FILL` of its limit at once while it runs
+        less than that: its next step admits them all. Near the top the
+        one-at-a-time pace keeps the server's queue and the top band's
+        prefill steps short."""
         pending = self.settings.pending
         if not self.found:
             base = pending + 1 if limit >= 64 else pending
-            return base if self.crowded else max(base, INTAKE * took)
+            if self.crowded:
+                return base
+            return max(base, INTAKE * took if quiet else took if waiting else 0)
         if waiting:
             return pending
-        if took > pending and running + took <= limit * KEEP_PACE:
+        if quiet and took > pending and running + took <= limit * KEEP_PACE:
             pending = took
         return max(pending, int(limit * FAST_FILL) - running)
 

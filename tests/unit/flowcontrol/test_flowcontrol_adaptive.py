@@ -192,16 +192,36 @@ def test_a_searching_endpoint_with_no_queue_may_be_sent_twice_what_it_took():
     assert sent == 2
 
 
-def test_an_endpoint_seen_queueing_twice_in_a_row_is_paced_one_at_a_time_again():
+def test_an_endpoint_that_kept_a_request_waiting_a_whole_interval_is_paced_one_at_a_time():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
-    pool.publish(0.05, a=(1, 1))
-    pool.publish(0.1, a=(2, 1))
-    pool.publish(0.15, a=(2, 0))
-    pool.publish(0.2, a=(2, 0))
+    pool.publish(0.05, a=(1, 1))  # waiting, though sent nothing since the last sample
+    gate.has_room(A, 0)
+    pool.publish(0.1, a=(2, 0))
+    for at in (0.15, 0.2):  # each sample: it took the one it was sent, no queue
+        assert gate.has_room(A, 0)
+        dispatch(gate, A)
+        assert not gate.has_room(A, 0)
+        pool.publish(at, a=(gate.in_flight_at(A) + 2, 0))
     assert gate.has_room(A, 0)
     dispatch(gate, A)
     assert not gate.has_room(A, 0)
+
+
+def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(0, 0))
+    for _ in range(3):
+        gate.has_room(A, 0)  # the fast path: nothing pending since a first token
+        request = dispatch(gate, A)
+        gate.on_first_token(request)
+    pool.publish(0.1, a=(2, 1))  # one of the three it was sent still waits
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert sent == 2 - 1  # what it took, less the one waiting
 
 
 def test_the_top_band_may_send_one_more_than_the_pending_budget():
