@@ -24,10 +24,16 @@ The control law (measured against the alternatives in
   new endpoint's growth to what the server admits. The first token of a
   streamed response (`on_first_token`) shows its request running before
   the next sample does, so the budget refills at the server's pace (a
-  step), not the scrape's. A server of known size running less than half
-  its limit, with no queue, may be sent up to half its limit at once (its
-  requests may finish between samples, when the pace of one per sample
-  would starve it).
+  step), not the scrape's. A whole response gives no such sign, so the
+  budget is also sized at each sample from what the server took since
+  the one before (its queue then, plus what it was sent, less its queue
+  now): a server still searching for its size may be sent twice that
+  (what it took if it holds a queue younger than the interval), until a
+  request waits there a whole interval; a server of known size with no
+  queue may be sent what it took while that keeps it under 90% of its
+  limit, and up to half its limit at once while it runs less than half
+  (its requests may finish between samples, when the pace of one per
+  sample would starve it).
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room
