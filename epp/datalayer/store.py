@@ -11,7 +11,6 @@ uses it as it is.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.scheduling.endpoint import EMPTY_POOL, Endpoint, EndpointMetrics, PoolSnapshot
@@ -121,7 +120,7 @@ class EndpointStore:
         if current is None:
             return False
         previous = current.metrics
-        self._endpoints[address] = replace(current, metrics=metrics)
+        self._endpoints[address] = current.with_metrics(metrics)
         self._changed(membership=False)
         return previous.updated_at is None or not previous.same_values(metrics)
 
@@ -131,7 +130,7 @@ class EndpointStore:
         current = self._endpoints.get(address)
         if current is None or current.metrics.failing:
             return False
-        self._endpoints[address] = replace(current, metrics=current.metrics._replace(failing=True))
+        self._endpoints[address] = current.with_metrics(current.metrics._replace(failing=True))
         self._changed(membership=False)
         return True
 

@@ -89,6 +89,23 @@ class Endpoint:
         if not self.id:
             self.id = self.name
 
+    def with_metrics(self, metrics: EndpointMetrics) -> Endpoint:
+        """This endpoint observed anew with `metrics`: a new object, the rest
+        copied. (Field by field rather than `dataclasses.replace`, which
+        would parse the address again: the store does this per endpoint per
+        scrape, `bench.simulator`.)"""
+        copy = _new_endpoint(Endpoint)
+        copy.name = self.name
+        copy.address = self.address
+        copy.labels = self.labels
+        copy.metrics = metrics
+        copy.id = self.id
+        copy.ip = self.ip
+        return copy
+
+
+_new_endpoint = object.__new__
+
 
 @dataclass(slots=True, frozen=True)
 class PoolSnapshot:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -49,7 +49,7 @@ class InferenceRequest:
     stream: bool = False
     max_tokens: int | None = None
     subset: frozenset[str] | None = None
-    prefix_hashes: tuple[int, int, tuple[int, ...]] | None = field(
+    prefix_hashes: tuple[int, int, Sequence[int]] | None = field(
         default=None, repr=False, compare=False
     )
     input_tokens: int = 0

@@ -326,7 +326,7 @@ class PrefixCacheScorer:
             )
         return self._tuned
 
-    def hashes(self, request: InferenceRequest) -> tuple[int, ...]:
+    def hashes(self, request: InferenceRequest) -> Sequence[int]:
         block_chars, max_blocks = self.geometry() if self._pool is not None else self._tuned
         cached = request.prefix_hashes
         if cached is not None and cached[0] == block_chars and cached[1] == max_blocks:

@@ -25,7 +25,7 @@ metrics (ties: fewest running, then at random).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -114,16 +114,18 @@ class PromptBlocks:
             for t in scenario.tenants
         ]
 
-    def of(self, request: SimRequest) -> tuple[int, int, tuple[int, ...]]:
-        """The (block_chars, max_blocks, hashes) cache entry for `request`."""
+    def of(self, request: SimRequest) -> tuple[int, int, Sequence[int]]:
+        """The (block_chars, max_blocks, hashes) cache entry for `request`
+        (a prompt with no shared prefix gets its blocks as a `range`, which
+        costs nothing to build: `bench.simulator`)."""
         max_blocks = self._max_blocks
         count = min(request.prompt_tokens * CHARS_PER_TOKEN // self._block_chars, max_blocks)
         shared = self._prefixes[request.tenant]
         if len(shared) >= count:
             return (self._block_chars, max_blocks, shared[:count])
         first = -1 - request.request_id * (max_blocks + 1) - len(shared)
-        unique = tuple(range(first, first - (count - len(shared)), -1))
-        return (self._block_chars, max_blocks, shared + unique if shared else unique)
+        unique = range(first, first - (count - len(shared)), -1)
+        return (self._block_chars, max_blocks, shared + tuple(unique) if shared else unique)
 
 
 class EppPolicy:

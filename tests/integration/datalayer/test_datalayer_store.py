@@ -82,6 +82,19 @@ def test_set_metrics_reports_whether_a_value_changed():
     assert store.set_metrics(A.address, EndpointMetrics(waiting=2, updated_at=3.0))
 
 
+def test_new_metrics_make_a_new_endpoint_with_every_other_field_kept():
+    store = EndpointStore([EndpointSpec("a", "10.0.0.1:8000", {"role": "decode"}, "ns/a")])
+    before = store.snapshot().endpoints[0]
+    metrics = EndpointMetrics(waiting=3, updated_at=2.0)
+    store.set_metrics(before.address, metrics)
+    after = store.snapshot().endpoints[0]
+    assert after is not before
+    assert after.metrics is metrics
+    for name in before.__slots__:
+        if name != "metrics":
+            assert getattr(after, name) == getattr(before, name), name
+
+
 def test_a_failing_endpoint_is_stale_at_once_and_keeps_its_values():
     store = EndpointStore([A])
     store.set_metrics(A.address, EndpointMetrics(waiting=4, updated_at=1.0))
