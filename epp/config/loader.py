@@ -38,6 +38,7 @@ from epp.flowcontrol.config import (
     GateConfig,
     GateKind,
     Ordering,
+    ProgramAwareConfig,
 )
 from epp.flowcontrol.usagelimits import StaticUsageLimit
 from epp.scheduling.config import (
@@ -76,7 +77,11 @@ DOCUMENT_FAIRNESS = Fairness.GLOBAL_STRICT
 """A configuration file that names no fairness policy gets the reference's
 default; epp's own default (no file at all) is VTC."""
 
-FAIRNESS_PLUGINS = {f"{policy.value}-fairness-policy": policy for policy in Fairness}
+FAIRNESS_PLUGINS = {
+    f"{policy.value}-fairness-policy": policy
+    for policy in Fairness
+    if policy is not Fairness.PROGRAM_AWARE
+} | {"program-aware-fairness": Fairness.PROGRAM_AWARE}
 ORDERING_PLUGINS = {f"{policy.value}-ordering-policy": policy for policy in Ordering}
 SATURATION_FILTER = "saturation-filter"
 PREFIX_PRODUCER = "approx-prefix-cache-producer"
@@ -617,6 +622,8 @@ def _band(
                 input_weight=plugin.parameters.get("inputTokenWeight", 1.0),
                 output_weight=plugin.parameters.get("outputTokenWeight", 2.0),
             )
+            if band.fairness is Fairness.PROGRAM_AWARE:
+                band = replace(band, program_aware=_program_aware(plugin.parameters))
     if "orderingPolicyRef" in fields:
         where = f"{path}.orderingPolicyRef"
         plugin = _policy_type(reader, fields["orderingPolicyRef"], where, plugins)
@@ -625,6 +632,16 @@ def _band(
         elif plugin is not None:
             band = replace(band, ordering=ORDERING_PLUGINS[plugin.type])
     return band, fields
+
+
+def _program_aware(parameters: Mapping[str, Any]) -> ProgramAwareConfig:
+    return ProgramAwareConfig(
+        weight_service=parameters["lasWeightService"],
+        weight_head_wait=parameters["lasWeightHeadWait"],
+        half_life=parameters["lasHalfLifeSeconds"],
+        eviction_ttl=parameters["evictionTtlSeconds"],
+        eviction_sweep=parameters["evictionSweepSeconds"],
+    )
 
 
 GATE_FIELDS = frozenset(

@@ -80,4 +80,10 @@ class Band:
 
 
 def _policy_settings(config: BandConfig) -> tuple:
-    return (config.fairness, config.ordering, config.input_weight, config.output_weight)
+    return (
+        config.fairness,
+        config.ordering,
+        config.input_weight,
+        config.output_weight,
+        config.program_aware,
+    )

@@ -16,6 +16,7 @@ class Fairness(StrEnum):
     ROUND_ROBIN = "round-robin"
     VTC = "vtc"
     GLOBAL_STRICT = "global-strict"
+    PROGRAM_AWARE = "program-aware"
 
 
 class Ordering(StrEnum):
@@ -24,6 +25,22 @@ class Ordering(StrEnum):
     FCFS = "fcfs"
     EDF = "edf"
     SLO_DEADLINE = "slo-deadline"
+
+
+@dataclass(slots=True, frozen=True)
+class ProgramAwareConfig:
+    """The `program-aware` policy's LAS strategy (the reference's
+    `program-aware-fairness` parameters): the score's weights on inverted
+    attained service and on head-of-queue wait, the half-life of attained
+    service (0: no decay), and when an idle program's state is dropped
+    (`eviction_ttl` after its last completion, 0: never; checked every
+    `eviction_sweep`). Seconds on the core's clock."""
+
+    weight_service: float = 0.8
+    weight_head_wait: float = 0.2
+    half_life: float = 60.0
+    eviction_ttl: float = 3600.0
+    eviction_sweep: float = 300.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,6 +56,7 @@ class BandConfig:
     ordering: Ordering = Ordering.FCFS
     input_weight: float = 1.0
     output_weight: float = 2.0
+    program_aware: ProgramAwareConfig = ProgramAwareConfig()
 
 
 class GateKind(StrEnum):

@@ -248,7 +248,7 @@ class FlowController:
             if placement is None:
                 self._observe_regime(now)  # as the pass would, before it waits
             self.enqueue(request, now)
-            band.policy.peek()  # what the pass would have dropped on its way
+            band.policy.peek(now)  # what the pass would have dropped on its way
             if placement is None:
                 return None, []
             self._remove(request, placement, now)
@@ -278,7 +278,7 @@ class FlowController:
             while band.count:
                 if not gate.is_open(priority):
                     return done
-                request = policy.peek()
+                request = policy.peek(now)
                 placement = placer.place(request)
                 if placement.__class__ is not str:
                     if placement is None:
@@ -322,7 +322,7 @@ class FlowController:
             return []
         request.state = State.COMPLETED
         flow: Flow = request.flow
-        flow.band.policy.on_complete(request, flow, input_tokens, output_tokens)
+        flow.band.policy.on_complete(request, flow, input_tokens, output_tokens, now)
         flow.in_flight -= 1
         self.in_flight -= 1
         self.gate.on_complete(request)

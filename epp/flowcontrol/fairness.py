@@ -28,6 +28,25 @@ w_out x M), M the batch's token capacity, for the same reason): with one
 request in flight per flow, the largest single-request charge.
 Backlogged flows sit in a binary heap keyed by counter: O(log F) per dispatch.
 
+`program-aware`: the reference's `program-aware-fairness` with its `las`
+(least attained service) strategy. A program is a flow's fairness id. Its
+attained service is input + 2 x output tokens of the response's usage (the
+estimated input when the usage reports none), added at completion, and it
+halves every `half_life` seconds of the clock; the decay is folded in lazily
+(only a completion writes it), so an idle program ages out without being
+visited. Each pick scores every backlogged flow: `weight_service` x (1 -
+its service range-normalized over the backlogged flows) + `weight_head_wait`
+x (its head request's wait, range-normalized); equal values normalize to
+0.5, so on a cold start the oldest head goes first. The best score wins,
+the earliest backlogged on a tie. The state of a program with nothing queued
+or in flight and no completion for `eviction_ttl` is dropped by a sweep run
+at most every `eviction_sweep` seconds, on the first pick or completion
+after it falls due. Unlike the reference, whose one plugin instance keeps
+programs across every band that names it, each band keeps its own: a
+program's service in one priority does not delay it in another.
+A pick is O(F): the backlogged flows of a band are bounded by its
+`max_requests` (each holds at least one request).
+
 `global-strict`: no fairness. The band's requests share one queue, so the
 best head across all flows (the oldest under FCFS) goes next.
 """
@@ -36,9 +55,10 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
+from math import exp2
 from typing import Protocol
 
-from epp.flowcontrol.config import BandConfig, Fairness, Ordering
+from epp.flowcontrol.config import BandConfig, Fairness, Ordering, ProgramAwareConfig
 from epp.flowcontrol.flow import Flow
 from epp.flowcontrol.ordering import RequestQueue, make_flow_queue, make_queue
 from epp.flowcontrol.request import FlowRequest
@@ -52,8 +72,8 @@ class FairnessPolicy(Protocol):
 
     def push(self, request: FlowRequest, flow: Flow) -> None: ...
 
-    def peek(self) -> FlowRequest | None:
-        """The request that goes next, or None when nothing is queued."""
+    def peek(self, now: float) -> FlowRequest | None:
+        """The request that goes next at `now`, or None when nothing is queued."""
         ...
 
     def take(self, request: FlowRequest, flow: Flow) -> None:
@@ -71,9 +91,15 @@ class FairnessPolicy(Protocol):
         ...
 
     def on_complete(
-        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
     ) -> None:
-        """A dispatched request of `flow` finished with the given real usage."""
+        """A dispatched request of `flow` finished at `now` with the given
+        real usage (`input_tokens` None: not reported)."""
         ...
 
     def requests(self) -> list[FlowRequest]:
@@ -103,7 +129,7 @@ class RoundRobin:
             flow.ring_member = True
             self._ring.append(flow)
 
-    def peek(self) -> FlowRequest | None:
+    def peek(self, now: float) -> FlowRequest | None:
         ring = self._ring
         while ring:
             flow = ring[0]
@@ -142,7 +168,12 @@ class RoundRobin:
         ring.clear()
 
     def on_complete(
-        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
     ) -> None:
         pass
 
@@ -204,7 +235,7 @@ class VirtualTokenCounter:
             self._backlogged += 1
             self._enter(flow)
 
-    def peek(self) -> FlowRequest | None:
+    def peek(self, now: float) -> FlowRequest | None:
         heap = self._heap
         while heap:
             _, seq, flow = heap[0]
@@ -253,7 +284,12 @@ class VirtualTokenCounter:
         flow.counter += charge
 
     def on_complete(
-        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
     ) -> None:
         charge = self.output_weight * output_tokens
         if input_tokens is not None:
@@ -286,7 +322,7 @@ class GlobalStrict:
     def push(self, request: FlowRequest, flow: Flow) -> None:
         self._queue.push(request)
 
-    def peek(self) -> FlowRequest | None:
+    def peek(self, now: float) -> FlowRequest | None:
         return self._queue.head
 
     def take(self, request: FlowRequest, flow: Flow) -> None:
@@ -299,12 +335,166 @@ class GlobalStrict:
         pass
 
     def on_complete(
-        self, request: FlowRequest, flow: Flow, input_tokens: int | None, output_tokens: int
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
     ) -> None:
         pass
 
     def requests(self) -> list[FlowRequest]:
         return sorted(self._queue.queued(), key=lambda r: r.seq)
+
+    def adopt(self, flow: Flow) -> None:
+        flow.reset_queue()
+
+
+LAS_INPUT_WEIGHT = 1
+LAS_OUTPUT_WEIGHT = 2
+"""The reference's weights of a token in attained service: output tokens
+cost about twice input tokens."""
+
+
+class _Program:
+    """A program's LAS state: `service` with decay folded in up to `anchor`;
+    `flow` its flow in the band (the latest one; a flow the controller
+    forgot is idle, so reading it stays right)."""
+
+    __slots__ = ("anchor", "flow", "last_completion", "service")
+
+    def __init__(self, flow: Flow, now: float) -> None:
+        self.flow = flow
+        self.service = 0.0
+        self.anchor = now
+        self.last_completion = now
+        """Seeded with when it was first seen, so a program that never
+        completes still becomes evictable."""
+
+
+class ProgramAware:
+    __slots__ = ("_backlogged", "_config", "_next_sweep", "_ordering", "_programs")
+
+    def __init__(self, ordering: Ordering, config: ProgramAwareConfig) -> None:
+        self._ordering = ordering
+        self._config = config
+        self._programs: dict[str, _Program] = {}
+        self._backlogged: dict[Flow, _Program] = {}
+        self._next_sweep: float | None = None
+
+    def new_queue(self) -> RequestQueue | None:
+        return make_flow_queue(self._ordering)
+
+    def _program(self, flow: Flow, now: float) -> _Program:
+        program = self._programs.get(flow.fairness_id)
+        if program is None:
+            program = self._programs[flow.fairness_id] = _Program(flow, now)
+        else:
+            program.flow = flow
+        return program
+
+    def _decayed(self, program: _Program, now: float) -> float:
+        half_life = self._config.half_life
+        if half_life <= 0 or now <= program.anchor:
+            return program.service
+        return program.service * exp2((program.anchor - now) / half_life)
+
+    def service(self, fairness_id: str, now: float) -> float | None:
+        """The program's attained service at `now`, decayed; None when the
+        band keeps no state for it (never seen, or evicted)."""
+        program = self._programs.get(fairness_id)
+        return None if program is None else self._decayed(program, now)
+
+    def programs(self) -> int:
+        """How many programs the band keeps state for."""
+        return len(self._programs)
+
+    def push(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.push(request)
+        if flow.count == 1:
+            self._backlogged[flow] = self._program(flow, request.arrival)
+
+    def peek(self, now: float) -> FlowRequest | None:
+        backlogged = self._backlogged
+        if not backlogged:
+            return None
+        if self._next_sweep is None or now >= self._next_sweep:
+            self._sweep(now)
+        if len(backlogged) == 1:
+            return next(iter(backlogged)).queue.head
+        scored: list[tuple[Flow, float, float]] = []
+        decayed = self._decayed
+        for flow, program in backlogged.items():
+            scored.append((flow, decayed(program, now), now - flow.queue.head.arrival))
+        low_service = min(entry[1] for entry in scored)
+        service_range = max(entry[1] for entry in scored) - low_service
+        low_wait = min(entry[2] for entry in scored)
+        wait_range = max(entry[2] for entry in scored) - low_wait
+        config = self._config
+        best: Flow | None = None
+        best_score = -1.0
+        for flow, service, wait in scored:
+            score = config.weight_service * (
+                1.0 - (service - low_service) / service_range if service_range else 0.5
+            ) + config.weight_head_wait * ((wait - low_wait) / wait_range if wait_range else 0.5)
+            if score > best_score:
+                best, best_score = flow, score
+        return best.queue.head  # type: ignore[union-attr]
+
+    def take(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.pop_head()
+        if not flow.count:
+            del self._backlogged[flow]
+
+    def discard(self, request: FlowRequest, flow: Flow) -> None:
+        flow.queue.discard(request)
+        if not flow.count:
+            self._backlogged.pop(flow, None)
+
+    def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
+        self._program(flow, request.arrival)
+
+    def on_complete(
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
+    ) -> None:
+        if input_tokens is None:
+            input_tokens = request.input_tokens
+        program = self._program(flow, now)
+        if now > program.anchor:
+            program.service = self._decayed(program, now)
+            program.anchor = now
+        program.service += LAS_INPUT_WEIGHT * input_tokens + LAS_OUTPUT_WEIGHT * output_tokens
+        program.last_completion = now
+        if self._next_sweep is None or now >= self._next_sweep:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the programs idle (nothing queued or in flight) with no
+        completion for longer than the TTL; O(programs), once per sweep."""
+        config = self._config
+        self._next_sweep = now + config.eviction_sweep
+        if config.eviction_ttl <= 0:
+            return
+        oldest = now - config.eviction_ttl
+        programs = self._programs
+        idle = [
+            fairness_id
+            for fairness_id, program in programs.items()
+            if program.last_completion < oldest
+            and not program.flow.count
+            and not program.flow.in_flight
+        ]
+        for fairness_id in idle:
+            del programs[fairness_id]
+
+    def requests(self) -> list[FlowRequest]:
+        return _flow_requests(self._backlogged)
 
     def adopt(self, flow: Flow) -> None:
         flow.reset_queue()
@@ -323,4 +513,6 @@ def make_policy(config: BandConfig) -> FairnessPolicy:
         return RoundRobin(config.ordering)
     if config.fairness is Fairness.VTC:
         return VirtualTokenCounter(config.ordering, config.input_weight, config.output_weight)
+    if config.fairness is Fairness.PROGRAM_AWARE:
+        return ProgramAware(config.ordering, config.program_aware)
     return GlobalStrict(config.ordering)

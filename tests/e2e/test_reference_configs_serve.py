@@ -1,7 +1,7 @@
 """The reference's sample configurations served for real: simulated model
 servers, `epp serve --config-file <sample>` and Envoy on loopback. A few
 representative samples (single profile with the decode filter, load-aware
-scoring, P/D disaggregation) answer a chat request through Envoy; the
+scoring, P/D disaggregation, program-aware fairness) answer a chat request through Envoy; the
 OpenAI Python SDK lists models (a request without a body, which goes to a
 random ready endpoint) and chats through the same Envoy."""
 
@@ -22,7 +22,12 @@ SAMPLES = Path(__file__).parents[1] / "data" / "reference_configs"
 
 @pytest.mark.parametrize(
     "sample",
-    ["epp-config.yaml", "epp-estimate-prefix-cache-config.yaml", "pd-epp-config.yaml"],
+    [
+        "epp-config.yaml",
+        "epp-estimate-prefix-cache-config.yaml",
+        "pd-epp-config.yaml",
+        "sim-program-aware-config.yaml",
+    ],
 )
 async def test_a_reference_sample_config_serves_a_chat_request(sample: str) -> None:
     status, text, _ = await chat_through_envoy(

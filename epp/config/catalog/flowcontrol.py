@@ -13,7 +13,6 @@ from epp.config.plugin import (
     PluginType,
     Stability,
     configured,
-    pending,
 )
 from epp.flowcontrol.eviction import PriorityThenTime, SheddableFilter
 from epp.flowcontrol.usagelimits import (
@@ -60,7 +59,6 @@ def _concurrency_detector(parameters: Parameters) -> ConcurrencyDetector:
 
 
 ALPHA = Stability.ALPHA
-FLOW_CONTROL_ISSUE = "issue #19"
 
 ENTRIES: tuple[PluginType, ...] = (
     # -- fairness (between the flows of a band) --------------------------------
@@ -90,7 +88,8 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "program-aware-fairness",
         Kind.FAIRNESS,
-        "least attained service first (LAS): 0.8 service + 0.2 head wait",
+        "least attained service first (LAS): input + 2 x output tokens, decaying with "
+        "a half-life; the oldest head breaks ties",
         (
             Param("strategy", T.STRING, "las", "scoring strategy", choices=("las",)),
             Param("lasWeightService", T.FLOAT, 0.8, "weight of inverted attained service", 0),
@@ -101,7 +100,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("evictionTtlSeconds", T.FLOAT, 3600.0, "programs idle this long are dropped", 0),
             Param("evictionSweepSeconds", T.FLOAT, 300.0, "sweep period", 0, None, True),
         ),
-        factory=pending("program-aware-fairness", FLOW_CONTROL_ISSUE),
+        factory=configured("program-aware-fairness"),
     ),
     # -- ordering (inside a flow) ---------------------------------------------
     PluginType(

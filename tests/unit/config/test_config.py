@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
-from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, GateKind, Ordering
+from epp.flowcontrol.config import (
+    BandConfig,
+    Fairness,
+    FlowControlConfig,
+    GateKind,
+    Ordering,
+    ProgramAwareConfig,
+)
 from epp.scheduling.saturation import SaturationThresholds
 
 ROOT = Path(__file__).parents[3]
@@ -106,6 +113,60 @@ def test_vtc_weights_come_from_the_referenced_plugin() -> None:
     )
     band = parsed.flow_control.band(1)
     assert (band.fairness, band.input_weight, band.output_weight) == (Fairness.VTC, 1.0, 4.0)
+
+
+def test_program_aware_fairness_parameters_reach_the_band() -> None:
+    parsed = parse_config(
+        config(
+            plugins=[
+                {
+                    "type": "program-aware-fairness",
+                    "parameters": {
+                        "strategy": "las",
+                        "lasWeightService": 0.5,
+                        "lasWeightHeadWait": 0.5,
+                        "lasHalfLifeSeconds": 30,
+                        "evictionTtlSeconds": 600,
+                        "evictionSweepSeconds": 60,
+                    },
+                }
+            ],
+            flowControl={"defaultPriorityBand": {"fairnessPolicyRef": "program-aware-fairness"}},
+        )
+    )
+    band = parsed.flow_control.default_band
+    assert band.fairness is Fairness.PROGRAM_AWARE
+    assert band.program_aware == ProgramAwareConfig(0.5, 0.5, 30.0, 600.0, 60.0)
+
+
+def test_program_aware_fairness_defaults_are_the_references() -> None:
+    band = parse_config(
+        config(
+            plugins=[{"type": "program-aware-fairness"}],
+            flowControl={"defaultPriorityBand": {"fairnessPolicyRef": "program-aware-fairness"}},
+        )
+    ).flow_control.default_band
+    assert band.program_aware == ProgramAwareConfig(0.8, 0.2, 60.0, 3600.0, 300.0)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"strategy": "wfq"}, "plugins[0].parameters.strategy: "),
+        ({"lasWeightService": -0.1}, "plugins[0].parameters.lasWeightService: must be"),
+        ({"lasWeightHeadWait": -1}, "plugins[0].parameters.lasWeightHeadWait: must be"),
+        ({"lasHalfLifeSeconds": -1}, "plugins[0].parameters.lasHalfLifeSeconds: must be"),
+        ({"evictionTtlSeconds": -1}, "plugins[0].parameters.evictionTtlSeconds: must be"),
+        ({"evictionSweepSeconds": 0}, "plugins[0].parameters.evictionSweepSeconds: must be"),
+    ],
+)
+def test_program_aware_fairness_parameters_out_of_range_are_refused_by_name(
+    parameters: dict[str, Any], message: str
+) -> None:
+    errors = errors_of(
+        config(plugins=[{"type": "program-aware-fairness", "parameters": parameters}])
+    )
+    assert len(errors) == 1 and errors[0].startswith(message), errors
 
 
 def test_gate_fields_are_read() -> None:
