@@ -41,7 +41,10 @@ x (its head request's wait, range-normalized); equal values normalize to
 the earliest backlogged on a tie. The state of a program with nothing queued
 or in flight and no completion for `eviction_ttl` is dropped by a sweep run
 at most every `eviction_sweep` seconds, on the first pick or completion
-after it falls due. Unlike the reference, whose one plugin instance keeps
+after it falls due; so the programs kept are those active within the TTL
+(as the reference's: a fresh fairness id per request keeps one small entry
+per request for the TTL; lower `evictionTtlSeconds` for such traffic).
+Unlike the reference, whose one plugin instance keeps
 programs across every band that names it, each band keeps its own: a
 program's service in one priority does not delay it in another.
 A pick is O(F): the backlogged flows of a band are bounded by its
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
+from itertools import islice
 from math import exp2
 from typing import Protocol
 
@@ -423,24 +427,33 @@ class ProgramAware:
             self._sweep(now)
         if len(backlogged) == 1:
             return next(iter(backlogged)).queue.head
-        scored: list[tuple[Flow, float, float]] = []
-        decayed = self._decayed
-        for flow, program in backlogged.items():
-            scored.append((flow, decayed(program, now), now - flow.queue.head.arrival))
-        low_service = min(entry[1] for entry in scored)
-        service_range = max(entry[1] for entry in scored) - low_service
-        low_wait = min(entry[2] for entry in scored)
-        wait_range = max(entry[2] for entry in scored) - low_wait
+        # Two flat passes: this loop is the policy's whole cost per dispatch.
         config = self._config
-        best: Flow | None = None
-        best_score = -1.0
-        for flow, service, wait in scored:
-            score = config.weight_service * (
-                1.0 - (service - low_service) / service_range if service_range else 0.5
-            ) + config.weight_head_wait * ((wait - low_wait) / wait_range if wait_range else 0.5)
-            if score > best_score:
-                best, best_score = flow, score
-        return best.queue.head  # type: ignore[union-attr]
+        half_life = config.half_life
+        programs = backlogged.values()
+        if half_life > 0:
+            services = [
+                p.service * exp2(min(0.0, (p.anchor - now) / half_life)) if p.service else 0.0
+                for p in programs
+            ]
+        else:
+            services = [p.service for p in programs]
+        arrivals = [flow.queue.head.arrival for flow in backlogged]
+        # wait = now - arrival, so the oldest head has the lowest arrival
+        low_service = min(services)
+        service_range = max(services) - low_service
+        last_arrival = max(arrivals)
+        arrival_range = last_arrival - min(arrivals)
+        by_service = config.weight_service / service_range if service_range else 0.0
+        by_wait = config.weight_head_wait / arrival_range if arrival_range else 0.0
+        # range-normalized terms; a term whose values are all equal adds the
+        # same 0.5 x weight to every flow, so it is left out
+        scores = [
+            by_wait * (last_arrival - arrival) - by_service * (service - low_service)
+            for service, arrival in zip(services, arrivals, strict=True)
+        ]
+        best = scores.index(max(scores))  # the first best: the earliest backlogged
+        return next(islice(backlogged, best, None)).queue.head
 
     def take(self, request: FlowRequest, flow: Flow) -> None:
         flow.queue.pop_head()
