@@ -143,8 +143,13 @@ class FlowController:
                 Outcome.REJECTED_NO_ENDPOINTS if self._empty else Outcome.REJECTED_SATURATED,
             )
 
-        self._stamp(request, band)
-        self._track(request, band)
+        ttl = self._stamp(request, band)
+        if self._empty or request.arrival < self._regime_since:
+            self._track(request, band)
+        elif ttl is not None:  # `_track` for a pool with endpoints, inlined (bench.queue_core)
+            self._deadlines.track(
+                request, band.lane if ttl == band.ttl else None, self.queued_requests
+            )
         flow = request.flow
         request.state = QUEUED
         flow.count += 1
@@ -155,10 +160,11 @@ class FlowController:
         band.policy.push(request, flow)
         return None
 
-    def _stamp(self, request: FlowRequest, band: Band) -> None:
+    def _stamp(self, request: FlowRequest, band: Band) -> float | None:
         """Set the fields the core gives a request arriving in `band`: its
         sequence number, deadline (arrival + effective TTL: the smallest of
-        its own and the band's), order key and flow."""
+        its own and the band's), order key and flow. Returns the effective TTL
+        (None: none)."""
         request.seq = self._seq = self._seq + 1
         ttl = request.ttl
         if ttl is None or ttl <= 0 or (band.ttl is not None and band.ttl < ttl):
@@ -168,6 +174,7 @@ class FlowController:
         if not band.fcfs:
             request.order_key = order_key(band.config.ordering, request)
         request.flow = band.flows.get(request.fairness_id) or band.flow(request.fairness_id)
+        return ttl
 
     def _track(self, request: FlowRequest, band: Band) -> None:
         """Track the queued `request`'s expiry under the current regime (see
@@ -267,9 +274,10 @@ class FlowController:
         done: list[FlowRequest] = []
         if not self.queued_requests:
             return done
-        self._observe_regime(now)
         gate = self.gate
         placer = self.placer
+        if placer.has_endpoints() is self._empty:  # the regime changed
+            self._observe_regime(now)
         for band in self._bands_desc:
             if not band.count:
                 continue
