@@ -268,6 +268,7 @@ class EppPolicy:
                 now,
                 -1 if prefiller is None else index_of[prefiller],
             )
+        sim.want_timer(self.core.next_wakeup())
 
 
 class RoundRobinPolicy:
