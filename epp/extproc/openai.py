@@ -88,6 +88,17 @@ def api_for_path(path: str) -> Api:
     return Api.COMPLETIONS
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """`body` as a JSON object; BadRequest (400) when it is not one."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise BadRequest("body must be a JSON object")
+    return document
+
+
 def read_stream(document: dict[str, Any]) -> bool:
     """The request's `stream` flag; absent or null is False."""
     stream = document.get("stream", False)
@@ -119,12 +130,7 @@ def parse_body(
     `default_model` is the model of a body without one (None: 400).
     """
     api = api_for_path(path)
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise BadRequest(f"body is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise BadRequest("body must be a JSON object")
+    document = json_object(body)
     model = document.get("model")
     if model is None:
         if default_model is None:

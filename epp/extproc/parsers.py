@@ -22,14 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from epp.extproc.openai import (
     Api,
     BadRequest,
     ParsedBody,
     estimate_tokens,
     has_media,
+    json_object,
     parse_body,
     parts_text,
     read_stream,
@@ -44,16 +43,6 @@ def _unread(body: bytes) -> ParsedBody:
     return ParsedBody(Api.COMPLETIONS, "", "", "", False, None, 0, body)
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise BadRequest(f"body is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise BadRequest("body must be a JSON object")
-    return document
-
-
 def _model(document: dict[str, Any], default_model: str | None) -> str:
     model = document.get("model", default_model or "")
     if not isinstance(model, str):
@@ -66,7 +55,7 @@ def parse_anthropic(
 ) -> ParsedBody:
     if path.endswith("/count_tokens"):
         return _unread(body)
-    document = _json_object(body)
+    document = json_object(body)
     messages = document.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("invalid messages request: must have at least one message")
@@ -101,7 +90,7 @@ def parse_vllm_generate(
 ) -> ParsedBody:
     if not path.endswith("/inference/v1/generate"):
         return parse_body(path, body, rewrite_to, default_model)
-    document = _json_object(body)
+    document = json_object(body)
     token_ids = document.get("token_ids")
     prompt = ""
     if token_ids is not None:
