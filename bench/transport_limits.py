@@ -78,26 +78,7 @@ def serve_epp(port_file: Path, streams: int) -> None:
     import uvloop
 
     from epp.transport import GrpcServer, TransportLimits
-
-    class Echo:
-        def __init__(self, call) -> None:
-            self.call = call
-
-        def on_message(self, payload: bytes) -> None:
-            self.call.send(payload)
-
-        def on_half_close(self) -> None:
-            self.call.finish()
-
-        def on_cancel(self) -> None:
-            pass
-
-    class Sink(Echo):
-        def on_message(self, payload: bytes) -> None:
-            pass
-
-        def on_half_close(self) -> None:
-            pass
+    from tests.support.grpc_handlers import Echo, Sink
 
     async def main() -> None:
         limits = TransportLimits(

@@ -28,8 +28,8 @@ from hyperframe.frame import (
     RstStreamFrame,
 )
 
-ECHO = "/test.Echo/Echo"
-SINK = "/test.Echo/Sink"
+from tests.support.grpc_handlers import ECHO, SINK
+
 HEALTH_P99_LIMIT = 0.1
 
 

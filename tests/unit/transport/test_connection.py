@@ -18,29 +18,11 @@ from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
 from epp.transport import Call, GrpcServer, Status, TransportLimits
 from epp.transport.h2_internals import STREAM_WALK_SLACK, ServerH2Connection
+from tests.support.grpc_handlers import ECHO, Echo
 from tests.support.waiting import eventually
 
-ECHO = "/test.Echo/Echo"
 FAIL = "/test.Echo/Fail"
 REFUSE = "/test.Echo/Refuse"
-
-
-class Echo:
-    """Sends every message back; ends OK when the client is done."""
-
-    def __init__(self, call: Call, log: list[str]) -> None:
-        self.call = call
-        self.log = log
-
-    def on_message(self, payload: bytes) -> None:
-        self.call.send(payload)
-
-    def on_half_close(self) -> None:
-        self.log.append("half-close")
-        self.call.finish()
-
-    def on_cancel(self) -> None:
-        self.log.append("cancel")
 
 
 class Failing(Echo):

@@ -29,13 +29,12 @@ from hyperframe.frame import (
 
 from epp.serve.health import Health
 from epp.serve.tls import server_ssl_context
-from epp.transport import HEALTH_LIMITS, Call, GrpcServer, TransportLimits
+from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
 from epp.transport.connection import GrpcConnection
+from tests.support.grpc_handlers import ECHO, SINK, Echo, Sink
 from tests.support.waiting import eventually
 from tests.unit.transport.raw_h2 import (
-    ECHO,
     HEALTH_P99_LIMIT,
-    SINK,
     HealthProber,
     RawH2,
     continuation_frames,
@@ -49,31 +48,6 @@ from tests.unit.transport.raw_h2 import (
 T = TypeVar("T")
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 MIB = 1024 * 1024
-
-
-class Echo:
-    def __init__(self, call: Call, log: list[str]) -> None:
-        self.call = call
-        self.log = log
-
-    def on_message(self, payload: bytes) -> None:
-        self.call.send(payload)
-
-    def on_half_close(self) -> None:
-        self.call.finish()
-
-    def on_cancel(self) -> None:
-        self.log.append("cancel")
-
-
-class Sink(Echo):
-    """Reads and never answers (a queued request)."""
-
-    def on_message(self, payload: bytes) -> None:
-        pass
-
-    def on_half_close(self) -> None:
-        pass
 
 
 @dataclass(slots=True)
