@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.envoy import running_envoy
-from tests.support.epp_process import running_epp
+from tests.support.epp_process import objectives_yaml, running_epp
 from tests.support.fake_vllm import running_fake_vllm
 from tests.support.health import health_status_at
 from tests.support.waiting import eventually
@@ -42,17 +42,7 @@ flowControl:
 
 
 def objectives(**priorities: int) -> str:
-    return "---\n".join(
-        f"""\
-apiVersion: llm-d.ai/v1
-kind: InferenceObjective
-metadata: {{name: {name}, namespace: default}}
-spec:
-  priority: {priority}
-  poolRefs: [{{name: e2e-pool}}]
-"""
-        for name, priority in priorities.items()
-    )
+    return objectives_yaml("e2e-pool", **priorities)
 
 
 BASE_OBJECTIVES = {"low": 0, "high": 10, "tiny": 5, "x": 1}

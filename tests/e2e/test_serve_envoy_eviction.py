@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.support.envoy import running_envoy
-from tests.support.epp_process import running_epp
+from tests.support.epp_process import objectives_yaml, running_epp
 from tests.support.fake_vllm import running_fake_vllm
 from tests.support.waiting import eventually
 
@@ -28,17 +28,7 @@ flowControl:
     maxPerEndpoint: 1
 """
 
-OBJECTIVES = "---\n".join(
-    f"""\
-apiVersion: llm-d.ai/v1
-kind: InferenceObjective
-metadata: {{name: {name}, namespace: default}}
-spec:
-  priority: {priority}
-  poolRefs: [{{name: e2e-pool}}]
-"""
-    for name, priority in {"batch": -1, "chat": 10}.items()
-)
+OBJECTIVES = objectives_yaml("e2e-pool", batch=-1, chat=10)
 
 
 async def post(session, url, prompt, objective):

@@ -73,6 +73,21 @@ class RunningEpp:
         return self.process.returncode
 
 
+def objectives_yaml(pool: str, **priorities: int) -> str:
+    """What `--objectives` reads: an InferenceObjective per name, at its priority, in `pool`."""
+    return "---\n".join(
+        f"""\
+apiVersion: llm-d.ai/v1
+kind: InferenceObjective
+metadata: {{name: {name}, namespace: default}}
+spec:
+  priority: {priority}
+  poolRefs: [{{name: {pool}}}]
+"""
+        for name, priority in priorities.items()
+    )
+
+
 async def start_epp(
     *args: str, ready_timeout: float = 30.0, env: dict[str, str] | None = None
 ) -> RunningEpp:
