@@ -278,6 +278,9 @@ NEEDS_LATENCY_PREDICTOR = (
 )
 """The refusal of every plugin type that predicts latency with the reference's sidecar."""
 
+MULTICLUSTER_UNSUPPORTED = "cluster-scoped (multi-cluster) EPPs are not supported"
+"""The refusal of every plugin type that works across clusters."""
+
 
 def configured(plugin_type: str) -> Factory:
     """The factory that returns `Configured(plugin_type, parameters)`."""

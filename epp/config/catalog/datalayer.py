@@ -5,12 +5,19 @@ reference's parameter names, types and defaults
 from __future__ import annotations
 
 from epp.config.datalayer import core_metrics, file_discovery, metrics_source
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Stability, configured
+from epp.config.plugin import (
+    MULTICLUSTER_UNSUPPORTED,
+    Kind,
+    Param,
+    ParamType,
+    PluginType,
+    Stability,
+    configured,
+)
 
 T = ParamType
 ALPHA = Stability.ALPHA
 PART3 = "issue #14, data layer"
-_MULTICLUSTER = "cluster-scoped (multi-cluster) EPPs are not supported"
 
 ENTRIES: tuple[PluginType, ...] = (
     PluginType(
@@ -116,21 +123,21 @@ ENTRIES: tuple[PluginType, ...] = (
         "multicluster-file-discovery",
         Kind.DISCOVERY,
         "peer clusters from a file",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     PluginType(
         "multicluster-metrics-data-source",
         Kind.DATA_SOURCE,
         "scrapes clusters' pool metrics",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     PluginType(
         "multicluster-metrics-extractor",
         Kind.EXTRACTOR,
         "reads clusters' pool metrics",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
 )

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from epp.config.plugin import (
+    MULTICLUSTER_UNSUPPORTED,
     NEEDS_LATENCY_PREDICTOR,
     Configured,
     Kind,
@@ -223,7 +224,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "multicluster-approx-prefix-cache-producer",
         Kind.PRODUCER,
         "prefix index over clusters",
-        refusal="cluster-scoped (multi-cluster) EPPs are not supported",
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     # -- admission and other request control -------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.config.plugin import (
+    MULTICLUSTER_UNSUPPORTED,
     NEEDS_LATENCY_PREDICTOR,
     Configured,
     Kind,
@@ -27,7 +28,6 @@ T = ParamType
 ALPHA = Stability.ALPHA
 PART3 = "issue #14, scheduling plugins"
 
-_MULTICLUSTER = "cluster-scoped (multi-cluster) EPPs are not supported"
 _TOPOLOGY = "needs node topology attributes (topology-extractor), which epp does not collect"
 _ENDPOINT_ATTRIBUTE = "needs endpoint attributes from plugins epp does not run"
 _MM_CACHE = "needs multimodal embedding hashes (mm-embeddings-cache-producer)"
@@ -477,7 +477,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "multicluster-session-affinity-filter",
         Kind.FILTER,
         "session affinity across clusters",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     PluginType(
@@ -645,21 +645,21 @@ ENTRIES: tuple[PluginType, ...] = (
         "multicluster-queue-scorer",
         Kind.SCORER,
         "queue scorer over clusters",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     PluginType(
         "multicluster-kv-cache-utilization-scorer",
         Kind.SCORER,
         "KV-cache scorer over clusters",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     PluginType(
         "multicluster-prefix-cache-scorer",
         Kind.SCORER,
         "prefix scorer over clusters",
-        refusal=_MULTICLUSTER,
+        refusal=MULTICLUSTER_UNSUPPORTED,
         stability=ALPHA,
     ),
     # -- pickers --------------------------------------------------------------
