@@ -264,11 +264,9 @@ class ExtProcStream:
 
     def close(self) -> list[Event]:
         """The stream ended (cleanly or not). Releases a dispatched request once."""
-        was = self.phase
+        if self.phase is Phase.UPSTREAM or self.phase is Phase.RESPONSE_BODY:
+            return self._end_response()
         self.phase = Phase.DONE
-        if was is Phase.UPSTREAM or was is Phase.RESPONSE_BODY:
-            self._finish_usage()
-            return self._release()
         return []
 
     # ---- request path ------------------------------------------------------
@@ -448,9 +446,7 @@ class ExtProcStream:
             replies = [messages.response_body_reply(chunk, end_of_stream)]
         replies.extend(started)
         if end_of_stream:
-            self.phase = Phase.DONE
-            self._finish_usage()
-            replies.extend(self._release())
+            replies.extend(self._end_response())
         return replies
 
     def _chunk_arrived(self, now: float) -> None:
@@ -475,9 +471,7 @@ class ExtProcStream:
             replies.extend(messages.body_chunks(body, False, response=True))
         self._held = None
         replies.append(messages.trailers_reply(response=True))
-        self.phase = Phase.DONE
-        self._finish_usage()
-        replies.extend(self._release())
+        replies.extend(self._end_response())
         return replies
 
     def _copy_for_usage(self, chunk: bytes) -> None:
@@ -501,6 +495,13 @@ class ExtProcStream:
             self._response_copy = None
 
     # ---- endings -----------------------------------------------------------
+
+    def _end_response(self) -> list[Event]:
+        """The call is over after it reached the upstream: the usage its
+        response carried is read first, since the release reports it."""
+        self.phase = Phase.DONE
+        self._finish_usage()
+        return self._release()
 
     def _release(self) -> list[Event]:
         if self._released or self.request is None:
