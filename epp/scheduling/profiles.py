@@ -149,23 +149,13 @@ class DisaggProfileHandler:
         if not isinstance(decode, Endpoint):
             return decode
         routing: dict[str, str] = {}
-        encode_runner = runners.get(self.encode)
-        decider = self.encode_decider
-        if (
-            encode_runner is not None
-            and decider is not None
-            and decider.disaggregate(request, decode)
-        ):
+        encode_runner = _stage(runners.get(self.encode), self.encode_decider, request, decode)
+        if encode_runner is not None:
             encoder = encode_runner.choose(request, False)
             if isinstance(encoder, Endpoint):
                 routing[ENCODERS_HEADER] = encoder.address
-        prefill_runner = runners.get(self.prefill)
-        decider = self.prefill_decider
-        if (
-            prefill_runner is not None
-            and decider is not None
-            and decider.disaggregate(request, decode)
-        ):
+        prefill_runner = _stage(runners.get(self.prefill), self.prefill_decider, request, decode)
+        if prefill_runner is not None:
             # With prefill credits (`epp.scheduling.stages`) the prefill
             # profile answers None when no prefill endpoint has one: wait.
             prefiller = prefill_runner.choose(request, True)
@@ -177,6 +167,16 @@ class DisaggProfileHandler:
         if self.primary_port:
             to_primary_port(request, decode, self.primary_port)
         return decode
+
+
+def _stage(
+    runner: Runner | None, decider: Decider | None, request: InferenceRequest, decode: Endpoint
+) -> Runner | None:
+    """The runner of a stage `request` goes through before `decode`: only a
+    stage with a profile and a decider, and only when the decider says so."""
+    if runner is not None and decider is not None and decider.disaggregate(request, decode):
+        return runner
+    return None
 
 
 class AlwaysDisaggregate:
