@@ -209,6 +209,7 @@ class LimitEstimator:
         "seen",
         "seen_seq",
         "sent",
+        "sent_before",
         "sent_seq",
         "settings",
         "slowed",
@@ -234,6 +235,8 @@ class LimitEstimator:
         self.pending = 0
         self.sent = 0
         """Requests sent here since the last sample."""
+        self.sent_before = 0
+        """Requests sent here in the interval before that."""
         self.sent_seq = 0
         """The newest (by the core's sequence number) request sent here."""
         self.seen_seq = 0
@@ -330,8 +333,14 @@ class LimitEstimator:
         # was sent since, less its queue now (admitted or done already).
         took = max(0, self.queue + self.sent - waiting)
         quiet = not (waiting or self.queue)
-        if waiting > self.sent:
-            self.crowded = True  # a request waited there a whole interval
+        # A request waited there a whole interval when its queue outgrew what
+        # it was sent over the last two: one sent after the server was read
+        # but before the sample arrived counts in the interval before, yet
+        # the sample does not show it yet.
+        stale = waiting > self.sent + self.sent_before
+        if stale:
+            self.crowded = True
+        self.sent_before = self.sent
         self.sent = 0
         self.pending = self.queue = waiting
         self.running = running
@@ -375,39 +384,44 @@ class LimitEstimator:
             self.probing = True
             self.probe_since = now
         new = min(new, settings.maximum)
-        self.budget = self._budget(new, running, waiting, took, quiet)
+        self.budget = self._budget(new, running, waiting, took, quiet, stale)
         if new == old:
             return 0
         self.limit = new
         self.adjustments += 1
         return new - old
 
-    def _budget(self, limit: int, running: int, waiting: int, took: int, quiet: bool) -> int:
+    def _budget(
+        self, limit: int, running: int, waiting: int, took: int, quiet: bool, stale: bool
+    ) -> int:
         """`pending`, one more for a large server still searching (it admits
-        two a step). A server still searching that never kept a request
-        waiting a whole interval may be sent `INTAKE` times what it `took`
-        since the last sample when its last two samples showed no queue, and
-        what it took when its queue is younger than the interval: below its
-        size, what limits its intake is the arrivals, and one request per
-        sample would cap it at one per scrape interval (a whole response
-        tells nothing before its end). A server of known size with no queue
-        at its last two samples may be sent what it took, while that keeps
-        it under `KEEP_PACE` of its limit (its requests end faster than one
-        per sample), and up to `FAST_FILL` of its limit at once while it runs
-        less than that: its next step admits them all. Near the top the
-        one-at-a-time pace keeps the server's queue and the top band's
-        prefill steps short."""
+        two a step). Whole responses tell nothing before their end, so below
+        its size a server is sent at the pace at which it takes requests, not
+        one per sample: what it `took` since the last sample, on top of a
+        queue younger than the interval (its next step admits them), or
+        `INTAKE` times that with no queue, so its intake can grow to meet the
+        arrivals. A server still searching grows so only after two samples
+        with no queue, and once a request waited there a whole interval
+        (`stale`) never again. A server of known size grows so with no queue
+        now, one at a time after a stale queue, never past `KEEP_PACE` of its
+        limit (near the top, one at a time keeps the server's queue and the
+        top band's prefill steps short), and may be sent up to `FAST_FILL`
+        of its limit at once while it runs less than that: its next step
+        admits them all."""
         pending = self.settings.pending
         if not self.found:
             base = pending + 1 if limit >= 64 else pending
             if self.crowded:
                 return base
-            return max(base, INTAKE * took if quiet else took if waiting else 0)
-        if waiting:
+            if waiting:
+                return max(base, waiting + took)
+            return max(base, INTAKE * took if quiet else 0)
+        if stale:
             return pending
-        if quiet and took > pending and running + took <= limit * KEEP_PACE:
-            pending = took
-        return max(pending, int(limit * FAST_FILL) - running)
+        pace = waiting + took if waiting else INTAKE * took
+        room = int(limit * KEEP_PACE) - running
+        budget = min(max(pending, pace), max(pending, room))
+        return max(budget, int(limit * FAST_FILL) - running)
 
 
 FAST_FILL = 0.5

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.flowcontrol.adaptive import (
+    KEEP_PACE,
     LATENCY_SAMPLES,
     AdaptiveGate,
     AdaptiveLimits,
@@ -208,7 +209,7 @@ def test_an_endpoint_that_kept_a_request_waiting_a_whole_interval_is_paced_one_a
     assert not gate.has_room(A, 0)
 
 
-def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took():
+def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took_beside_it():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
     pool.publish(0.05, a=(0, 0))
@@ -221,7 +222,20 @@ def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took():
     while gate.has_room(A, 0):
         dispatch(gate, A)
         sent += 1
-    assert sent == 2 - 1  # what it took, less the one waiting
+    assert sent == 2  # what it took; the one waiting goes in at its next step
+
+
+def test_a_request_sent_while_its_sample_was_on_the_way_is_not_a_stale_queue():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(0, 0))
+    gate.has_room(A, 0)
+    dispatch(gate, A)  # sent after the server was read for the next sample
+    pool.publish(0.1, a=(0, 0))  # which does not show it yet
+    gate.has_room(A, 0)
+    pool.publish(0.15, a=(0, 1))  # waiting since 0.1 at most: between two steps
+    gate.has_room(A, 0)
+    assert not gate._estimators[A].crowded
 
 
 def test_the_top_band_may_send_one_more_than_the_pending_budget():
@@ -256,7 +270,7 @@ def fill(gate: AdaptiveGate, pool: Pool, priority: int) -> int:
     return sent
 
 
-def test_a_server_of_known_size_below_its_top_may_be_sent_what_it_took():
+def test_a_server_of_known_size_below_its_top_may_be_sent_twice_what_it_took():
     pool, gate = settled_gate(32, 0)
     for _ in range(3):
         dispatch(gate, A)
@@ -265,7 +279,27 @@ def test_a_server_of_known_size_below_its_top_may_be_sent_what_it_took():
     while gate.has_room(A, 0):
         dispatch(gate, A)
         sent += 1
+    assert sent == 6
+
+
+def test_a_server_of_known_size_below_its_top_with_a_young_queue_may_be_sent_what_it_took():
+    pool, gate = settled_gate(32, 0)
+    for _ in range(4):
+        dispatch(gate, A)
+    pool.publish(1.3, a=(20, 1))  # took three, the fourth waits for the next step
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
     assert sent == 3
+
+
+def test_a_server_of_known_size_with_a_stale_queue_is_sent_one_at_a_time():
+    pool, gate = settled_gate(32, 0)
+    pool.publish(1.3, a=(20, 0))
+    assert gate.has_room(A, 0)
+    pool.publish(1.35, a=(20, 1))  # waiting, though sent nothing in two intervals
+    assert not gate.has_room(A, 0)  # the one waiting is all it may have pending
 
 
 def test_a_server_of_known_size_near_its_top_is_sent_one_at_a_time():
@@ -438,11 +472,13 @@ def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at
     for _ in range(8):
         assert gate.has_room(A, 0)
         dispatch(gate, A)
-    assert not gate.has_room(A, 0)  # half its limit pending: one at a time now
-    pool.publish(2.0, a=(8, 0))
-    assert gate.has_room(A, 0)
-    dispatch(gate, A)
-    assert not gate.has_room(A, 0)
+    assert not gate.has_room(A, 0)  # half its limit pending
+    pool.publish(2.0, a=(8, 0))  # it took them all: it may fill up to KEEP_PACE
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert 8 + sent == int(16 * KEEP_PACE)
 
 
 # -- latency: a server that slows down without queueing ------------------------
