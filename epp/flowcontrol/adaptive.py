@@ -27,13 +27,19 @@ The control law (measured against the alternatives in
   step), not the scrape's. A whole response gives no such sign, so the
   budget is also sized at each sample from what the server took since
   the one before (its queue then, plus what it was sent, less its queue
-  now): a server still searching for its size may be sent twice that
-  (what it took if it holds a queue younger than the interval), until a
-  request waits there a whole interval; a server of known size with no
-  queue may be sent what it took while that keeps it under 90% of its
-  limit, and up to half its limit at once while it runs less than half
-  (its requests may finish between samples, when the pace of one per
-  sample would starve it).
+  now). Beside a queue younger than the interval (a request caught
+  between two steps, which its next step admits) a server may be sent what
+  it took; with no queue, twice that, so its intake can grow to meet the
+  arrivals. A server still searching for its size grows so only after two
+  samples with no queue, and not after a request waited there a whole
+  interval (its queue outgrew what it was sent over the last two
+  intervals: a request sent while a sample was on its way is counted in
+  the interval before but not yet shown) until it runs less than half its
+  limit with no queue. A server of known size grows so
+  up to 90% of its limit, is sent one at a time after a request waited
+  there a whole interval, and may be sent up to half its limit at once
+  while it runs less than half (its requests may finish between samples,
+  when the pace of one per sample would starve it).
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room
@@ -340,6 +346,10 @@ class LimitEstimator:
         stale = waiting > self.sent + self.sent_before
         if stale:
             self.crowded = True
+        elif quiet and running < self.limit * NOT_FULL:
+            # The queue that went stale waited out a long step (a burst's
+            # prefills), not a full batch.
+            self.crowded = False
         self.sent_before = self.sent
         self.sent = 0
         self.pending = self.queue = waiting
@@ -401,8 +411,8 @@ class LimitEstimator:
         queue younger than the interval (its next step admits them), or
         `INTAKE` times that with no queue, so its intake can grow to meet the
         arrivals. A server still searching grows so only after two samples
-        with no queue, and once a request waited there a whole interval
-        (`stale`) never again. A server of known size grows so with no queue
+        with no queue, and not once a request waited there a whole interval
+        (`stale`: `crowded`, until `NOT_FULL`). A server of known size grows so with no queue
         now, one at a time after a stale queue, never past `KEEP_PACE` of its
         limit (near the top, one at a time keeps the server's queue and the
         top band's prefill steps short), and may be sent up to `FAST_FILL`
@@ -430,6 +440,12 @@ FAST_FILL = 0.5
 KEEP_PACE = 0.9
 """Below this share of its limit, a server of known size with no queue may
 be sent as many as it took in the last sampling interval."""
+
+NOT_FULL = 0.5
+"""A server still searching that runs less than this share of its limit,
+with no queue at two samples, is not full, whatever queue went stale there
+before (paced one at a time, it would never be sent enough to show its
+size)."""
 
 INTAKE = 2
 """A server still searching, with no queue, may be sent this many times

@@ -209,6 +209,22 @@ def test_an_endpoint_that_kept_a_request_waiting_a_whole_interval_is_paced_one_a
     assert not gate.has_room(A, 0)
 
 
+def test_a_searching_endpoint_well_below_its_limit_with_no_queue_is_no_longer_taken_for_full():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(10, 0))
+    gate.has_room(A, 0)
+    pool.publish(0.1, a=(10, 2))  # waiting, though sent nothing: a long step, or full
+    gate.has_room(A, 0)
+    assert gate._estimators[A].crowded
+    pool.publish(0.15, a=(6, 0))
+    gate.has_room(A, 0)
+    assert gate._estimators[A].crowded  # a queue at the sample before
+    pool.publish(0.2, a=(4, 0))  # under half the 10 it ran, no queue twice
+    gate.has_room(A, 0)
+    assert not gate._estimators[A].crowded
+
+
 def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took_beside_it():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
