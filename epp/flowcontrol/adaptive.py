@@ -35,11 +35,11 @@ The control law (measured against the alternatives in
   interval (its queue outgrew what it was sent over the last two
   intervals: a request sent while a sample was on its way is counted in
   the interval before but not yet shown) until it runs less than half its
-  limit with no queue. A server of known size grows so
-  up to 90% of its limit, is sent one at a time after a request waited
-  there a whole interval, and may be sent up to half its limit at once
-  while it runs less than half (its requests may finish between samples,
-  when the pace of one per sample would starve it).
+  limit with no queue. A server of known size grows so up to 90% of its
+  limit, is sent one at a time after a request waited there a whole
+  interval, and may be sent up to half its limit at once while it runs
+  less than half (its requests may finish between samples, when the pace
+  of one per sample would starve it).
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room
