@@ -85,7 +85,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, inf
 from typing import Protocol, TypeVar
 
 from epp.flowcontrol.request import FlowRequest, State
@@ -466,6 +466,16 @@ def allowed(limit: int, ceiling: float) -> int:
     return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
 
 
+def fits(estimator: LimitEstimator, held: int, ceiling: float) -> bool:
+    """Whether a learned endpoint holding `held` requests has room for a
+    band below the top with `ceiling`: its pending budget is not spent and
+    it holds fewer than its limit (one more while probing) allows."""
+    limit = estimator.limit
+    return estimator.pending < estimator.budget and held < (
+        limit + 1 if estimator.probing else allowed(limit, ceiling)
+    )
+
+
 def median_without(ordered: Sequence[float], position: int) -> float:
     """The median of `ordered` (sorted, two or more) without the value at
     `position`, in O(1)."""
@@ -499,9 +509,11 @@ class AdaptiveGate:
         "_idle",
         "_idle_key",
         "_in_flight",
+        "_no_room",
         "_pending",
         "_pool",
         "_priorities",
+        "_reopened",
         "_version",
         "blind_limit",
         "blocked",
@@ -536,6 +548,14 @@ class AdaptiveGate:
         """Dispatches and completions so far (keys what `_idle_room` keeps)."""
         self._idle_key: tuple[int | None, int] | None = None
         self._idle = False
+        self._no_room: tuple[object, int, float] | None = None
+        """(endpoints, priority, oldest): `with_room` found none of these
+        endpoints with room for that band, and nothing that could make room
+        happened since; `oldest` is the oldest of their samples, whose
+        staleness would (`may_have_room`)."""
+        self._reopened: tuple[tuple[object, int, float], str] | None = None
+        """(the `_no_room` forgotten, the endpoint that alone made room
+        since): if a dispatch there takes that room, it holds again."""
         self.in_flight = 0
         self.blocked: set[str] = set()
         """Endpoints whose limit held back a request since their last sample."""
@@ -560,6 +580,8 @@ class AdaptiveGate:
             estimator.sent += 1
             if request.seq > estimator.sent_seq:
                 estimator.sent_seq = request.seq
+            if self._reopened is not None:
+                self._took_room(endpoint, estimator)
 
     def on_complete(self, request: FlowRequest) -> None:
         self._changes += 1
@@ -580,6 +602,8 @@ class AdaptiveGate:
                     estimator.done_unseen += 1
                     if estimator.pending and not request.running:
                         estimator.pending -= 1
+            if self._no_room is not None or self._reopened is not None:
+                self._reopen(endpoint, estimator)
 
     def observe_latency(self, request: FlowRequest, itl: float) -> None:
         """`request`'s streamed response ended with `itl` seconds per output
@@ -604,6 +628,8 @@ class AdaptiveGate:
             return False
         estimator.pending -= 1
         self._changes += 1
+        if self._no_room is not None or self._reopened is not None:
+            self._reopen(endpoint, estimator)
         return True
 
     # -- the scheduler's credits -----------------------------------------------
@@ -619,6 +645,21 @@ class AdaptiveGate:
         if pool.version != self._version:
             self._observe(pool)
         return self._check(endpoint, priority, self._clock())
+
+    def may_have_room(self, endpoints: Sequence[Observed], priority: int = 0) -> bool:
+        """False when `with_room(endpoints, priority)` found none of these
+        very endpoints with room, and nothing that could make room happened
+        since: no new snapshot, no completion there that the pending budget
+        does not hold back, no first token, no new band, and no sample
+        turned stale (then the fixed limit applies). O(1); lets the
+        scheduler wait without scoring a choice that cannot go
+        (`bench.instructions`)."""
+        memo = self._no_room
+        if memo is None:
+            return True
+        if endpoints is not memo[0] or priority != memo[1]:
+            return True
+        return self._pool().version != self._version or self._clock() - memo[2] > self._blind_after
 
     def with_room(self, endpoints: Sequence[E], priority: int = 0) -> list[E]:
         """The `endpoints` (anything with an `address`) with room for band
@@ -644,6 +685,7 @@ class AdaptiveGate:
         blind_limit = self.blind_limit
         blocked = self.blocked
         kept = []
+        oldest = inf  # the oldest sample read (-inf: some endpoint has none fresh)
         for endpoint in endpoints:
             address = endpoint.address
             estimator = estimators.get(address)
@@ -652,14 +694,16 @@ class AdaptiveGate:
             if seen is None or now - seen > blind_after or estimator.too_fast_to_see:
                 if blind_limit <= 0 or held < blind_limit:
                     kept.append(endpoint)
+                oldest = -inf  # any completion may free one of its fixed slots
                 continue
-            limit = estimator.limit
-            if estimator.pending < estimator.budget and held < (
-                limit + 1 if estimator.probing else allowed(limit, ceiling)
-            ):
+            if seen < oldest:
+                oldest = seen
+            if fits(estimator, held, ceiling):
                 kept.append(endpoint)
             else:
                 blocked.add(address)
+        if not kept:
+            self._no_room = (endpoints, priority, oldest)
         return kept
 
     def _check(self, endpoint: str, priority: int, now: float) -> bool:
@@ -705,6 +749,36 @@ class AdaptiveGate:
         if top and (estimator.pending or (estimator.probing and estimator.found)):
             return not self._idle_room(now)
         return True
+
+    def _reopen(self, endpoint: str, estimator: LimitEstimator | None) -> None:
+        """`endpoint` freed a slot or a pending place: forget `_no_room` if
+        it may now take a request of that band (remembering it in
+        `_reopened` when this endpoint alone did)."""
+        memo = self._no_room
+        if memo is None:
+            reopened = self._reopened
+            if reopened is None or reopened[1] == endpoint:
+                return
+            memo = reopened[0]
+        band = self._bands.get(memo[1])
+        if (
+            estimator is None
+            or band is None
+            or fits(estimator, self._in_flight.get(endpoint, 0), band[0])
+        ):
+            self._reopened = (memo, endpoint) if self._no_room is not None else None
+            self._no_room = None
+
+    def _took_room(self, endpoint: str, estimator: LimitEstimator) -> None:
+        """A request went to `endpoint`: if it alone had made room since
+        `_no_room` was forgotten and has none left, that holds again."""
+        memo, opened = self._reopened
+        self._reopened = None
+        if endpoint != opened:
+            return
+        band = self._bands.get(memo[1])
+        if band is not None and not fits(estimator, self._in_flight.get(endpoint, 0), band[0]):
+            self._no_room = memo
 
     def _idle_room(self, now: float) -> bool:
         """Whether some endpoint has room for the top band, nothing pending
@@ -758,6 +832,7 @@ class AdaptiveGate:
         """Add a band: every band's (static ceiling, whether it is the top
         band of several, rank). A policy whose ceilings move with saturation
         is asked per request instead."""
+        self._no_room = self._reopened = None
         priorities = self._priorities
         priorities.append(priority)
         priorities.sort(reverse=True)
@@ -774,6 +849,7 @@ class AdaptiveGate:
 
     def _observe(self, pool: Observations) -> None:
         self._version = pool.version
+        self._no_room = self._reopened = None
         estimators = self._estimators
         present = set()
         blocked = self.blocked

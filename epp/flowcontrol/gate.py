@@ -64,6 +64,12 @@ class Credits(Protocol):
         band `priority` now."""
         ...
 
+    def may_have_room(self, endpoints: Sequence[Addressed], priority: int = 0) -> bool:
+        """False only when `with_room(endpoints, priority)` would surely
+        find none (asked before any scoring, so it must be cheap; True
+        when unsure)."""
+        ...
+
 
 class OpenGate:
     """A gate that never closes."""
@@ -108,6 +114,9 @@ class ConcurrencyGate:
             return endpoints  # fewer in flight than one endpoint's limit: none is full
         per_endpoint = self._per_endpoint
         return [e for e in endpoints if per_endpoint.get(e.address, 0) < limit]
+
+    def may_have_room(self, endpoints: Sequence[Addressed], priority: int = 0) -> bool:
+        return True
 
     def in_flight_at(self, endpoint: str) -> int:
         return self._per_endpoint.get(endpoint, 0)

@@ -210,6 +210,9 @@ class DetectorGate:
             return endpoints
         return kept
 
+    def may_have_room(self, endpoints: Sequence[object], priority: int = 0) -> bool:
+        return True
+
     def _change(self, request: FlowRequest, sign: int) -> None:
         endpoint = request.endpoint
         if endpoint is None:

@@ -357,17 +357,19 @@ class ProfileRunner:
                     return Outcome.REJECTED_FILTERED
         else:
             candidates = candidates or reachable(endpoints) or endpoints
+        gate = self.credits if take_credit else None
+        priority = source.priority_now
+        if gate is not None and not gate.may_have_room(candidates, priority):
+            source.waiting_for = self.stage
+            return None
         chosen = candidates[self._pick(self.total_scores(request, candidates))]
-        gate = self.credits
         everyone = candidates
-        if take_credit and gate is not None:
-            priority = source.priority_now
-            if not gate.has_room(chosen.address, priority):
-                candidates = with_room(candidates, gate, priority)
-                if not candidates:
-                    source.waiting_for = self.stage
-                    return None
-                chosen = candidates[self._pick(self.total_scores(request, candidates))]
+        if gate is not None and not gate.has_room(chosen.address, priority):
+            candidates = with_room(candidates, gate, priority)
+            if not candidates:
+                source.waiting_for = self.stage
+                return None
+            chosen = candidates[self._pick(self.total_scores(request, candidates))]
         if self._picker.count > 1 and not request.fallbacks:
             request.fallbacks = self._fallbacks(request, everyone, chosen)
         if source._single is None:

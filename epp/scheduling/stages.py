@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epp.flowcontrol.gate import AllGates, E, Gate, gate_parts
+from epp.flowcontrol.gate import Addressed, AllGates, E, Gate, gate_parts
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import PoolSnapshot
@@ -106,6 +106,9 @@ class PrefillCredits:
             return endpoints  # fewer in their prefill than one endpoint's limit: none is full
         held = self._held
         return [e for e in endpoints if held.get(e.address, 0) < limit]
+
+    def may_have_room(self, endpoints: Sequence[Addressed], priority: int = 0) -> bool:
+        return True
 
     def is_open(self, priority: int) -> bool:
         return True

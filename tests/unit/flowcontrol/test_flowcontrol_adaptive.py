@@ -4,7 +4,7 @@ budget per endpoint, and headroom that only the top band may use."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.flowcontrol.adaptive import (
@@ -481,6 +481,118 @@ def test_a_first_token_after_the_request_ended_changes_nothing():
     ended.state = State.COMPLETED
     assert not gate.on_first_token(ended)
     assert gate._estimators[A].pending == 1  # `other`'s count stays
+
+
+# -- knowing there is no room without looking again ------------------------------
+
+
+def full_pool() -> tuple[Pool, AdaptiveGate, tuple[Endpoint, ...], list[FlowRequest]]:
+    """Two learning endpoints, each with its one pending request, and
+    `with_room` asked once (it found none)."""
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 0)
+    sent = [dispatch(gate, A), dispatch(gate, B)]
+    endpoints = pool.snapshot.endpoints
+    assert gate.may_have_room(endpoints, 0)  # not asked yet
+    assert gate.with_room(endpoints, 0) == []
+    return pool, gate, endpoints, sent
+
+
+def test_no_room_found_is_known_until_something_changes():
+    _, gate, endpoints, _ = full_pool()
+    assert not gate.may_have_room(endpoints, 0)
+    assert gate.may_have_room(list(endpoints), 0)  # other candidates: not known
+    assert gate.may_have_room(endpoints, 10)  # another band: not known
+
+
+def test_a_first_token_that_frees_the_pending_budget_may_make_room():
+    _, gate, endpoints, sent = full_pool()
+    assert gate.on_first_token(sent[0])
+    assert gate.may_have_room(endpoints, 0)
+    assert gate.with_room(endpoints, 0) == [endpoints[0]]
+
+
+def test_a_completion_held_back_by_the_pending_budget_makes_no_room():
+    pool, gate, _, sent = full_pool()
+    pool.publish(0.05, a=(1, 0), b=(1, 0))
+    endpoints = pool.snapshot.endpoints
+    later = []  # pending again, sent after the sample
+    while room := gate.with_room(endpoints, 0):
+        later.append(dispatch(gate, room[0].address))
+    gate.on_complete(sent[0])  # seen running: the pending count stays
+    assert not gate.may_have_room(endpoints, 0)
+    gate.on_complete(later[-1])  # never seen: no longer pending where it went
+    assert gate.may_have_room(endpoints, 0)
+
+
+def test_a_new_snapshot_may_make_room():
+    pool, gate, endpoints, _ = full_pool()
+    pool.publish(0.05, a=(1, 0), b=(1, 0))
+    assert gate.may_have_room(endpoints, 0)
+
+
+def test_a_sample_turning_stale_may_make_room():
+    pool, gate, endpoints, _ = full_pool()
+    pool.now = SETTINGS.blind_after
+    assert not gate.may_have_room(endpoints, 0)
+    pool.now = SETTINGS.blind_after + 0.01  # the fixed limit applies from now
+    assert gate.may_have_room(endpoints, 0)
+    assert gate.with_room(endpoints, 0) == list(endpoints)
+
+
+def test_room_one_endpoint_made_and_a_dispatch_took_is_known_gone_again():
+    _, gate, endpoints, sent = full_pool()
+    gate.on_first_token(sent[0])
+    dispatch(gate, A)
+    assert not gate.may_have_room(endpoints, 0)
+
+
+def test_room_two_endpoints_made_is_not_known_gone_after_one_dispatch():
+    _, gate, endpoints, sent = full_pool()
+    gate.on_first_token(sent[0])
+    gate.on_first_token(sent[1])
+    dispatch(gate, A)
+    assert gate.may_have_room(endpoints, 0)
+    assert gate.with_room(endpoints, 0) == [endpoints[1]]
+
+
+@settings(max_examples=400)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("dispatch"), st.integers(0, 1)),
+            st.tuples(st.sampled_from(["complete", "first token"]), st.integers(0, 40)),
+            st.tuples(st.just("publish"), st.integers(0, 6), st.integers(0, 2)),
+            st.tuples(st.just("wait"), st.floats(0.0, 1.5)),
+        ),
+        max_size=60,
+    )
+)
+def test_no_room_is_known_only_where_with_room_finds_none(steps):
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 10, 0)
+    live: list[FlowRequest] = []
+    for step in steps:
+        endpoints = pool.snapshot.endpoints
+        kind = step[0]
+        if kind == "dispatch":
+            room = gate.with_room(endpoints, 0)
+            if room:
+                live.append(dispatch(gate, room[step[1] % len(room)].address))
+        elif kind == "complete" and live:
+            request = live.pop(step[1] % len(live))
+            gate.on_complete(request)
+            request.state = State.COMPLETED
+        elif kind == "first token" and live:
+            gate.on_first_token(live[step[1] % len(live)])
+        elif kind == "publish":
+            running, waiting = step[1], step[2]
+            pool.publish(pool.now + 0.05, a=(running, waiting), b=(waiting, running))
+        elif kind == "wait":
+            pool.now += step[1]
+        for priority in (0, 10):
+            known_full = not gate.may_have_room(endpoints, priority)
+            assert not known_full or gate.with_room(endpoints, priority) == []
 
 
 def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at_once():
