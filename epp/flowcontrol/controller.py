@@ -336,7 +336,7 @@ class FlowController:
         self.gate.on_complete(request)
         if not flow.count and not flow.in_flight:  # spares the call while the flow is busy
             self._note_if_idle(flow, now)
-        return self.dispatch(now)
+        return self.dispatch(now) if self.queued_requests else []
 
     def cancel(self, request: FlowRequest, now: float) -> list[FlowRequest]:
         """Remove a queued request (its client went away) and dispatch what its

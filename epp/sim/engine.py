@@ -178,7 +178,8 @@ class Simulation:
         self._first_tokens: list[SimRequest] = []
         """First tokens of the server step being advanced, told to the
         policy after it (the policy may send to that server)."""
-        self._timer_at = inf
+        self.timer_at = inf
+        """When the policy's timer fires next (inf: not set)."""
         self._transfers = 0
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
@@ -279,8 +280,8 @@ class Simulation:
 
     def want_timer(self, when: float | None) -> None:
         """Make sure the policy's timer fires at `when` (None: no need)."""
-        if when is not None and when < self._timer_at:
-            self._timer_at = when
+        if when is not None and when < self.timer_at:
+            self.timer_at = when
             self._push(when, TIMER, None)
 
     # -- the server listener ----------------------------------------------------
@@ -369,9 +370,9 @@ class Simulation:
                         service[done.tenant] += weights[done.tenant][1] * done.output_tokens
                         policy.finished(done, when)
                 elif kind == TIMER:
-                    if when != self._timer_at:
+                    if when != self.timer_at:
                         continue
-                    self._timer_at = inf
+                    self.timer_at = inf
                     policy.timer(when)
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():

@@ -268,7 +268,9 @@ class EppPolicy:
                 now,
                 -1 if prefiller is None else index_of[prefiller],
             )
-        sim.want_timer(self.core.next_wakeup())
+        wakeup = self.core.next_wakeup()
+        if wakeup is not None and wakeup < sim.timer_at:  # spares the call (bench.instructions)
+            sim.want_timer(wakeup)
 
 
 class RoundRobinPolicy:

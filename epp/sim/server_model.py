@@ -210,7 +210,10 @@ class ModelServer:
                 self._release(request)
                 request.finished_at = end
                 listener.finished(request, end)
-            self._start(end)
+            if self.waiting:
+                self._start(end)
+            else:  # what `_start` does with nothing waiting, one call fewer
+                self._decode(end)
         return self._seg_end
 
     def fail(self) -> list[ServerRequest]:
