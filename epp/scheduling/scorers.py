@@ -106,9 +106,10 @@ class QueueScorer:
     the data layer replaces at every scrape, so a scrape resets them.
 
     The queues of the latest candidate sequence are kept and a pick adds one
-    to the chosen one. Its score alone is updated when the lowest and highest
-    queues stay as they were (the common case); otherwise all are recomputed
-    at the next `score`.
+    to the chosen one. A shorter sequence (the candidates with room, scored
+    when the choice had none) is scored apart and leaves them kept. Its
+    score alone is updated when the lowest and highest queues stay as they
+    were (the common case); otherwise all are recomputed at the next `score`.
     """
 
     __slots__ = (
@@ -135,6 +136,11 @@ class QueueScorer:
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         if endpoints is not self._candidates:
             sent = self._sent
+            if len(endpoints) < len(self._loads):
+                # Fewer than the kept candidates (likely those of them with
+                # room, when the choice had none): scored apart, so the kept
+                # ones stay for the next request (bench.instructions).
+                return lower_is_better([e.metrics.waiting + sent.get(e, 0) for e in endpoints])
             self._loads = [
                 endpoint.metrics.waiting + sent.get(endpoint, 0) for endpoint in endpoints
             ]
@@ -185,7 +191,8 @@ class QueueScorer:
 class KVCacheScorer(StatelessScorer):
     """More free KV cache is better: 1 - usage. The scores of the latest
     candidate sequence are kept (as `PerCandidates` does, written out: this
-    runs for every request)."""
+    runs for every request), unless it is shorter than the kept one (as
+    `QueueScorer`'s)."""
 
     __slots__ = ("_candidates", "_free")
 
@@ -195,7 +202,10 @@ class KVCacheScorer(StatelessScorer):
 
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         if endpoints is not self._candidates:
-            self._free = [1.0 - endpoint.metrics.kv_usage for endpoint in endpoints]
+            free = [1.0 - endpoint.metrics.kv_usage for endpoint in endpoints]
+            if len(free) < len(self._free):
+                return free  # scored apart, as `QueueScorer` does
+            self._free = free
             self._candidates = endpoints
         return self._free
 
