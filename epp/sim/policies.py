@@ -229,13 +229,16 @@ class EppPolicy:
 
     def first_token(self, request: SimRequest, now: float) -> None:
         """A streamed response's first token reaches the EPP (a whole
-        response arrives only at its end: `finished`)."""
+        response arrives only at its end: `finished`). The room it may make
+        is for queued requests: with none, there is nothing to poke the core
+        for (its timer does whatever else falls due)."""
         adaptive = self.adaptive
         if (
             adaptive is not None
             and self._stream[request.tenant]
             and request.owner is not None
             and adaptive.on_first_token(request.owner)
+            and self.core.queued_requests
         ):
             self._settle(self.core.poke(now), now)
 
