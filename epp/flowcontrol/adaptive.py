@@ -45,7 +45,9 @@ The control law (measured against the alternatives in
   at the next sample. A new endpoint probes until a probe finds no room
   for `full_after` seconds (the server is full: max_num_seqs or its KV
   cache); after that a probe runs every `probe_interval` seconds while the
-  limit holds requests back.
+  limit holds requests back, on at most a quarter of the pool's endpoints
+  at once (`PROBE_SHARE`): a probe lets the bands below the top fill its
+  endpoint's headroom, so the top band finds its slots on the others.
 - the limit drops to the most the server ran over a `window` in which it
   kept a queue half the time and never came within 10% of the limit (it
   restarted smaller, slowed down or its KV cache holds fewer requests).
@@ -78,7 +80,8 @@ The control law (measured against the alternatives in
 Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
 whose chosen endpoint has requests pending, once per change of the pool or
 of the in-flight counts; a new snapshot O(E log E) for E endpoints (the
-latency comparison sorts them); a response's latency O(1).
+latency comparison sorts them; the probes under way are counted in O(E));
+a response's latency O(1).
 """
 
 from __future__ import annotations
@@ -321,10 +324,12 @@ class LimitEstimator:
             self.slowed = False
         return 0
 
-    def observe(self, sample: Sample, binding: bool) -> int | None:
+    def observe(self, sample: Sample, binding: bool, may_probe: bool = True) -> int | None:
         """Use `sample` if it is new and was read; `binding` tells whether
-        the limit held a request back since the last sample. Returns the
-        change of the limit, or None when the sample was not used."""
+        the limit held a request back since the last sample; `may_probe`,
+        whether a server of known size may start a probe now (the pool's
+        share of probes is not taken). Returns the change of the limit, or
+        None when the sample was not used."""
         now = sample.updated_at
         if sample.failing or now is None or now == self.seen:
             return None
@@ -391,7 +396,7 @@ class LimitEstimator:
             and not self.slowed
             and now - self.probe_since >= settings.probe_interval
         ):
-            self.probing = True
+            self.probing = may_probe  # else its turn comes an interval later
             self.probe_since = now
         new = min(new, settings.maximum)
         self.budget = self._budget(new, running, waiting, took, quiet, stale)
@@ -446,6 +451,13 @@ NOT_FULL = 0.5
 with no queue at two samples, is not full, whatever queue went stale there
 before (paced one at a time, it would never be sent enough to show its
 size)."""
+
+PROBE_SHARE = 0.25
+"""At most this share of the pool's endpoints (at least one) probe a known
+size at once. While an endpoint probes, bands below the top may fill it to
+one past its limit, its headroom included, and they hold those slots until
+their requests end: were every endpoint to probe at once, as endpoints
+found full together would, a top-band arrival would find no slot anywhere."""
 
 INTAKE = 2
 """A server still searching, with no queue, may be sent this many times
@@ -853,14 +865,19 @@ class AdaptiveGate:
         estimators = self._estimators
         present = set()
         blocked = self.blocked
+        probes = max(1, int(len(pool.endpoints) * PROBE_SHARE))
+        probing = sum(1 for e in estimators.values() if e.probing and e.found)
         for endpoint in pool.endpoints:
             address = endpoint.address
             present.add(address)
             estimator = estimators.get(address)
             if estimator is None:
                 estimator = estimators[address] = LimitEstimator(self.settings)
-            if estimator.observe(endpoint.metrics, address in blocked) is not None:
+            was = estimator.probing and estimator.found
+            may_probe = probing < probes
+            if estimator.observe(endpoint.metrics, address in blocked, may_probe) is not None:
                 blocked.discard(address)
+                probing += (estimator.probing and estimator.found) - was
         if len(estimators) > len(present):
             for address in [a for a in estimators if a not in present]:
                 del estimators[address]

@@ -127,6 +127,13 @@ def test_adaptive_keeps_the_top_tier_within_twice_its_unloaded_p99(adaptive):
     assert adaptive["epp"]["objectives"]["premium"]["isolation_p99"] <= 2.0
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_adaptive_isolates_the_top_tier_on_other_seeds_of_the_uniform_pool(seed):
+    # Seeds on which every endpoint probing at once left the top tier no slot.
+    policies = report_of("adaptive-uniform", seed=seed, baselines=())
+    assert policies["epp"]["objectives"]["premium"]["isolation_p99"] <= 2.0
+
+
 def test_adaptive_serves_at_least_95_percent_of_round_robins_tokens(adaptive):
     assert adaptive["epp"]["tokens_per_s"] >= 0.95 * adaptive["round-robin"]["tokens_per_s"]
 

@@ -21,6 +21,7 @@ from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+C, D = "10.0.0.3:8000", "10.0.0.4:8000"
 SETTINGS = AdaptiveLimits()
 
 
@@ -75,6 +76,20 @@ def test_once_found_a_probe_starts_after_probe_interval_while_the_limit_holds_de
     estimator.observe(sample(1.1 + SETTINGS.probe_interval, running=16), binding=False)
     assert not estimator.probing
     estimator.observe(sample(1.2 + SETTINGS.probe_interval, running=16), binding=True)
+    assert estimator.probing
+
+
+def test_a_denied_probe_waits_another_interval():
+    estimator = found_at(16)
+    estimator.observe(sample(1.1 + SETTINGS.probe_interval - 0.1, running=16), binding=True)
+    later = 1.2 + SETTINGS.probe_interval
+    estimator.observe(sample(later, running=16), binding=True, may_probe=False)
+    assert not estimator.probing
+    estimator.observe(sample(later + 0.1, running=16), binding=True)
+    assert not estimator.probing
+    estimator.observe(sample(later + SETTINGS.probe_interval - 0.1, running=16), binding=True)
+    assert not estimator.probing
+    estimator.observe(sample(later + SETTINGS.probe_interval + 0.1, running=16), binding=True)
     assert estimator.probing
 
 
@@ -141,7 +156,7 @@ class Pool:
         self.now = at
         endpoints = tuple(
             Endpoint(address, address, metrics=sample(at, *per_address.get(key, (0, 0))))
-            for key, address in zip("ab", self.addresses, strict=False)
+            for key, address in zip("abcd", self.addresses, strict=False)
         )
         self.snapshot = PoolSnapshot(endpoints, self.snapshot.version + 1, 1)
 
@@ -356,6 +371,32 @@ def test_a_top_band_request_prefers_an_endpoint_with_nothing_pending():
     dispatch(gate, A, 0)
     assert not gate.has_room(A, 10)
     assert gate.has_room(B, 10)
+
+
+def test_endpoints_of_known_size_probe_in_turn_a_quarter_of_the_pool_at_a_time():
+    # Four endpoints found full together: were all four to probe at once,
+    # the bands below the top would fill every endpoint's headroom.
+    pool = Pool(A, B, C, D)
+    gate = gate_with_bands(pool, 0)
+    full, queued = (16, 0), (16, 1)
+    for at, state in ((0.05, full), (0.1, queued), (1.2, queued)):
+        gate.blocked.update((A, B, C, D))
+        pool.publish(at, a=state, b=state, c=state, d=state)
+        gate.has_room(A, 0)
+    estimators = gate._estimators
+    assert all(e.found and not e.probing for e in estimators.values())
+    probed, most_at_once = set(), 0
+    for step in range(1, 300):
+        # Demand held back everywhere; a probing server is found full.
+        gate.blocked.update((A, B, C, D))
+        states = [queued if estimators[x].probing else full for x in (A, B, C, D)]
+        pool.publish(1.2 + step * 0.1, **dict(zip("abcd", states, strict=True)))
+        gate.has_room(A, 0)
+        probing = {x for x, e in estimators.items() if e.probing}
+        probed |= probing
+        most_at_once = max(most_at_once, len(probing))
+    assert most_at_once == 1
+    assert probed == {A, B, C, D}
 
 
 def test_an_endpoint_that_leaves_the_pool_is_forgotten():
