@@ -50,7 +50,9 @@ The control law (measured against the alternatives in
   endpoint's headroom, so the top band finds its slots on the others.
 - the limit drops to the most the server ran over a `window` in which it
   kept a queue half the time and never came within 10% of the limit (it
-  restarted smaller, slowed down or its KV cache holds fewer requests).
+  restarted smaller, slowed down or its KV cache holds fewer requests), and
+  to what it runs now after a window in which it kept a queue throughout
+  while running less than the limit (it is still draining what it held).
 - latency: the shells report each streamed response's time per output
   token (`observe_latency`). Each endpoint keeps a recent average and a
   reference taken while it ran full at a healthy speed; when its latency
@@ -377,8 +379,9 @@ class LimitEstimator:
             # A window in which the server kept a queue half the time yet
             # never ran as many as its limit: it shrank (restarted smaller,
             # or its KV cache holds fewer requests now).
-            if self.queued * 2 >= self.samples and self.most < old * SHRINK:
-                new = max(1, self.most)
+            throughout = self.queued >= self.samples * QUEUED_THROUGHOUT and self.most < old
+            if throughout or (self.queued * 2 >= self.samples and self.most < old * SHRINK):
+                new = max(1, running if throughout and waiting else self.most)
                 self.probing = False
                 self.found = True
                 self.probe_since = now
@@ -445,6 +448,13 @@ FAST_FILL = 0.5
 KEEP_PACE = 0.9
 """Below this share of its limit, a server of known size with no queue may
 be sent as many as it took in the last sampling interval."""
+
+QUEUED_THROUGHOUT = 0.9
+"""A window in which the server kept a queue at this share of its samples
+lowers the limit to the most it ran, however close to the limit: it is full
+below the limit (a server that shrank, still draining the requests it held;
+the 10% margin of `SHRINK` would leave one slot that is not there, and the
+top band's request would wait in it)."""
 
 NOT_FULL = 0.5
 """A server still searching that runs less than this share of its limit,
