@@ -268,5 +268,5 @@ def test_whole_responses_near_capacity_wait_about_as_long_as_round_robin():
     ours, round_robin = policies["epp"], policies["round-robin"]
     assert ours["throughput_rps"] >= 0.99 * round_robin["throughput_rps"]
     ours, round_robin = ours["objectives"]["standard"], round_robin["objectives"]["standard"]
-    assert ours["ttft_p50_s"] <= 1.5 * round_robin["ttft_p50_s"]  # 1.30x (seed 1)
-    assert ours["ttft_p99_s"] <= 4 * round_robin["ttft_p99_s"]  # 2.48x
+    assert ours["ttft_p50_s"] <= 1.5 * round_robin["ttft_p50_s"]  # 1.33x (seed 1)
+    assert ours["ttft_p99_s"] <= 4 * round_robin["ttft_p99_s"]  # 2.94x
