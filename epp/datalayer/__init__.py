@@ -7,7 +7,8 @@
 | `engines`   | the one table of each engine's series (with where the engine defines |
 |             | them), its metrics path, and which engine an endpoint runs           |
 | `reader`    | one metrics page -> `EndpointMetrics` (sum over ranks, once over     |
-|             | copies, idle when an engine's page lacks load series)                |
+|             | copies, idle when an engine's page lacks load series; the inter-     |
+|             | token latency histogram's sum and count, added over label sets)      |
 | `scraper`   | reading every endpoint's page over HTTP(S) into the store            |
 |             | (`MetricsSource`: scheme, path, port, TLS; limits per read)          |
 

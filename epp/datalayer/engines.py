@@ -1,7 +1,8 @@
 """Which Prometheus series carry a model server's load, per engine: the one table.
 
 Each engine's entry names the series the reader takes waiting, running,
-KV-cache use, LoRA adapters and the KV block geometry from, each with the
+KV-cache use, LoRA adapters, the KV block geometry and the inter-token
+latency histogram (the adaptive gate's latency signal) from, each with the
 place in the engine's own source that defines it, plus where the page is
 served (`metrics_path`) and which labels tell separate schedulers apart
 (`rank_labels`: their samples are summed; samples that differ only in other
@@ -83,6 +84,10 @@ class EngineMetricNames:
     block_size_gauge: Series | None = None
     num_blocks_gauge: Series | None = None
     metrics_path: str = "/metrics"
+    itl: tuple[str, ...] = ()
+    """Histograms of the server's inter-token latency, newest name first:
+    the first the page carries is read (its `_sum` and `_count`, summed
+    over label sets). None: the gate measures latency on responses."""
 
     def names(self) -> tuple[str, ...]:
         """Every series name this mapping reads, once each."""
@@ -120,6 +125,14 @@ ENGINES: dict[str, EngineMetricNames] = {
         ),
         prefix="vllm:",
         rank_labels=frozenset({"engine"}),
+        itl=(
+            # histogram_inter_token_latency, since 0.11 (one observation per
+            # request per engine step that gave it tokens);
+            "vllm:inter_token_latency_seconds",
+            # histogram_time_per_output_token, the same values under the name
+            # 0.11 deprecated (hidden in 0.12, removed in 0.13).
+            "vllm:time_per_output_token_seconds",
+        ),
         lora_info="vllm:lora_requests_info",  # gauge_lora_info, with --enable-lora
         # log_metrics_info("cache_config", ...): every CacheConfig field as a
         # label, str()'d, so an unset num_gpu_blocks reads "None".
@@ -137,6 +150,11 @@ ENGINES: dict[str, EngineMetricNames] = {
         kv_usage=(_s("sglang:token_usage"),),  # token_usage, 0-1
         prefix="sglang:",
         rank_labels=frozenset({"dp_rank"}),
+        # TokenizerMetricsCollector.histogram_inter_token_latency (labels
+        # model_name and the tokenizer's own), observed per output chunk: its
+        # `_sum` grows by the chunk's interval, its buckets (so `_count`) by
+        # the chunk's tokens.
+        itl=("sglang:inter_token_latency_seconds",),
         # Releases before 0.5.11 carry the page geometry as labels of an info
         # gauge (the reference's table); later ones as the gauges page_size
         # and num_pages of SchedulerMetricsCollector.
@@ -160,6 +178,8 @@ ENGINES: dict[str, EngineMetricNames] = {
         block_size_gauge=_s("trtllm_kv_cache_tokens_per_block"),  # tokensPerBlock
         num_blocks_gauge=_s("trtllm_kv_cache_max_blocks"),  # maxNumBlocks
         metrics_path="/prometheus/metrics",
+        # No inter-token histogram: trtllm_time_per_output_token_seconds is
+        # observed once per request, at its end, as the EPP's own measure is.
     ),
     "triton-tensorrt-llm": EngineMetricNames(
         # Triton's TensorRT-LLM backend, as the reference's built-in table

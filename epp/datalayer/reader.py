@@ -22,15 +22,35 @@ from epp.scheduling.endpoint import EndpointMetrics
 Sample = tuple[str, dict[str, str], float]
 
 
-def select_lines(text: str, names: Iterable[str]) -> list[str]:
-    """The sample lines of the series called exactly one of `names`.
+def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()) -> list[str]:
+    """The sample lines of the series called exactly one of `names`, and
+    the `_sum` and `_count` lines of the `histograms`.
 
     The exposition format keeps all samples of a metric in one group, so the
     search for a name stops at the end of its first group instead of
-    scanning the rest of the page.
+    scanning the rest of the page. A histogram's group repeats its buckets,
+    count and sum per label set, so its sums and counts are searched for up
+    to the next comment line (the next family's HELP or TYPE).
     """
     page = "\n" + text
     lines = []
+    for histogram in histograms:
+        start = page.find("\n" + histogram + "_")
+        if start == -1:
+            continue
+        end = page.find("\n#", start)
+        if end == -1:
+            end = len(page)
+        for needle in ("\n" + histogram + "_sum", "\n" + histogram + "_count"):
+            after = len(needle)
+            position = page.find(needle, start, end)
+            while position != -1:
+                line_end = page.find("\n", position + 1)
+                if line_end == -1:
+                    line_end = len(page)
+                if page[position + after : position + after + 1] in ("{", " "):
+                    lines.append(page[position + 1 : line_end].rstrip("\r"))
+                position = page.find(needle, line_end, end)
     for name in names:
         needle = "\n" + name
         after = len(needle)
@@ -76,7 +96,7 @@ class MetricsReader:
         previous = self._previous
         parsed: dict[str, Sample] = {}
         samples: dict[str, list[Sample]] = {}
-        for line in select_lines(text, names.names()):
+        for line in select_lines(text, names.names(), names.itl):
             sample = previous.get(line)
             if sample is None:
                 sample = parse_line(line)
@@ -98,8 +118,8 @@ def metrics_from_samples(
     and counted once over copies of one scheduler's state; KV-cache usage is
     the largest, clamped to [0, 1]. A load series the page lacks reads 0: the
     engines create labelled gauges only once stats flow, so a fresh server
-    has none. A malformed optional value (LoRA, block geometry) drops that
-    value only."""
+    has none. A malformed optional value (LoRA, block geometry, the latency
+    histogram) drops that value only."""
     waiting = _count(samples, names.waiting, names.rank_labels)
     running = _count(samples, names.running, names.rank_labels)
     kv_values = _values(samples, names.kv_usage)
@@ -123,6 +143,7 @@ def metrics_from_samples(
         num_gpu_blocks = _int_label(labels, names.num_blocks_label)
     block_size = _gauge_int(samples, names.block_size_gauge, block_size)
     num_gpu_blocks = _gauge_int(samples, names.num_blocks_gauge, num_gpu_blocks)
+    itl_sum, itl_count = _histogram_totals(samples, names.itl)
     return EndpointMetrics(
         waiting=waiting,
         running=running,
@@ -133,7 +154,28 @@ def metrics_from_samples(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         updated_at=now,
+        itl_sum=itl_sum,
+        itl_count=itl_count,
     )
+
+
+def _histogram_totals(
+    samples: dict[str, list[Sample]], histograms: tuple[str, ...]
+) -> tuple[float, float]:
+    """The sum and count of the first of `histograms` the page carries,
+    added over its label sets (each holds its own observations); (0, 0)
+    when none is there or a value is not a finite, non-negative number."""
+    for histogram in histograms:
+        sums = samples.get(histogram + "_sum")
+        counts = samples.get(histogram + "_count")
+        if not sums or not counts:
+            continue
+        total = math.fsum(sample[2] for sample in sums)
+        count = math.fsum(sample[2] for sample in counts)
+        if not (0.0 <= total < math.inf and 0.0 <= count < math.inf):
+            return 0.0, 0.0
+        return total, count
+    return 0.0, 0.0
 
 
 def _matching(samples: dict[str, list[Sample]], choices: tuple[Series, ...]) -> list[Sample]:

@@ -23,6 +23,10 @@ class EndpointMetrics(NamedTuple):
     reported no LoRA information. `updated_at` is when these values were
     read (None: never); `failing` is set when the latest read failed, which
     makes the endpoint stale at once while its last values stay visible.
+    `itl_sum` and `itl_count` are the server's inter-token latency histogram
+    as it reports it, cumulative since it started (seconds, observations;
+    both 0 when it reports none): the change between two reads is the mean
+    inter-token latency over that interval.
 
     A named tuple rather than a frozen dataclass: one is built per endpoint
     per scrape, and a tuple is built in C, where a frozen dataclass sets each
@@ -39,13 +43,17 @@ class EndpointMetrics(NamedTuple):
     num_gpu_blocks: int | None = None
     updated_at: float | None = None
     failing: bool = False
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
 
     def is_stale(self, now: float, staleness: float) -> bool:
         """Whether these values are missing, failed, or older than `staleness` at `now`."""
         return self.failing or self.updated_at is None or self.updated_at < now - staleness
 
     def same_values(self, other: EndpointMetrics) -> bool:
-        """Equal apart from `updated_at` (a fresh read of an unchanged server)."""
+        """Equal apart from `updated_at` and the latency counters (a fresh
+        read of a server whose load has not changed: the counters move with
+        every step, and only the adaptive gate reads them, at its next look)."""
         return (
             self.waiting == other.waiting
             and self.running == other.running

@@ -207,3 +207,73 @@ def test_a_series_spec_reads_name_and_labels():
     assert parse_series('m{a=b, c="d"}') == Series("m", (("a", "b"), ("c", "d")))
     with pytest.raises(ValueError):
         parse_series("m{a}")
+
+
+# -- the inter-token latency histogram ------------------------------------------
+
+
+def itl(metrics) -> tuple[float, float]:
+    return metrics.itl_sum, metrics.itl_count
+
+
+def test_a_vllm_page_gives_its_inter_token_latency_sum_and_count():
+    assert itl(read(page("vllm_v1_0.10.txt"))) == (195.73, 529.0)
+
+
+def test_the_inter_token_latency_of_every_data_parallel_engine_is_added():
+    # Each engine's buckets, count and sum come in turn within one group.
+    assert itl(read(page("vllm_v1_0.11_dp2_itl.txt"))) == (20.0, 604.0)
+
+
+def test_a_vllm_before_0_11_gives_it_under_time_per_output_token():
+    old = "\n".join(
+        line
+        for line in page("vllm_v1_0.11_dp2_itl.txt").splitlines()
+        if "inter_token_latency" not in line
+    )
+    assert itl(read(old)) == (20.0, 604.0)
+
+
+def test_the_new_name_wins_over_the_deprecated_one():
+    text = page("vllm_v1_0.11_dp2_itl.txt").replace(
+        'vllm:time_per_output_token_seconds_sum{engine="1",model_name="Qwen/Qwen3-8B"} 8.0',
+        'vllm:time_per_output_token_seconds_sum{engine="1",model_name="Qwen/Qwen3-8B"} 99.0',
+    )
+    assert itl(read(text)) == (20.0, 604.0)
+
+
+def test_an_sglang_page_gives_the_tokenizers_inter_token_latency_in_tokens():
+    metrics = read(page("sglang_0.5_tokenizer_itl.txt"), "sglang")
+    assert itl(metrics) == (6.8, 220.0)
+    assert metrics.running == 12.0
+
+
+def test_a_page_without_the_histogram_reads_no_latency():
+    assert itl(read(page("vllm_v0_0.8.txt"))) == (0.0, 0.0)
+    assert itl(read(page("trtllm_serve_1.2.txt"), "trtllm-serve")) == (0.0, 0.0)
+
+
+def test_a_malformed_latency_drops_the_latency_only():
+    text = page("vllm_v1_0.11_dp2_itl.txt").replace(
+        'vllm:inter_token_latency_seconds_sum{engine="1",model_name="Qwen/Qwen3-8B"} 8.0',
+        'vllm:inter_token_latency_seconds_sum{engine="1",model_name="Qwen/Qwen3-8B"} NaN',
+    )
+    metrics = read(text)
+    assert itl(metrics) == (0.0, 0.0)
+    assert load(metrics) == (1.0, 58.0, 0.61)
+
+
+def test_the_histogram_search_stops_at_the_next_family():
+    text = (
+        "# TYPE vllm:inter_token_latency_seconds histogram\n"
+        'vllm:inter_token_latency_seconds_count{engine="0"} 4.0\n'
+        'vllm:inter_token_latency_seconds_sum{engine="0"} 0.2\n'
+        "# TYPE other histogram\n"
+        "vllm:inter_token_latency_seconds_sum_total 9.0\n"
+        'vllm:inter_token_latency_seconds_sum{engine="9"} 9.0\n'
+    )
+    lines = select_lines(text, (), ("vllm:inter_token_latency_seconds",))
+    assert lines == [
+        'vllm:inter_token_latency_seconds_sum{engine="0"} 0.2',
+        'vllm:inter_token_latency_seconds_count{engine="0"} 4.0',
+    ]
