@@ -7,18 +7,24 @@ engine table in `epp.datalayer.engines` says where each engine defines them):
   `vllm:kv_cache_usage_perc`, `vllm:cache_config_info` with CacheConfig's
   fields as labels, `vllm:lora_requests_info` when adapters are configured,
   the TTFT and e2e histograms, `vllm:request_success_total` by finish reason
-  (`abort` for a request whose client went away), prompt/generation tokens.
+  (`abort` for a request whose client went away), prompt/generation tokens,
+  and `vllm:inter_token_latency_seconds`.
 - `sglang`: `/metrics`; the scheduler's gauges (running, queue, token
   usage, page size and count) with labels model_name, engine_type, tp_rank,
   pp_rank, moe_ep_rank, declared but without a sample until the first
   request (as SGLang creates them when stats are first logged); the
-  tokenizer's TTFT and e2e histograms and request and token counters.
+  tokenizer's TTFT, e2e and `sglang:inter_token_latency_seconds` histograms
+  and request and token counters.
 - `trtllm-serve`: the Prometheus text at `/prometheus/metrics` (gauges with
   the multiprocess collector's `pid` label, appearing only after the first
   iteration's stats), and `/metrics` as its JSON list of iteration stats.
 
 The live gauges are read from the model at scrape time; histograms and
-counters are prometheus-client objects in one registry per server.
+counters are prometheus-client objects in one registry per server, except
+the inter-token latency histogram: the model keeps its sum and count (per
+run of decode steps, not per token), and each scrape files what they grew
+by since the last one in the bucket of that interval's mean, as SGLang's
+tokenizer files a chunk's tokens (trtllm-serve has no such histogram).
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from epp.scheduling.endpoint import EndpointMetrics
@@ -43,6 +54,10 @@ TTFT_BUCKETS = (
 LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -87,6 +102,10 @@ class MetricsPages:
             labels = {"engine_type": "undefined", "model_name": "undefined"}
             gauges = _TrtllmGauges(state, labels | {"pid": self._pid}, started)
         self.registry.register(gauges)
+        if engine != "trtllm-serve":
+            self.registry.register(
+                _InterTokenLatency(f"{prefix}inter_token_latency_seconds", state, labels)
+            )
         names = list(labels)
         self._labels = list(labels.values())
         self._ttft = Histogram(
@@ -295,3 +314,35 @@ class _TrtllmGauges(Collector):
              state.block_size),
         ):  # fmt: skip
             yield _gauge(name, text, labels, value)
+
+
+class _InterTokenLatency(Collector):
+    """The model's inter-token latency as a histogram (see the module docstring)."""
+
+    def __init__(self, name: str, state: State, labels: dict[str, str]) -> None:
+        self._name = name
+        self._state = state
+        self._labels = labels
+        self._buckets = [0.0] * (len(ITL_BUCKETS) + 1)
+        self._sum = 0.0
+        self._count = 0.0
+        """The model's sum and count when last filed."""
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        grown = state.itl_count - self._count
+        if grown > 0:
+            mean = (state.itl_sum - self._sum) / grown
+            index = next((i for i, bound in enumerate(ITL_BUCKETS) if mean <= bound), -1)
+            self._buckets[index] += grown
+            self._sum, self._count = state.itl_sum, state.itl_count
+        family = HistogramMetricFamily(
+            self._name, "Histogram of inter-token latency in seconds.", labels=list(self._labels)
+        )
+        cumulative = 0.0
+        buckets = []
+        for bound, count in zip((*map(str, ITL_BUCKETS), "+Inf"), self._buckets, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric(list(self._labels.values()), buckets, sum_value=self._sum)
+        yield family

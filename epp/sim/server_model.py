@@ -18,6 +18,10 @@ What it models:
   blocks, and a prompt reuses its leading cached blocks;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
   arrives to a full queue is rejected;
+- the inter-token latency histogram's sum and count, as vLLM's
+  `inter_token_latency_seconds` would show them: every step gives each
+  request it decodes (not the ones it prefills) one observation of the
+  step's length. Kept per run of identical steps, not per token;
 - prefill/decode disaggregation: a request with `remote_kv` brings its
   prompt's KV from a prefill server (the sidecar's decode leg), so its step
   computes no prefill: it takes its blocks and decodes from its first step.
@@ -117,6 +121,8 @@ class ModelServer:
         "_step",
         "_step_time",
         "cached_tokens",
+        "itl_count",
+        "itl_sum",
         "listener",
         "max_waiting_seen",
         "params",
@@ -147,6 +153,9 @@ class ModelServer:
         self.rejected = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.itl_sum = 0.0
+        self.itl_count = 0
+        """The latency histogram up to the start of the current run of steps."""
 
     # -- the caller's side ------------------------------------------------
 
@@ -181,6 +190,9 @@ class ModelServer:
             # Cut the run of decode steps at the end of the current step, so
             # the newcomer is scheduled at the next step boundary.
             done = int((now - self._seg_start) / self._step_time)
+            tokens = done * len(self._running)
+            self.itl_count += tokens
+            self.itl_sum += tokens * self._step_time
             self._seg_start += done * self._step_time
             self._step += done
             self._seg_steps = 1
@@ -195,8 +207,13 @@ class ModelServer:
         running = self._running
         while self._seg_end <= now:
             end = self._seg_end
-            self._step += self._seg_steps
+            steps = self._seg_steps
+            self._step += steps
             step = self._step
+            if running:
+                steps *= len(running)  # the tokens of the run
+                self.itl_count += steps
+                self.itl_sum += steps * self._step_time
             if self._prefilling:
                 for request in self._prefilling:
                     request.first_token_at = end
@@ -230,6 +247,8 @@ class ModelServer:
         self.used_blocks = 0
         self._seg_end = inf
         self._seg_steps = 0
+        self.itl_sum = 0.0  # a restarted server's histograms start again
+        self.itl_count = 0
         return lost
 
     def abort(self, request: ServerRequest, now: float) -> bool:
@@ -260,13 +279,24 @@ class ModelServer:
     def metrics(self, now: float) -> EndpointMetrics:
         """What the server's /metrics page would show at `now`."""
         params = self.params
+        running = len(self._running)
+        prefilling = len(self._prefilling)
+        itl_sum = self.itl_sum
+        itl_count = self.itl_count
+        if running and not prefilling and now > self._seg_start:
+            # The steps of the current run that ended by `now` (a step that
+            # prefills gives its tokens at its end).
+            steps = int((now - self._seg_start) / self._step_time)
+            tokens = (steps if steps < self._seg_steps else self._seg_steps) * running
+            itl_count += tokens
+            itl_sum += tokens * self._step_time
         lora_running = lora_waiting = NO_ADAPTERS
         if params.max_loras:
             lora_running = frozenset(self._lora_active)
             lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
         return EndpointMetrics(
             len(self.waiting),
-            len(self._running) + len(self._prefilling),
+            running + prefilling,
             min(1.0, self.used_blocks / params.kv_blocks),
             lora_running,
             lora_waiting,
@@ -274,6 +304,9 @@ class ModelServer:
             params.block_size,
             params.kv_blocks,
             now,
+            False,
+            itl_sum,
+            itl_count,
         )
 
     # -- the engine --------------------------------------------------------

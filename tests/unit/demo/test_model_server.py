@@ -380,6 +380,30 @@ async def test_the_epps_reader_reads_each_pose_under_load(engine):
     assert (metrics.block_size, metrics.num_gpu_blocks) == (FAST.block_size, FAST.kv_blocks)
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def test_the_inter_token_latency_histogram_holds_each_token_after_the_first(engine):
+    async with running(engine=engine) as (_, url):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 6}
+        await asyncio.gather(*(post(f"{url}/v1/completions", body) for _ in range(2)))
+        _, text, _ = await get(f"{url}/metrics")
+    metrics = MetricsReader().read(text, ENGINES[engine], now=1.0)
+    assert metrics.itl_count == 2 * 5
+    step = FAST.decode_ms_per_token * (1 + FAST.decode_batch_growth) / 1000  # a batch of two
+    assert metrics.itl_sum >= metrics.itl_count * FAST.decode_ms_per_token / 1000
+    assert metrics.itl_sum < metrics.itl_count * step + 0.1  # at most one prefill step more
+    buckets = [
+        v for n, _, v in samples(text) if n == f"{engine}:inter_token_latency_seconds_bucket"
+    ]
+    assert buckets[-1] == metrics.itl_count  # the +Inf bucket holds every observation
+
+
+async def test_trtllm_serve_has_no_inter_token_latency_histogram():
+    async with running(engine="trtllm-serve") as (_, url):
+        await post(f"{url}/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 6})
+        _, text, _ = await get(f"{url}/prometheus/metrics")
+    assert "inter_token_latency" not in text
+
+
 @pytest.mark.parametrize("engine", ["sglang", "trtllm-serve"])
 async def test_a_fresh_pose_has_no_load_samples_yet_and_reads_idle(engine):
     async with running(engine=engine) as (_, url):

@@ -117,3 +117,57 @@ def test_an_aborted_request_frees_its_place_and_blocks_and_never_finishes(where)
     assert len(recorder.done) == 1
     assert server.used_blocks == 0
     assert (server.running, len(server.waiting)) == (0, 0)
+
+
+# -- the inter-token latency histogram ------------------------------------------
+
+
+def test_the_latency_histogram_holds_every_token_after_each_requests_first():
+    # Arrivals that cut runs of decode steps short and prefill steps that
+    # stall the requests decoding: each request's tokens after its first
+    # span exactly the latencies the histogram holds for it.
+    server = ModelServer(PARAMS, Recorder())
+    requests = [ServerRequest(i, prompt_tokens=50 * i, output_tokens=3 + 7 * i) for i in range(6)]
+    for index, request in enumerate(requests):
+        at = 0.037 * index
+        server.advance(at)
+        server.admit(request, at)
+    run_until_idle(server)
+    metrics = server.metrics(100.0)
+    assert metrics.itl_count == sum(r.output_tokens - 1 for r in requests)
+    assert metrics.itl_sum == pytest.approx(sum(r.finished_at - r.first_token_at for r in requests))
+
+
+def test_a_decoding_request_observes_the_prefill_step_of_a_newcomer_who_observes_none():
+    server = ModelServer(PARAMS, Recorder())
+    server.admit(ServerRequest(1, prompt_tokens=10, output_tokens=100), 0.0)
+    # Its first token at 0.035; 20 ms steps; the one under way at 0.5 ends
+    # at 0.515, when the newcomer's prefill step starts.
+    server.advance(0.5)
+    server.admit(ServerRequest(2, prompt_tokens=400, output_tokens=100), 0.5)
+    prefill_step = (20.0 * 1.1 + 10.0 + 0.5 * 400) / 1000
+    now = 0.515 + prefill_step + 3 * 0.022 + 0.001  # three steps of both since
+    server.advance(now)
+    metrics = server.metrics(now)
+    assert metrics.itl_count == 24 + 1 + 3 * 2
+    assert metrics.itl_sum == pytest.approx(24 * 0.020 + prefill_step + 3 * 2 * 0.022)
+
+
+def test_the_metrics_count_the_steps_that_ended_by_then():
+    server = ModelServer(PARAMS, Recorder())
+    request = ServerRequest(1, prompt_tokens=100, output_tokens=100)
+    server.admit(request, 0.0)
+    server.advance(0.1)  # past the prefill step
+    first = request.first_token_at
+    metrics = server.metrics(first + 10.5 * 0.020)
+    assert metrics.itl_count == 10
+    assert metrics.itl_sum == pytest.approx(10 * 0.020)
+
+
+def test_a_server_that_fails_starts_its_histogram_again():
+    server = ModelServer(PARAMS, Recorder())
+    server.admit(ServerRequest(1, prompt_tokens=10, output_tokens=50), 0.0)
+    server.advance(0.5)
+    assert server.metrics(0.5).itl_count > 0
+    server.fail()
+    assert (server.metrics(0.6).itl_sum, server.metrics(0.6).itl_count) == (0.0, 0)
