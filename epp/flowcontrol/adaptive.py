@@ -53,21 +53,31 @@ The control law (measured against the alternatives in
   restarted smaller, slowed down or its KV cache holds fewer requests), and
   to what it runs now after a window in which it kept a queue throughout
   while running less than the limit (it is still draining what it held).
-- latency: the shells report each streamed response's time per output
-  token (`observe_latency`). Each endpoint keeps a recent average and a
-  reference taken while it ran full at a healthy speed; when its latency
-  grew `slower` (2) times more than the median of the other endpoints'
-  (each against its own reference, so a pool of different servers or a
-  request mix that slows every server alike changes nothing), its limit is
-  divided by that factor and does not grow again until the factor is back
-  under `recovered` (1.25). A server that slows down without queueing (a
-  throttled GPU) then holds fewer requests, each of which waits less.
+- latency: a server's inter-token latency histogram (`itl_sum`,
+  `itl_count` of its samples: vLLM's and SGLang's own) gives the mean
+  latency of each interval between two samples; an endpoint's recent
+  latency is their token-weighted mean over about `RECENT_SECONDS`. A
+  server without the histogram is judged on its streamed responses' time
+  per output token instead (`observe_latency`, known at a response's
+  end). At each snapshot every endpoint's recent latency is compared to
+  the median of the others' (`compare`); its reference is that ratio while
+  it ran full at the size it was found at, at a healthy speed, so a pool
+  of different servers, or a load that slows every server alike, changes
+  nothing, whenever the reference was taken. When the ratio grew `slower`
+  (2) times over the reference, the limit is divided by that factor and
+  holds until the ratio, averaged over `REFERENCE_SECONDS` and measured
+  while the server runs within its limit, is back under `recovered`
+  (1.25) times the reference. A server that slows down without queueing (a
+  throttled GPU) then holds fewer requests, each of which waits less, and
+  a top-band request never goes there while any endpoint did not slow
+  down: it waits less in the EPP for a slot at a server that did.
 - headroom: bands below the top may fill only their share of the limit
   (the usage-limit policy; by default the reference's priority-holdback
   shape, at least one slot held back), so a top-band arrival finds a free
   batch slot. A top-band request never takes a probe slot once the
   endpoint was seen full (it would wait at a full server), and prefers an
-  endpoint with nothing pending and no probe under way.
+  endpoint with nothing pending and no probe under way (and never takes a
+  slowed one, above).
 - a sample is used once (`updated_at` moves); failed samples are ignored.
   An endpoint with no sample for `blind_after` (or none yet: its metrics
   cannot be read) is not learned from: it gets the fixed limit
@@ -83,14 +93,14 @@ Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
 whose chosen endpoint has requests pending, once per change of the pool or
 of the in-flight counts; a new snapshot O(E log E) for E endpoints (the
 latency comparison sorts them; the probes under way are counted in O(E));
-a response's latency O(1).
+a sample's or a response's latency O(1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import ceil, inf
+from math import ceil, exp, inf
 from typing import Protocol, TypeVar
 
 from epp.flowcontrol.request import FlowRequest, State
@@ -110,6 +120,10 @@ class Sample(Protocol):
     def updated_at(self) -> float | None: ...
     @property
     def failing(self) -> bool: ...
+    @property
+    def itl_sum(self) -> float: ...
+    @property
+    def itl_count(self) -> float: ...
 
 
 class Observed(Protocol):
@@ -149,10 +163,10 @@ class AdaptiveLimits:
     most it ran.
     `blind_after`: an endpoint with no sample newer than this (s), or none
     yet, is not learned from: the gate's fixed limit applies, no budget.
-    `slower`: an endpoint whose inter-token latency grew this many times
-    more than the pool's did (each against its own latency when full) has
+    `slower`: an endpoint whose inter-token latency, over the median of
+    the others', grew this many times over what it was when it ran full has
     slowed down: its limit is divided by that factor. It may grow again
-    once the factor is back under `recovered`.
+    once that factor, averaged longer, is back under `recovered`.
     """
 
     initial: int = 4
@@ -166,17 +180,29 @@ class AdaptiveLimits:
     recovered: float = 1.25
 
 
-LATENCY_WEIGHT = 0.2
-"""Weight of a response in an endpoint's recent inter-token latency (an
-exponential average over about the last five responses)."""
+RECENT_SECONDS = 3.5
+"""An endpoint's recent inter-token latency, from its server's histogram:
+the token-weighted mean of the intervals between samples, an interval
+weighing less by e^(-age / RECENT_SECONDS)."""
 
-REFERENCE_WEIGHT = 0.05
-"""Weight of a response in an endpoint's reference latency, taken while it
-runs full at a healthy speed (about the last twenty)."""
+LATENCY_WEIGHT = 0.2
+"""Without the server's histogram, the weight of a response in an
+endpoint's recent latency (an exponential average over about the last
+five responses)."""
 
 LATENCY_SAMPLES = 8
-"""Responses an endpoint must have seen, since it was found full, before
-its latency is compared."""
+"""Without the server's histogram, the responses an endpoint must have
+seen before its latency is compared."""
+
+REFERENCE_SECONDS = 10.0
+"""An endpoint's reference (how its latency compares to the pool's when it
+runs full at a healthy speed) and its steady latency (the same comparison
+at any time) are averages over the comparisons, a comparison weighing less
+by e^(-age / REFERENCE_SECONDS)."""
+
+REFERENCE_SPAN = 10.0
+"""Seconds of comparisons an endpoint must have fed its reference, since
+it was found full, before it is judged."""
 
 SHRINK = 0.9
 """A server must run fewer than this share of its limit to lower it (the
@@ -199,14 +225,14 @@ class LimitEstimator:
     __slots__ = (
         "adjustments",
         "budget",
+        "compared_at",
         "crowded",
         "done",
         "done_unseen",
+        "evidence",
         "factor",
         "found",
-        "itl",
-        "itl_reference",
-        "itl_samples",
+        "itl_last",
         "limit",
         "most",
         "pending",
@@ -214,7 +240,13 @@ class LimitEstimator:
         "probing",
         "queue",
         "queued",
+        "recent_count",
+        "recent_sum",
+        "reference",
         "reference_limit",
+        "reference_sum",
+        "reference_weight",
+        "responses",
         "running",
         "samples",
         "seen",
@@ -222,8 +254,10 @@ class LimitEstimator:
         "sent",
         "sent_before",
         "sent_seq",
+        "server_itl",
         "settings",
         "slowed",
+        "steady",
         "too_fast_to_see",
         "window_end",
     )
@@ -272,45 +306,115 @@ class LimitEstimator:
         completions: `running` cannot show what the server runs."""
         self.running = 0
         """The server's running count at the last sample."""
-        self.itl = 0.0
-        """Recent inter-token latency of its streamed responses (s)."""
-        self.itl_reference = 0.0
-        """Its inter-token latency when it ran full at a healthy speed."""
-        self.itl_samples = 0
-        """Responses that fed `itl_reference`."""
+        self.recent_sum = 0.0
+        self.recent_count = 0.0
+        """Its recent inter-token latency, as a decayed sum (s) and count."""
+        self.responses = 0
+        """Responses that fed it (without the server's histogram)."""
+        self.server_itl = False
+        """Whether its server reports its inter-token latency histogram (the
+        latency of responses is then not used)."""
+        self.itl_last: tuple[float, float, float] | None = None
+        """The histogram's sum and count at the last sample that used them,
+        and that sample's time."""
+        self.compared_at: float | None = None
+        """When its latency was last compared to the pool's."""
+        self.reference = 0.0
+        """Its latency over the median of the others' while it ran full at a
+        healthy speed (its own speed against the pool's): the mean of the
+        comparisons, each weighted by the time it covers and its age."""
+        self.reference_sum = 0.0
+        self.reference_weight = 0.0
+        self.steady = 0.0
+        """The same at any time: a slowed server's recovery is judged on
+        it, so that one lucky interval does not end it."""
+        self.evidence = 0.0
+        """Seconds of comparisons that fed the reference."""
         self.reference_limit = 0
-        """The limit `itl_reference` was measured at."""
+        """The limit the reference was measured at."""
         self.slowed = False
         """Its latency grew more than the pool's: the limit holds (no probe)."""
         self.factor = 1.0
         """How much more its latency grew than the pool's, at the last comparison."""
 
+    @property
+    def itl(self) -> float:
+        """Its recent inter-token latency (s; 0 when none is known)."""
+        return self.recent_sum / self.recent_count if self.recent_count else 0.0
+
+    def latency_known(self) -> bool:
+        """Whether its recent latency says enough to compare."""
+        if self.server_itl:
+            return self.recent_count > 0.0
+        return self.responses >= LATENCY_SAMPLES
+
     def observe_latency(self, itl: float) -> None:
         """A streamed response from this server ended: `itl` is its mean
-        time per output token after the first."""
-        self.itl = itl if not self.itl else self.itl + LATENCY_WEIGHT * (itl - self.itl)
+        time per output token after the first. Not used when the server
+        reports its own histogram (it says the same, at every sample)."""
+        if not self.server_itl:
+            keep = 1.0 - LATENCY_WEIGHT
+            self.recent_sum = self.recent_sum * keep + itl
+            self.recent_count = self.recent_count * keep + 1.0
+            self.responses += 1
+
+    def _server_latency(self, sample: Sample, now: float) -> None:
+        """The server's latency histogram at this sample: what it grew by
+        since the last sample that used it is the interval's mean."""
+        total = sample.itl_sum
+        count = sample.itl_count
+        if count <= 0.0:
+            return  # not reported, or no token yet
+        if not self.server_itl:
+            self.server_itl = True
+            self.recent_sum = self.recent_count = 0.0
+        last = self.itl_last
+        if last is not None and count == last[1]:
+            return  # no token since: the next interval covers this one
+        self.itl_last = (total, count, now)
+        if last is None or count < last[1] or total < last[0]:
+            return  # the first reading, or the server restarted
+        keep = exp(-(now - last[2]) / RECENT_SECONDS)
+        self.recent_sum = self.recent_sum * keep + (total - last[0])
+        self.recent_count = self.recent_count * keep + (count - last[1])
+
+    def compare(self, relative: float, now: float) -> int:
+        """Its recent latency is `relative` times the median of the other
+        endpoints' at `now`. Fed to the reference while it runs full at the
+        size it was found at, at a healthy speed; once the reference has
+        `REFERENCE_SPAN` seconds, the limit follows how much `relative`
+        grew over it (`slow_down`). Returns the change of the limit."""
+        last = self.compared_at
+        self.compared_at = now
+        if last is None:
+            self.steady = relative
+            return 0
+        elapsed = now - last
+        keep = exp(-elapsed / REFERENCE_SECONDS)
+        self.steady = self.steady * keep + relative * (1.0 - keep)
+        limit = self.limit
         if (
             self.found
+            and not self.slowed
             and self.factor < self.settings.recovered
-            and self.running >= self.limit * SHRINK
+            and self.running >= limit * SHRINK
+            and limit >= self.reference_limit
         ):
-            reference = self.itl_reference
-            self.itl_reference = (
-                itl if not reference else reference + REFERENCE_WEIGHT * (itl - reference)
-            )
-            self.itl_samples += 1
-            self.reference_limit = self.limit
-
-    def latency_ratio(self) -> float | None:
-        """Recent latency over the reference (None: not known yet)."""
-        if self.itl_samples < LATENCY_SAMPLES:
-            return None
-        return self.itl / self.itl_reference
+            # A smaller batch has shorter steps: its latency is no
+            # reference for the full one.
+            self.reference_sum = self.reference_sum * keep + relative * elapsed
+            self.reference_weight = self.reference_weight * keep + elapsed
+            self.reference = self.reference_sum / self.reference_weight
+            self.evidence += elapsed
+            self.reference_limit = limit
+        if self.evidence < REFERENCE_SPAN:
+            return 0
+        return self.slow_down(relative / self.reference)
 
     def slow_down(self, factor: float) -> int:
-        """The pool says this server is `factor` times slower than it was:
-        hold its limit at its reference divided by `factor` (never grow it
-        while `factor` stays above `recovered`). Returns the change."""
+        """Its latency grew `factor` times more than the pool's since its
+        reference: hold its limit at the reference's divided by `factor`
+        (never grow it while slowed). Returns the change."""
         settings = self.settings
         self.factor = factor
         if factor >= settings.slower:
@@ -322,7 +426,14 @@ class LimitEstimator:
                 self.limit = target
                 self.adjustments += 1
                 return change
-        elif self.slowed and factor <= settings.recovered:
+        elif (
+            self.slowed
+            and self.running <= self.limit
+            and self.steady <= settings.recovered * self.reference
+        ):
+            # Judged on the longer average, and only once it runs what its
+            # limit lets it: while it drains the batch it held it admits
+            # nothing, and a step that prefills nothing is short at any speed.
             self.slowed = False
         return 0
 
@@ -361,6 +472,7 @@ class LimitEstimator:
         self.sent = 0
         self.pending = self.queue = waiting
         self.running = running
+        self._server_latency(sample, now)
         settings = self.settings
         if self.window_end is None:
             self.window_end = now + settings.window
@@ -385,6 +497,9 @@ class LimitEstimator:
                 self.probing = False
                 self.found = True
                 self.probe_since = now
+                self.reference_limit = 0  # its latency is learned again at its new size
+                self.evidence = self.reference = 0.0
+                self.reference_sum = self.reference_weight = 0.0
             self.window_end = None
         elif self.probing:
             if not (binding or waiting):
@@ -523,6 +638,7 @@ class AdaptiveGate:
     """
 
     __slots__ = (
+        "_all_slowed",
         "_bands",
         "_blind_after",
         "_changes",
@@ -568,6 +684,9 @@ class AdaptiveGate:
         self._version: int | None = None
         self._changes = 0
         """Dispatches and completions so far (keys what `_idle_room` keeps)."""
+        self._all_slowed = False
+        """Whether every endpoint compared slowed down (the top band then
+        takes a slowed one too)."""
         self._idle_key: tuple[int | None, int] | None = None
         self._idle = False
         self._no_room: tuple[object, int, float] | None = None
@@ -768,8 +887,14 @@ class AdaptiveGate:
                 # a known slot, so it says nothing about whether there are more).
                 self.blocked.add(endpoint)
             return False
-        if top and (estimator.pending or (estimator.probing and estimator.found)):
-            return not self._idle_room(now)
+        if top:
+            if estimator.slowed and not self._all_slowed:
+                # It waits less in the EPP for a slot at a server that did
+                # not slow down (the top band is the first to get it) than
+                # it would be served here.
+                return False
+            if estimator.pending or (estimator.probing and estimator.found):
+                return not self._idle_room(now)
         return True
 
     def _reopen(self, endpoint: str, estimator: LimitEstimator | None) -> None:
@@ -892,20 +1017,21 @@ class AdaptiveGate:
             for address in [a for a in estimators if a not in present]:
                 del estimators[address]
                 blocked.discard(address)
-        self._compare_latencies()
+        self._compare_latencies(self._clock())
 
-    def _compare_latencies(self) -> None:
-        """Slow down the endpoints whose latency grew more than the rest of
-        the pool's (each against its own reference, so a pool of different
-        servers, or a request mix that slows every server alike, changes
-        nothing). O(E log E), once per snapshot."""
+    def _compare_latencies(self, now: float) -> None:
+        """Compare each endpoint's recent latency to the median of the
+        others' (`LimitEstimator.compare`): a pool of different servers, or
+        a load that slows every server alike, changes no comparison, and
+        none depends on when a reference was taken. O(E log E), once per
+        snapshot."""
         rated = sorted(
-            (ratio, index, estimator)
+            (estimator.itl, index, estimator)
             for index, estimator in enumerate(self._estimators.values())
-            if (ratio := estimator.latency_ratio()) is not None
+            if estimator.found and estimator.latency_known()
         )
-        if len(rated) < 2:
-            return
-        ratios = [ratio for ratio, _, _ in rated]
-        for position, (ratio, _, estimator) in enumerate(rated):
-            estimator.slow_down(ratio / median_without(ratios, position))
+        if len(rated) >= 2:
+            latencies = [itl for itl, _, _ in rated]
+            for position, (itl, _, estimator) in enumerate(rated):
+                estimator.compare(itl / median_without(latencies, position), now)
+        self._all_slowed = all(estimator.slowed for estimator in self._estimators.values())

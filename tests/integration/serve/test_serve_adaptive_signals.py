@@ -1,16 +1,28 @@
 """The live server tells the adaptive gate what responses say: a streamed
 response's first bytes take its request off its endpoint's pending budget,
-and its time per output token is its endpoint's latency."""
+and its time per output token is its endpoint's latency when its server
+reports none; a server that does is read at each scrape."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import aiohttp
 import pytest
 
+from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.engines import ENGINE_LABEL
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.store import EndpointStore
+from epp.demo.model_server import SimulatedServer
 from epp.extproc.events import Release
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.request import FlowRequest, State
 from epp.serve.server import EppServer
+from epp.sim.server_model import ServerParams
 from tests.support.serving import loopback_options
+from tests.support.waiting import eventually
 
 ENDPOINT = "127.0.0.1:1"
 
@@ -42,3 +54,28 @@ async def test_a_streamed_response_tells_its_endpoint_latency():
 def test_a_whole_response_tells_no_latency():
     release = Release(FlowRequest("r", "f", 0, 0.0), 10, 5, 100, first_byte_at=1.0)
     assert release.time_per_output_token(2.0) is None
+
+
+async def test_the_gate_reads_a_live_servers_inter_token_latency_from_its_scrapes():
+    # A model server posing as vLLM, scraped over HTTP as `epp serve` does:
+    # the gate learns the server's decode step from its histogram, before
+    # any response has ended.
+    params = ServerParams(max_num_seqs=4, decode_ms_per_token=10.0, decode_batch_growth=0.0)
+    server = SimulatedServer(params, "model")
+    port = await server.start()
+    address = f"127.0.0.1:{port}"
+    store = EndpointStore([EndpointSpec(address, address, {ENGINE_LABEL: "vllm"})])
+    gate = AdaptiveGate(store.snapshot, time.monotonic)
+    body = {"model": "model", "prompt": "hi", "max_tokens": 100_000}
+    try:
+        async with MetricsScraper(store, interval=0.02, timeout=0.5), aiohttp.ClientSession() as s:
+            tasks = [asyncio.create_task(s.post(f"http://{address}/v1/completions", json=body))]
+            await eventually(lambda: gate.has_room(address) and gate._estimators[address].itl > 0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await server.stop()
+    estimator = gate._estimators[address]
+    assert estimator.server_itl
+    assert estimator.itl == pytest.approx(0.010)  # one request decoding: the bare step

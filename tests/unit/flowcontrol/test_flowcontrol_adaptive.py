@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from epp.flowcontrol.adaptive import (
     KEEP_PACE,
     LATENCY_SAMPLES,
+    RECENT_SECONDS,
+    REFERENCE_SPAN,
     AdaptiveGate,
     AdaptiveLimits,
     LimitEstimator,
@@ -25,8 +27,22 @@ C, D = "10.0.0.3:8000", "10.0.0.4:8000"
 SETTINGS = AdaptiveLimits()
 
 
-def sample(at: float, running: int = 0, waiting: int = 0, **extra) -> EndpointMetrics:
-    return EndpointMetrics(waiting=waiting, running=running, updated_at=at, **extra)
+def sample(
+    at: float,
+    running: int = 0,
+    waiting: int = 0,
+    itl_sum: float = 0.0,
+    itl_count: float = 0.0,
+    **extra,
+) -> EndpointMetrics:
+    return EndpointMetrics(
+        waiting=waiting,
+        running=running,
+        updated_at=at,
+        itl_sum=itl_sum,
+        itl_count=itl_count,
+        **extra,
+    )
 
 
 def found_at(limit: int) -> LimitEstimator:
@@ -163,7 +179,7 @@ class Pool:
         self.now = 0.0
         self.publish(0.0)
 
-    def publish(self, at: float, **per_address: tuple[int, int]) -> None:
+    def publish(self, at: float, **per_address: tuple[float, ...]) -> None:
         self.now = at
         endpoints = tuple(
             Endpoint(address, address, metrics=sample(at, *per_address.get(key, (0, 0))))
@@ -664,44 +680,157 @@ def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at
 # -- latency: a server that slows down without queueing ------------------------
 
 
-def healthy(limit: int, itl: float = 0.04) -> LimitEstimator:
-    """Found full at `limit`, with a reference latency measured while full."""
+class Histogram:
+    """A server's inter-token latency histogram, as its samples show it."""
+
+    def __init__(self) -> None:
+        self.sum = 0.0
+        self.count = 0.0
+
+    def run(self, seconds: float, itl: float, batch: int = 30) -> tuple[float, float]:
+        """`seconds` of steps of `itl` for a batch of `batch`; the counters then."""
+        tokens = batch * seconds / itl
+        self.sum += tokens * itl
+        self.count += tokens
+        return self.sum, self.count
+
+
+def test_the_servers_histogram_gives_the_mean_latency_between_two_samples():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
+    estimator.observe(sample(1.05, 30, 0, 10.06, 502.0), binding=False)
+    assert estimator.itl == pytest.approx(0.03)
+
+
+def test_the_recent_latency_is_the_token_weighted_mean_forgetting_older_intervals():
+    estimator = LimitEstimator(SETTINGS)
+    server = Histogram()
+    at = 0.0
+    for _ in range(100):  # 5 s at 40 ms
+        at += 0.05
+        estimator.observe(sample(at, 30, 0, *server.run(0.05, 0.04)), binding=False)
+    for _ in range(int(3 * RECENT_SECONDS / 0.05)):  # three time constants at 40 ms
+        at += 0.05
+        estimator.observe(sample(at, 30, 0, *server.run(0.05, 0.12)), binding=False)
+    assert 0.10 < estimator.itl < 0.12
+
+
+def test_a_sample_with_no_new_token_leaves_the_interval_to_the_next():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
+    estimator.observe(sample(1.05, 30, 0, 10.0, 500.0), binding=False)  # a long prefill step
+    estimator.observe(sample(1.1, 30, 0, 10.6, 530.0), binding=False)
+    assert estimator.itl == pytest.approx(0.02)
+
+
+def test_a_restarted_servers_histogram_starts_a_new_series():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
+    estimator.observe(sample(1.05, 30, 0, 10.03, 501.0), binding=False)
+    estimator.observe(sample(1.1, 0, 0, 0.05, 1.0), binding=False)  # counters from zero
+    assert estimator.itl == pytest.approx(0.03)
+    estimator.observe(sample(1.15, 0, 0, 0.09, 2.0), binding=False)
+    assert 0.03 < estimator.itl < 0.04
+
+
+def test_a_server_that_reports_its_histogram_is_not_judged_on_responses():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
+    estimator.observe(sample(1.05, 30, 0, 10.06, 502.0), binding=False)
+    estimator.observe_latency(5.0)
+    assert estimator.itl == pytest.approx(0.03)
+
+
+def test_without_the_histogram_responses_give_the_latency_once_there_are_enough():
+    estimator = LimitEstimator(SETTINGS)
+    for _ in range(LATENCY_SAMPLES - 1):
+        estimator.observe_latency(0.04)
+    assert not estimator.latency_known()
+    estimator.observe_latency(0.04)
+    assert estimator.latency_known() and estimator.itl == pytest.approx(0.04)
+
+
+def compared(estimator: LimitEstimator, relative: float, start: float, seconds: float) -> float:
+    """Compare `relative` every 50 ms for `seconds` from `start`; the time then."""
+    at = start
+    for _ in range(round(seconds / 0.05)):
+        at += 0.05
+        estimator.compare(relative, at)
+    return at
+
+
+def running_full(limit: int) -> tuple[LimitEstimator, float]:
+    """Found full at `limit`, a reference of REFERENCE_SPAN seconds as fast
+    as the pool; the time then."""
     estimator = found_at(limit)
-    for _ in range(LATENCY_SAMPLES):
-        estimator.observe_latency(itl)
-    return estimator
+    return estimator, compared(estimator, 1.0, 2.0, REFERENCE_SPAN + 0.5)
 
 
 def test_a_server_that_slowed_three_times_more_than_the_pool_holds_a_third_of_its_limit():
-    estimator = healthy(30)
-    assert estimator.slow_down(3.0) == 10 - 30
+    estimator, now = running_full(30)
+    assert estimator.compare(3.0, now + 0.05) == 10 - 30
     assert (estimator.limit, estimator.slowed, estimator.probing) == (10, True, False)
 
 
+def test_a_server_is_not_judged_before_its_reference_spans_enough_time():
+    estimator = found_at(30)
+    now = compared(estimator, 1.0, 2.0, REFERENCE_SPAN - 0.5)
+    assert estimator.compare(3.0, now + 0.05) == 0
+    assert not estimator.slowed
+
+
 def test_a_server_that_slowed_no_more_than_the_pool_keeps_its_limit():
-    estimator = healthy(30)
-    assert estimator.slow_down(1.5) == 0
+    estimator, now = running_full(30)
+    assert estimator.compare(1.5, now + 0.05) == 0
     assert (estimator.limit, estimator.slowed) == (30, False)
 
 
-def test_a_slowed_server_grows_again_only_once_it_recovers():
-    estimator = healthy(30)
-    estimator.slow_down(3.0)
-    for step in range(1, 80):  # it still runs what it held, demand waits
-        estimator.observe(sample(1.1 + step * 0.1, running=20), binding=True)
-    assert (estimator.limit, estimator.probing) == (10, False)
-    estimator.slow_down(1.1)
-    estimator.observe(sample(20.0, running=10), binding=True)
-    estimator.observe(sample(20.1 + SETTINGS.probe_interval, running=10), binding=True)
-    assert estimator.probing
+def test_a_slower_server_is_judged_against_its_own_speed():
+    # Half as fast as the pool's median from the start: its reference.
+    estimator = found_at(30)
+    now = compared(estimator, 2.0, 2.0, REFERENCE_SPAN + 0.5)
+    assert estimator.compare(2.2, now + 0.05) == 0
+    assert estimator.compare(6.0, now + 0.1) == 10 - 30
 
 
 def test_the_latency_of_a_slowed_server_is_not_its_new_reference():
-    estimator = healthy(30, itl=0.04)
-    estimator.slow_down(3.0)
-    for _ in range(20):
-        estimator.observe_latency(0.12)
-    assert estimator.latency_ratio() == pytest.approx(3.0, rel=0.05)
+    estimator, now = running_full(30)
+    now = compared(estimator, 3.0, now, 30.0)
+    assert estimator.reference == pytest.approx(1.0, rel=0.02)  # the comparison that crossed
+    assert estimator.slowed
+
+
+def test_a_slowed_server_recovers_on_its_steady_latency_once_it_runs_within_its_limit():
+    estimator, now = running_full(30)
+    estimator.compare(3.0, now + 0.05)
+    estimator.running = 25  # still running what it held
+    now = compared(estimator, 0.5, now + 0.05, 10.0)
+    assert estimator.slowed
+    estimator.running = 10
+    assert estimator.compare(0.5, now + 0.05) == 0
+    assert not estimator.slowed
+
+
+def test_one_fast_interval_does_not_end_a_slowdown():
+    estimator, now = running_full(30)
+    now = compared(estimator, 3.0, now, 5.0)
+    estimator.running = 10
+    estimator.compare(0.5, now + 0.05)
+    assert estimator.slowed
+
+
+def test_a_slowed_server_grows_again_only_once_it_recovers():
+    estimator, now = running_full(30)
+    estimator.compare(3.0, now + 0.05)
+    for step in range(1, 80):  # it still runs what it held, demand waits
+        estimator.observe(sample(now + step * 0.1, running=20), binding=True)
+    assert (estimator.limit, estimator.probing) == (10, False)
+    estimator.running = 10
+    compared(estimator, 0.5, now + 8.0, 20.0)
+    assert not estimator.slowed
+    estimator.observe(sample(now + 30.0, running=10), binding=True)
+    estimator.observe(sample(now + 30.1 + SETTINGS.probe_interval, running=10), binding=True)
+    assert estimator.probing
 
 
 def test_the_median_of_the_others_leaves_out_the_value_at_its_position():
@@ -712,7 +841,7 @@ def test_the_median_of_the_others_leaves_out_the_value_at_its_position():
 def latency_pool(limit: int) -> tuple[Pool, AdaptiveGate]:
     """A gate whose endpoints A and B were both found full at `limit` and run full."""
     pool = Pool(A, B)
-    gate = gate_with_bands(pool, 0)
+    gate = gate_with_bands(pool, 10, 0)
     full, queued = (limit, 0), (limit, 1)
     for at, state in ((0.05, full), (0.1, queued), (1.2, queued), (1.25, full)):
         gate.blocked.update((A, B))
@@ -721,27 +850,45 @@ def latency_pool(limit: int) -> tuple[Pool, AdaptiveGate]:
     return pool, gate
 
 
-def respond(pool: Pool, gate: AdaptiveGate, itl: dict[str, float], count: int) -> None:
-    """`count` rounds: a response from each endpoint in `itl`, then a sample."""
-    for _ in range(count):
-        for endpoint, seconds in itl.items():
-            request = FlowRequest("r", "tenant", 0, 0.0)
-            request.endpoint = endpoint
-            gate.observe_latency(request, seconds)
-        pool.publish(pool.now + 0.05, a=(30, 0), b=(30, 0))
+def serve(pool: Pool, gate: AdaptiveGate, itl: dict[str, float], seconds: float) -> None:
+    """`seconds` of samples every 50 ms, each server running 30 at its `itl`."""
+    servers = pool.histograms = getattr(pool, "histograms", {A: Histogram(), B: Histogram()})
+    for _ in range(round(seconds / 0.05)):
+        pool.publish(
+            pool.now + 0.05,
+            a=(30, 0, *servers[A].run(0.05, itl[A])),
+            b=(30, 0, *servers[B].run(0.05, itl[B])),
+        )
         gate.has_room(A, 0)
 
 
-def test_the_gate_slows_down_the_endpoint_whose_latency_grew_and_not_the_others():
+def test_the_gate_slows_down_the_endpoint_whose_server_slowed_and_not_the_others():
     pool, gate = latency_pool(30)
-    respond(pool, gate, {A: 0.04, B: 0.04}, LATENCY_SAMPLES)
-    respond(pool, gate, {A: 0.16, B: 0.04}, 20)  # A slows four times, B does not
+    serve(pool, gate, {A: 0.04, B: 0.04}, REFERENCE_SPAN + 1.0)
+    serve(pool, gate, {A: 0.12, B: 0.04}, 6.0)  # A three times slower, B not
     assert gate.limits()[B] == 30
-    assert gate.limits()[A] < 30 / 2
+    assert gate.limits()[A] <= 30 / 2
 
 
 def test_a_pool_that_slows_alike_keeps_its_limits():
     pool, gate = latency_pool(30)
-    respond(pool, gate, {A: 0.04, B: 0.04}, LATENCY_SAMPLES)
-    respond(pool, gate, {A: 0.16, B: 0.16}, 20)
+    serve(pool, gate, {A: 0.04, B: 0.04}, REFERENCE_SPAN + 1.0)
+    serve(pool, gate, {A: 0.12, B: 0.12}, 10.0)
     assert gate.limits() == {A: 30, B: 30}
+
+
+def test_a_top_band_request_skips_a_slowed_endpoint_while_another_did_not_slow():
+    pool, gate = latency_pool(30)
+    serve(pool, gate, {A: 0.04, B: 0.04}, REFERENCE_SPAN + 1.0)
+    serve(pool, gate, {A: 0.12, B: 0.04}, 6.0)
+    pool.publish(pool.now + 0.05, a=(5, 0), b=(5, 0))  # both with room
+    assert not gate.has_room(A, 10) and gate.has_room(B, 10)
+    assert gate.has_room(A, 0)  # the lower bands fill it
+
+
+def test_when_every_endpoint_slowed_the_top_band_takes_them_too():
+    pool, gate = latency_pool(30)
+    for estimator in gate._estimators.values():
+        estimator.slowed = True
+    pool.publish(pool.now + 0.05, a=(5, 0), b=(5, 0))
+    assert gate.has_room(A, 10) and gate.has_room(B, 10)
