@@ -39,7 +39,11 @@ The control law (measured against the alternatives in
   limit, is sent one at a time after a request waited there a whole
   interval, and may be sent up to half its limit at once while it runs
   less than half (its requests may finish between samples, when the pace
-  of one per sample would starve it).
+  of one per sample would starve it). Neither may have more than two
+  pending while its steps (its inter-token latency) last half the sampling
+  interval or more: what it is sent during a step waits for the step's
+  end (a large server's prefill steps), and would be its queue at the
+  next sample.
 - limit = the most requests the server was seen running. While probing,
   the gate lets one more through; if the server runs it, the limit grows
   at the next sample. A new endpoint probes until a probe finds no room
@@ -446,6 +450,7 @@ class LimitEstimator:
         now = sample.updated_at
         if sample.failing or now is None or now == self.seen:
             return None
+        last = self.seen
         self.seen = now
         self.seen_seq = self.sent_seq
         if self.done >= 2:
@@ -473,6 +478,8 @@ class LimitEstimator:
         self.pending = self.queue = waiting
         self.running = running
         self._server_latency(sample, now)
+        # What it is sent during a step waits for the step's end.
+        long_steps = last is not None and self.itl >= (now - last) * LONG_STEP
         settings = self.settings
         if self.window_end is None:
             self.window_end = now + settings.window
@@ -517,7 +524,11 @@ class LimitEstimator:
             self.probing = may_probe  # else its turn comes an interval later
             self.probe_since = now
         new = min(new, settings.maximum)
-        self.budget = self._budget(new, running, waiting, took, quiet, stale)
+        budget = self._budget(new, running, waiting, took, quiet, stale)
+        if long_steps:
+            # Whatever it is sent during a step waits for the step's end.
+            budget = min(budget, settings.pending + 1)
+        self.budget = budget
         if new == old:
             return 0
         self.limit = new
@@ -583,6 +594,11 @@ size at once. While an endpoint probes, bands below the top may fill it to
 one past its limit, its headroom included, and they hold those slots until
 their requests end: were every endpoint to probe at once, as endpoints
 found full together would, a top-band arrival would find no slot anywhere."""
+
+LONG_STEP = 0.5
+"""A server whose recent steps (its inter-token latency) last this share of
+the sampling interval or more may have at most `pending` + 1 requests
+pending: what it is sent during a step waits for the step's end."""
 
 INTAKE = 2
 """A server still searching, with no queue, may be sent this many times

@@ -235,6 +235,27 @@ def test_a_searching_endpoint_with_no_queue_may_be_sent_twice_what_it_took():
     assert sent == 2
 
 
+@pytest.mark.parametrize(("step", "paced"), [(0.01, 4), (0.03, 2)])
+def test_a_searching_endpoint_with_steps_of_half_the_sampling_interval_has_two_pending_at_most(
+    step, paced
+):
+    # What it is sent during a step waits for the step's end: twice what
+    # it took would be its queue at the next sample.
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    histogram = Histogram()
+    pool.publish(0.05, a=(10, 0, *histogram.run(0.05, step, batch=10)))
+    gate.has_room(A, 0)  # reads it
+    for _ in range(2):
+        dispatch(gate, A)
+    pool.publish(0.1, a=(12, 0, *histogram.run(0.05, step, batch=12)))  # it took both
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert sent == paced
+
+
 def test_an_endpoint_that_kept_a_request_waiting_a_whole_interval_is_paced_one_at_a_time():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
@@ -358,6 +379,21 @@ def test_a_server_of_known_size_with_a_stale_queue_is_sent_one_at_a_time():
     assert gate.has_room(A, 0)
     pool.publish(1.35, a=(20, 1))  # waiting, though sent nothing in two intervals
     assert not gate.has_room(A, 0)  # the one waiting is all it may have pending
+
+
+def test_a_server_of_known_size_with_steps_of_half_the_sampling_interval_has_two_pending_at_most():
+    pool, gate = settled_gate(32, 0)
+    histogram = Histogram()
+    pool.publish(1.3, a=(17, 0, *histogram.run(0.05, 0.03, batch=17)))
+    gate.has_room(A, 0)  # reads it
+    for _ in range(3):
+        dispatch(gate, A)
+    pool.publish(1.35, a=(20, 0, *histogram.run(0.05, 0.03, batch=20)))  # took all three
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    assert sent == 2  # twice what it took with shorter steps
 
 
 def test_a_server_of_known_size_near_its_top_is_sent_one_at_a_time():
