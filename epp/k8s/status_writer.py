@@ -9,6 +9,15 @@ watch event, finds nothing to change, and ends there.
 A 409 means the object changed after we read it; its new version is on the
 way through the watch and will be compared again, so a conflict is simply
 dropped. Other failures are retried after `retry_delay`.
+
+Invariant: at most one write per version of an object seen in the cache.
+Once a write computed from version V is answered (200: our write replaced V;
+409: something else did), V is known to be superseded, and the watch will
+bring its successor and mark the name again. Until then the cache still shows
+V, and a mark from elsewhere (a pool event arrives on its own watch, which may
+overtake the objectives' one) would write again from V: a needless write the
+API server refuses with 409. So a name whose cached version is superseded
+waits for the watch. One remembered version per objective the cache holds.
 """
 
 from __future__ import annotations
@@ -55,6 +64,9 @@ class StatusWriter:
         self._retry_delay = retry_delay
         self._clock = clock
         self._dirty: set[str] = set()
+        self._superseded: dict[str, str] = {}
+        """Per name, the resourceVersion our last answered write was computed
+        from: the cache still showing it is behind the API server."""
         self._wakeup = asyncio.Event()
         self._busy = False
 
@@ -91,8 +103,15 @@ class StatusWriter:
     async def _reconcile(self, name: str) -> bool:
         """Bring one objective's status up to date; False if it must be retried."""
         obj = self._objects().get(name)
-        if not self.enabled or obj is None or not self._applies(name):
+        if obj is None:
+            self._superseded.pop(name, None)
             return True
+        if not self.enabled or not self._applies(name):
+            return True
+        version = obj["metadata"]["resourceVersion"]
+        if self._superseded.get(name) == version:
+            return True
+        self._superseded.pop(name, None)
         patch = accepted_patch(obj, self._clock())
         if patch is None:
             return True
@@ -109,6 +128,7 @@ class StatusWriter:
             )
         except ApiException as error:
             if error.status == CONFLICT:
+                self._superseded[name] = version
                 log.debug("InferenceObjective %s changed while we wrote its status", name)
                 return True
             log.warning(
@@ -121,6 +141,7 @@ class StatusWriter:
         except (TimeoutError, OSError) as error:
             log.warning("InferenceObjective %s: status write failed: %s", name, error)
             return False
+        self._superseded[name] = version
         self.writes += 1
         log.info("InferenceObjective %s: Accepted", name)
         return True

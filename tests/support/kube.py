@@ -23,7 +23,9 @@ server of its own that implements just what the EPP's control plane uses:
   to the requested version, and `prune` hooks drop what that version does not
   declare (InferenceObjective v1 loses `spec.poolRef`, as the real server
   prunes with conversion None);
-- fault injection: `drop_watches()`, `compact()`, `bookmark()`, `fail()`;
+- fault injection: `drop_watches()`, `compact()`, `bookmark()`, `fail()`,
+  and `hold()`/`release()` (one kind's watches lag behind the others', as
+  separate watch connections may: events of other kinds overtake them);
 - TokenReview (tokens registered with `add_token`) and SubjectAccessReview
   for non-resource URLs (grants registered with `allow`), the two reviews a
   delegating authenticator and authorizer make; `reviews` records each.
@@ -163,6 +165,14 @@ class _Watcher:
     namespace: str
     bookmarks: bool
     queue: asyncio.Queue[_Event | None] = field(default_factory=asyncio.Queue)
+    held: list[_Event] | None = None
+    """Events (and bookmarks) kept back, in order, while the watch is held."""
+
+    def deliver(self, event: _Event) -> None:
+        if self.held is not None:
+            self.held.append(event)
+        else:
+            self.queue.put_nowait(event)
 
 
 @dataclass(slots=True)
@@ -203,6 +213,7 @@ class KubeEmulator:
         self._compacted = 0
         self._uids = itertools.count(1)
         self._watchers: set[_Watcher] = set()
+        self._holding: set[ResourceKey] = set()
         self._failing: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -300,6 +311,23 @@ class KubeEmulator:
             watcher.queue.put_nowait(None)
         self._watchers.clear()
 
+    def hold(self, resource: ResourceKey) -> None:
+        """Keep back what open and new watches of `resource` would receive
+        (events, bookmarks) until `release()`; other kinds' watches, writes
+        and lists go on. Order within each watch is kept."""
+        self._holding.add(resource)
+        for watcher in self._watchers:
+            if watcher.resource == resource and watcher.held is None:
+                watcher.held = []
+
+    def release(self) -> None:
+        """Deliver everything `hold` kept back, in order, and hold no more."""
+        self._holding.clear()
+        for watcher in self._watchers:
+            held, watcher.held = watcher.held or [], None
+            for event in held:
+                watcher.queue.put_nowait(event)
+
     def compact(self) -> None:
         """Forget the event history: a watch from any older version gets 410."""
         self._compacted = self._version
@@ -310,7 +338,7 @@ class KubeEmulator:
         returns that version."""
         for watcher in self._watchers:
             if watcher.bookmarks:
-                watcher.queue.put_nowait(_Event(self._version, watcher.resource, "BOOKMARK", {}))
+                watcher.deliver(_Event(self._version, watcher.resource, "BOOKMARK", {}))
         return str(self._version)
 
     def fail(self, path_part: str, status: int = 503) -> None:
@@ -416,6 +444,8 @@ class KubeEmulator:
         watcher = _Watcher(
             resource, namespace, query.get("allowWatchBookmarks", "").lower() in ("true", "1")
         )
+        if resource in self._holding:
+            watcher.held = []
         if since in (None, "", "0"):
             backlog = [
                 _Event(self._version, resource, "ADDED", obj)
@@ -425,7 +455,7 @@ class KubeEmulator:
         else:
             backlog = [event for event in self._events if event.version > int(since)]
         for event in backlog:
-            watcher.queue.put_nowait(event)
+            watcher.deliver(event)
         self._watchers.add(watcher)
         timeout = float(query.get("timeoutSeconds") or 3600)
         try:
@@ -545,7 +575,7 @@ class KubeEmulator:
     def _publish(self, event: _Event) -> None:
         self._events.append(event)
         for watcher in self._watchers:
-            watcher.queue.put_nowait(event)
+            watcher.deliver(event)
 
     def _served(self, obj: dict[str, Any], resource: ResourceKey, version: str) -> dict:
         served = copy.deepcopy(obj)

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from epp.k8s.status import ACCEPTED_MESSAGE
-from tests.support.kube import KubeEmulator, StartEpp, caught_up, objective, pod, pool
+from tests.support.kube import (
+    OBJECTIVES,
+    Epp,
+    KubeEmulator,
+    StartEpp,
+    caught_up,
+    objective,
+    pod,
+    pool,
+)
 from tests.support.waiting import eventually
 
 OBJECTIVE = ("llm-d.ai/v1", "InferenceObjective")
@@ -15,6 +24,22 @@ def conditions(kube: KubeEmulator, name: str) -> list[dict]:
 
 def accepted_writes(kube: KubeEmulator) -> int:
     return sum(1 for write in kube.status_writes() if write.status == 200)
+
+
+def refused_writes(kube: KubeEmulator) -> int:
+    return sum(1 for write in kube.status_writes() if write.status == 409)
+
+
+async def pool_change_handled(kube: KubeEmulator, epp: Epp, **labels: str) -> None:
+    """Change the pool's labels (which marks every objective for status) and
+    wait until the EPP has seen it and its status writer has settled."""
+    version = int(kube.apply(pool(labels=labels))["metadata"]["resourceVersion"])
+    await eventually(
+        lambda: (
+            int(epp.mode.pool_reflector.resource_version or 0) >= version
+            and epp.mode.status.settled
+        )
+    )
 
 
 async def test_accepted_replaces_the_placeholder_condition(kube, start_epp: StartEpp):
@@ -44,6 +69,43 @@ async def test_status_is_not_rewritten_when_nothing_changed(kube, start_epp: Sta
     await eventually(lambda: "10.0.0.1:8000" in epp.addresses())
     await caught_up(kube, epp)
     assert len(kube.status_writes()) == 1
+
+
+async def test_no_second_write_while_the_objective_watch_lags_behind_our_own_write(
+    kube, start_epp: StartEpp
+):
+    kube.apply(pool())
+    kube.apply(objective("premium", priority=10))
+    kube.hold(OBJECTIVES)
+    epp = await start_epp()
+    await eventually(lambda: accepted_writes(kube) == 1)
+    await pool_change_handled(kube, epp, tier="gpu")
+    assert len(kube.status_writes()) == 1
+    kube.release()
+    await caught_up(kube, epp)
+    assert len(kube.status_writes()) == 1
+
+
+async def test_a_refused_write_is_not_repeated_from_the_same_version(
+    kube, start_epp: StartEpp, caplog
+):
+    kube.apply(pool())
+    kube.apply(objective("premium", priority=10))
+    kube.fail("/status")
+    epp = await start_epp()
+    await eventually(lambda: "premium: status write failed" in caplog.text)
+    kube.hold(OBJECTIVES)
+    labelled = objective("premium", priority=10)
+    labelled["metadata"]["labels"] = {"team": "search"}
+    kube.apply(labelled)
+    kube.heal()
+    await eventually(lambda: refused_writes(kube) == 1)
+    await pool_change_handled(kube, epp, tier="gpu")
+    assert refused_writes(kube) == 1
+    assert accepted_writes(kube) == 0
+    kube.release()
+    await caught_up(kube, epp)
+    assert (refused_writes(kube), accepted_writes(kube)) == (1, 1)
 
 
 async def test_a_spec_change_updates_the_observed_generation_only(kube, start_epp):
