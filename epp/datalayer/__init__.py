@@ -8,13 +8,15 @@
 |             | them), its metrics path, and which engine an endpoint runs           |
 | `reader`    | one metrics page -> `EndpointMetrics` (sum over ranks, once over     |
 |             | copies, idle when an engine's page lacks load series; the inter-     |
-|             | token latency histogram's sum and count, added over label sets)      |
+|             | token latency histogram's sum, count and buckets, added over label  |
+|             | sets)                                                                |
 | `scraper`   | reading every endpoint's page over HTTP(S) into the store            |
 |             | (`MetricsSource`: scheme, path, port, TLS; limits per read)          |
 
 Invariants: only the store holds metrics; the reader does no I/O; a failed
 read marks an endpoint stale at once and never removes it. Cost: a read
 picks its few lines out of the page by substring search (~20 us a page)
-and parses only those; a snapshot is rebuilt only on the first read after
+and parses only those (a line whose value changed only, such as a bucket,
+reuses the parse of its name and labels); a snapshot is rebuilt only on the first read after
 a change.
 """

@@ -86,8 +86,8 @@ class EngineMetricNames:
     metrics_path: str = "/metrics"
     itl: tuple[str, ...] = ()
     """Histograms of the server's inter-token latency, newest name first:
-    the first the page carries is read (its `_sum` and `_count`, summed
-    over label sets). None: the gate measures latency on responses."""
+    the first the page carries is read (its `_sum`, `_count` and
+    `_bucket`s, summed over label sets). None: the gate measures latency on responses."""
 
     def names(self) -> tuple[str, ...]:
         """Every series name this mapping reads, once each."""

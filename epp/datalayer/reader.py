@@ -6,13 +6,16 @@ whole page (~6 ms) for 64 endpoints at 20 Hz would need several cores.
 Instead the reader first picks out the few sample lines of the series it
 needs (a substring search, ~20 us per page), and parses only those; a line
 identical to one seen in this endpoint's previous page (the cache config,
-an unchanged LoRA state or queue) reuses its earlier parse.
+an unchanged LoRA state or queue) reuses its earlier parse, and a line
+whose value alone changed (a histogram's buckets, at every step) reuses the
+parse of its name and labels.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from itertools import pairwise
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,13 +27,14 @@ Sample = tuple[str, dict[str, str], float]
 
 def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()) -> list[str]:
     """The sample lines of the series called exactly one of `names`, and
-    the `_sum` and `_count` lines of the `histograms`.
+    the `_sum`, `_count` and `_bucket` lines of the first of the
+    `histograms` the page carries.
 
     The exposition format keeps all samples of a metric in one group, so the
     search for a name stops at the end of its first group instead of
     scanning the rest of the page. A histogram's group repeats its buckets,
-    count and sum per label set, so its sums and counts are searched for up
-    to the next comment line (the next family's HELP or TYPE).
+    count and sum per label set, so they are searched for up to the next
+    comment line (the next family's HELP or TYPE).
     """
     page = "\n" + text
     lines = []
@@ -38,10 +42,13 @@ def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()
         start = page.find("\n" + histogram + "_")
         if start == -1:
             continue
+        if lines:
+            break  # the first one the page carries is the one read
         end = page.find("\n#", start)
         if end == -1:
             end = len(page)
-        for needle in ("\n" + histogram + "_sum", "\n" + histogram + "_count"):
+        for suffix in ("_sum", "_count", "_bucket"):
+            needle = "\n" + histogram + suffix
             after = len(needle)
             position = page.find(needle, start, end)
             while position != -1:
@@ -85,30 +92,60 @@ def parse_line(line: str) -> Sample:
 class MetricsReader:
     """Reads successive metrics pages of one endpoint (see the module docstring)."""
 
-    __slots__ = ("_previous",)
+    __slots__ = ("_heads", "_previous")
 
     def __init__(self) -> None:
         self._previous: dict[str, Sample] = {}
+        self._heads: dict[str, tuple[str, dict[str, str]]] = {}
 
     def read(self, text: str, names: EngineMetricNames, now: float) -> EndpointMetrics:
         """The metrics in `text`, read at `now`. ValueError when a value is
         malformed, or when the page carries no series of the engine at all."""
         previous = self._previous
+        heads_before = self._heads
         parsed: dict[str, Sample] = {}
+        heads: dict[str, tuple[str, dict[str, str]]] = {}
         samples: dict[str, list[Sample]] = {}
         for line in select_lines(text, names.names(), names.itl):
             sample = previous.get(line)
             if sample is None:
-                sample = parse_line(line)
+                sample = _parse_changed(line, heads_before, heads)
             parsed[line] = sample
             samples.setdefault(sample[0], []).append(sample)
         self._previous = parsed
+        self._heads = heads
         if not samples and names.prefix is not None and names.prefix not in text:
             raise ValueError(
                 f"the page has no {names.prefix}* series: not this engine's metrics "
                 "(check the engine label and the metrics path)"
             )
         return metrics_from_samples(samples, names, now)
+
+
+def _parse_changed(
+    line: str,
+    before: dict[str, tuple[str, dict[str, str]]],
+    heads: dict[str, tuple[str, dict[str, str]]],
+) -> Sample:
+    """`line`, whose value changed since the previous page: its name and
+    labels are parsed once (a histogram's buckets change at every step),
+    its value by `float`; anything else unusual goes to the full parser,
+    which raises on what is malformed."""
+    brace = line.rfind("}")
+    if brace != -1:
+        head = line[: brace + 1]
+        rest = line[brace + 1 :].split()
+        labelled = before.get(head) or heads.get(head)
+        if labelled is None:
+            name, labels, _ = parse_line(head + " 0")
+            labelled = (name, labels)
+        heads[head] = labelled
+        if len(rest) in (1, 2) and "_" not in rest[0]:
+            try:
+                return labelled[0], labelled[1], float(rest[0])
+            except ValueError:
+                pass
+    return parse_line(line)
 
 
 def metrics_from_samples(
@@ -144,6 +181,7 @@ def metrics_from_samples(
     block_size = _gauge_int(samples, names.block_size_gauge, block_size)
     num_gpu_blocks = _gauge_int(samples, names.num_blocks_gauge, num_gpu_blocks)
     itl_sum, itl_count = _histogram_totals(samples, names.itl)
+    itl_buckets = _histogram_buckets(samples, names.itl) if itl_count else ()
     return EndpointMetrics(
         waiting=waiting,
         running=running,
@@ -156,6 +194,7 @@ def metrics_from_samples(
         updated_at=now,
         itl_sum=itl_sum,
         itl_count=itl_count,
+        itl_buckets=itl_buckets,
     )
 
 
@@ -176,6 +215,32 @@ def _histogram_totals(
             return 0.0, 0.0
         return total, count
     return 0.0, 0.0
+
+
+def _histogram_buckets(
+    samples: dict[str, list[Sample]], histograms: tuple[str, ...]
+) -> tuple[tuple[float, float], ...]:
+    """The buckets of the first of `histograms` the page carries (the one
+    `_histogram_totals` reads), as (upper bound, cumulative count) by growing
+    bound without `+Inf`, each added over the label sets; () when it has
+    none, or a bound or count is malformed or the counts do not grow."""
+    for histogram in histograms:
+        if not samples.get(histogram + "_sum") or not samples.get(histogram + "_count"):
+            continue
+        added: dict[float, float] = {}
+        for _, labels, value in samples.get(histogram + "_bucket", ()):
+            try:
+                bound = float(labels.get("le", ""))
+            except ValueError:
+                return ()
+            if not 0.0 <= value < math.inf or math.isnan(bound):
+                return ()
+            added[bound] = added.get(bound, 0.0) + value
+        buckets = sorted((bound, count) for bound, count in added.items() if bound < math.inf)
+        if any(later[1] < earlier[1] for earlier, later in pairwise(buckets)):
+            return ()
+        return tuple(buckets)
+    return ()
 
 
 def _matching(samples: dict[str, list[Sample]], choices: tuple[Series, ...]) -> list[Sample]:

@@ -21,10 +21,9 @@ engine table in `epp.datalayer.engines` says where each engine defines them):
 
 The live gauges are read from the model at scrape time; histograms and
 counters are prometheus-client objects in one registry per server, except
-the inter-token latency histogram: the model keeps its sum and count (per
-run of decode steps, not per token), and each scrape files what they grew
-by since the last one in the bucket of that interval's mean, as SGLang's
-tokenizer files a chunk's tokens (trtllm-serve has no such histogram).
+the inter-token latency histogram, which the model keeps itself (sum, count
+and vLLM's buckets, per run of decode steps, not per token) and each scrape
+shows as it is (trtllm-serve has no such histogram).
 """
 
 from __future__ import annotations
@@ -54,10 +53,6 @@ TTFT_BUCKETS = (
 LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
-ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -323,26 +318,13 @@ class _InterTokenLatency(Collector):
         self._name = name
         self._state = state
         self._labels = labels
-        self._buckets = [0.0] * (len(ITL_BUCKETS) + 1)
-        self._sum = 0.0
-        self._count = 0.0
-        """The model's sum and count when last filed."""
 
     def collect(self) -> Iterator[Metric]:
         state = self._state()
-        grown = state.itl_count - self._count
-        if grown > 0:
-            mean = (state.itl_sum - self._sum) / grown
-            index = next((i for i, bound in enumerate(ITL_BUCKETS) if mean <= bound), -1)
-            self._buckets[index] += grown
-            self._sum, self._count = state.itl_sum, state.itl_count
         family = HistogramMetricFamily(
             self._name, "Histogram of inter-token latency in seconds.", labels=list(self._labels)
         )
-        cumulative = 0.0
-        buckets = []
-        for bound, count in zip((*map(str, ITL_BUCKETS), "+Inf"), self._buckets, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        family.add_metric(list(self._labels.values()), buckets, sum_value=self._sum)
+        buckets = [(str(bound), count) for bound, count in state.itl_buckets]
+        buckets.append(("+Inf", state.itl_count))
+        family.add_metric(list(self._labels.values()), buckets, sum_value=state.itl_sum)
         yield family

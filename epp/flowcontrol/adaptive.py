@@ -57,11 +57,16 @@ The control law (measured against the alternatives in
   restarted smaller, slowed down or its KV cache holds fewer requests), and
   to what it runs now after a window in which it kept a queue throughout
   while running less than the limit (it is still draining what it held).
-- latency: a server's inter-token latency histogram (`itl_sum`,
-  `itl_count` of its samples: vLLM's and SGLang's own) gives the mean
-  latency of each interval between two samples; an endpoint's recent
-  latency is their token-weighted mean over about `RECENT_SECONDS`. A
-  server without the histogram is judged on its streamed responses' time
+- latency: a server's inter-token latency histogram (`itl_buckets`,
+  `itl_sum`, `itl_count` of its samples: vLLM's and SGLang's own) gives
+  the distribution of each interval between two samples; an endpoint's
+  recent latency is the median of their buckets added over about
+  `RECENT_SECONDS` (older intervals weigh less). The median, not the mean:
+  a step that prefills long prompts stalls every request it decodes, and
+  those few long steps made most of the mean, so a server that slowed and
+  admitted less (prefilling less) showed under twice the pool's mean while
+  it decoded three times slower. Without buckets the token-weighted mean
+  is used. A server without the histogram is judged on its streamed responses' time
   per output token instead (`observe_latency`, known at a response's
   end). At each snapshot every endpoint's recent latency is compared to
   the median of the others' (`compare`); its reference is that ratio while
@@ -96,8 +101,9 @@ The control law (measured against the alternatives in
 Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
 whose chosen endpoint has requests pending, once per change of the pool or
 of the in-flight counts; a new snapshot O(E log E) for E endpoints (the
-latency comparison sorts them; the probes under way are counted in O(E));
-a sample's or a response's latency O(1).
+latency comparison sorts them and reads each one's median, O(buckets);
+the probes under way are counted in O(E)); a sample's latency O(buckets),
+a response's O(1).
 """
 
 from __future__ import annotations
@@ -128,6 +134,8 @@ class Sample(Protocol):
     def itl_sum(self) -> float: ...
     @property
     def itl_count(self) -> float: ...
+    @property
+    def itl_buckets(self) -> tuple[tuple[float, float], ...]: ...
 
 
 class Observed(Protocol):
@@ -237,6 +245,7 @@ class LimitEstimator:
         "factor",
         "found",
         "itl_last",
+        "itl_last_buckets",
         "limit",
         "most",
         "pending",
@@ -244,6 +253,7 @@ class LimitEstimator:
         "probing",
         "queue",
         "queued",
+        "recent_buckets",
         "recent_count",
         "recent_sum",
         "reference",
@@ -321,6 +331,11 @@ class LimitEstimator:
         self.itl_last: tuple[float, float, float] | None = None
         """The histogram's sum and count at the last sample that used them,
         and that sample's time."""
+        self.itl_last_buckets: tuple[tuple[float, float], ...] = ()
+        """Its buckets at that sample."""
+        self.recent_buckets: list[float] = []
+        """Its recent buckets' cumulative counts, decayed as `recent_count`
+        (empty: the server reports no buckets, its mean is used)."""
         self.compared_at: float | None = None
         """When its latency was last compared to the pool's."""
         self.reference = 0.0
@@ -343,7 +358,11 @@ class LimitEstimator:
 
     @property
     def itl(self) -> float:
-        """Its recent inter-token latency (s; 0 when none is known)."""
+        """Its recent inter-token latency (s; 0 when none is known): the
+        median of its server's recent buckets, else the mean."""
+        recent = self.recent_buckets
+        if recent and recent[-1] > 0.0:
+            return median_of(self.itl_last_buckets, recent)
         return self.recent_sum / self.recent_count if self.recent_count else 0.0
 
     def latency_known(self) -> bool:
@@ -376,11 +395,28 @@ class LimitEstimator:
         if last is not None and count == last[1]:
             return  # no token since: the next interval covers this one
         self.itl_last = (total, count, now)
+        buckets = sample.itl_buckets
+        before = self.itl_last_buckets
+        self.itl_last_buckets = buckets
         if last is None or count < last[1] or total < last[0]:
             return  # the first reading, or the server restarted
         keep = exp(-(now - last[2]) / RECENT_SECONDS)
         self.recent_sum = self.recent_sum * keep + (total - last[0])
         self.recent_count = self.recent_count * keep + (count - last[1])
+        recent = self.recent_buckets
+        if (
+            not buckets
+            or len(buckets) != len(before)
+            or any(new[0] != old[0] for new, old in zip(buckets, before, strict=True))
+        ):
+            # None, or other bounds (a new server): start them again.
+            recent[:] = [0.0] * (len(buckets) + 1) if buckets else []
+            return
+        if not recent:
+            recent[:] = [0.0] * (len(buckets) + 1)
+        for index, (new, old) in enumerate(zip(buckets, before, strict=True)):
+            recent[index] = recent[index] * keep + (new[1] - old[1])
+        recent[-1] = recent[-1] * keep + (count - last[1])
 
     def compare(self, relative: float, now: float) -> int:
         """Its recent latency is `relative` times the median of the other
@@ -627,6 +663,22 @@ def fits(estimator: LimitEstimator, held: int, ceiling: float) -> bool:
     return estimator.pending < estimator.budget and held < (
         limit + 1 if estimator.probing else allowed(limit, ceiling)
     )
+
+
+def median_of(bounds: Sequence[tuple[float, float]], cumulative: Sequence[float]) -> float:
+    """The median of a histogram whose buckets (the upper bounds of
+    `bounds`, then `+Inf`) hold `cumulative` observations, interpolated
+    linearly inside its bucket as Prometheus' `histogram_quantile` does:
+    the largest bound when it lies past them all. O(buckets)."""
+    half = cumulative[-1] * 0.5
+    lower = below = 0.0
+    for (bound, _), held in zip(bounds, cumulative, strict=False):
+        if held >= half:
+            if held == below:
+                return bound
+            return lower + (bound - lower) * (half - below) / (held - below)
+        lower, below = bound, held
+    return lower
 
 
 def median_without(ordered: Sequence[float], position: int) -> float:

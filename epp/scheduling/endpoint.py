@@ -26,7 +26,11 @@ class EndpointMetrics(NamedTuple):
     `itl_sum` and `itl_count` are the server's inter-token latency histogram
     as it reports it, cumulative since it started (seconds, observations;
     both 0 when it reports none): the change between two reads is the mean
-    inter-token latency over that interval.
+    inter-token latency over that interval. `itl_buckets` are its buckets,
+    (upper bound, cumulative count) by growing bound, without `+Inf` (whose
+    count is `itl_count`); empty when it reports none: the change between
+    two reads gives that interval's distribution, so a few long steps (that
+    prefilled long prompts) do not hide how fast it decodes.
 
     A named tuple rather than a frozen dataclass: one is built per endpoint
     per scrape, and a tuple is built in C, where a frozen dataclass sets each
@@ -45,6 +49,7 @@ class EndpointMetrics(NamedTuple):
     failing: bool = False
     itl_sum: float = 0.0
     itl_count: float = 0.0
+    itl_buckets: tuple[tuple[float, float], ...] = ()
 
     def is_stale(self, now: float, staleness: float) -> bool:
         """Whether these values are missing, failed, or older than `staleness` at `now`."""

@@ -18,10 +18,11 @@ What it models:
   blocks, and a prompt reuses its leading cached blocks;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
   arrives to a full queue is rejected;
-- the inter-token latency histogram's sum and count, as vLLM's
-  `inter_token_latency_seconds` would show them: every step gives each
-  request it decodes (not the ones it prefills) one observation of the
-  step's length. Kept per run of identical steps, not per token;
+- the inter-token latency histogram's sum, count and buckets (vLLM's
+  bounds), as vLLM's `inter_token_latency_seconds` would show them: every
+  step gives each request it decodes (not the ones it prefills) one
+  observation of the step's length. Kept per run of identical steps, not
+  per token;
 - prefill/decode disaggregation: a request with `remote_kv` brings its
   prompt's KV from a prefill server (the sidecar's decode leg), so its step
   computes no prefill: it takes its blocks and decodes from its first step.
@@ -42,15 +43,23 @@ No I/O, no clock of its own.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from itertools import accumulate
 from math import inf
 from typing import Any, Protocol
 
 from epp.scheduling.endpoint import EndpointMetrics
 
 NO_ADAPTERS: frozenset[str] = frozenset()
+
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+"""The inter-token latency histogram's upper bounds (s), vLLM's (0.11)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +130,7 @@ class ModelServer:
         "_step",
         "_step_time",
         "cached_tokens",
+        "itl_buckets",
         "itl_count",
         "itl_sum",
         "listener",
@@ -155,7 +165,9 @@ class ModelServer:
         self.cached_tokens = 0
         self.itl_sum = 0.0
         self.itl_count = 0
-        """The latency histogram up to the start of the current run of steps."""
+        self.itl_buckets = [0] * (len(ITL_BUCKETS) + 1)
+        """The latency histogram up to the start of the current run of steps
+        (its buckets' own counts, the last one past the largest bound)."""
 
     # -- the caller's side ------------------------------------------------
 
@@ -193,6 +205,7 @@ class ModelServer:
             tokens = done * len(self._running)
             self.itl_count += tokens
             self.itl_sum += tokens * self._step_time
+            self.itl_buckets[bisect_left(ITL_BUCKETS, self._step_time)] += tokens
             self._seg_start += done * self._step_time
             self._step += done
             self._seg_steps = 1
@@ -214,6 +227,7 @@ class ModelServer:
                 steps *= len(running)  # the tokens of the run
                 self.itl_count += steps
                 self.itl_sum += steps * self._step_time
+                self.itl_buckets[bisect_left(ITL_BUCKETS, self._step_time)] += steps
             if self._prefilling:
                 for request in self._prefilling:
                     request.first_token_at = end
@@ -249,6 +263,7 @@ class ModelServer:
         self._seg_steps = 0
         self.itl_sum = 0.0  # a restarted server's histograms start again
         self.itl_count = 0
+        self.itl_buckets = [0] * (len(ITL_BUCKETS) + 1)
         return lost
 
     def abort(self, request: ServerRequest, now: float) -> bool:
@@ -283,13 +298,17 @@ class ModelServer:
         prefilling = len(self._prefilling)
         itl_sum = self.itl_sum
         itl_count = self.itl_count
+        buckets = self.itl_buckets
         if running and not prefilling and now > self._seg_start:
             # The steps of the current run that ended by `now` (a step that
             # prefills gives its tokens at its end).
             steps = int((now - self._seg_start) / self._step_time)
             tokens = (steps if steps < self._seg_steps else self._seg_steps) * running
-            itl_count += tokens
-            itl_sum += tokens * self._step_time
+            if tokens:
+                itl_count += tokens
+                itl_sum += tokens * self._step_time
+                buckets = buckets.copy()
+                buckets[bisect_left(ITL_BUCKETS, self._step_time)] += tokens
         lora_running = lora_waiting = NO_ADAPTERS
         if params.max_loras:
             lora_running = frozenset(self._lora_active)
@@ -307,6 +326,7 @@ class ModelServer:
             False,
             itl_sum,
             itl_count,
+            tuple(zip(ITL_BUCKETS, accumulate(buckets), strict=False)),
         )
 
     # -- the engine --------------------------------------------------------

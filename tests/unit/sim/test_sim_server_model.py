@@ -2,7 +2,7 @@
 
 import pytest
 
-from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
+from epp.sim.server_model import ITL_BUCKETS, ModelServer, ServerParams, ServerRequest
 
 PARAMS = ServerParams(
     max_num_seqs=4,
@@ -153,6 +153,20 @@ def test_a_decoding_request_observes_the_prefill_step_of_a_newcomer_who_observes
     assert metrics.itl_sum == pytest.approx(24 * 0.020 + prefill_step + 3 * 2 * 0.022)
 
 
+def test_the_histograms_buckets_hold_each_steps_observations_under_its_length():
+    server = ModelServer(PARAMS, Recorder())
+    server.admit(ServerRequest(1, prompt_tokens=10, output_tokens=100), 0.0)
+    server.advance(0.5)
+    server.admit(ServerRequest(2, prompt_tokens=400, output_tokens=100), 0.5)
+    prefill_step = (20.0 * 1.1 + 10.0 + 0.5 * 400) / 1000  # 0.232: under 0.3
+    now = 0.515 + prefill_step + 3 * 0.022 + 0.001
+    server.advance(now)
+    buckets = dict(server.metrics(now).itl_buckets)
+    assert list(buckets) == list(ITL_BUCKETS)
+    assert (buckets[0.01], buckets[0.025], buckets[0.2], buckets[0.3]) == (0, 30, 30, 31)
+    assert buckets[80.0] == 31
+
+
 def test_the_metrics_count_the_steps_that_ended_by_then():
     server = ModelServer(PARAMS, Recorder())
     request = ServerRequest(1, prompt_tokens=100, output_tokens=100)
@@ -171,3 +185,4 @@ def test_a_server_that_fails_starts_its_histogram_again():
     assert server.metrics(0.5).itl_count > 0
     server.fail()
     assert (server.metrics(0.6).itl_sum, server.metrics(0.6).itl_count) == (0.0, 0)
+    assert all(count == 0 for _, count in server.metrics(0.6).itl_buckets)
