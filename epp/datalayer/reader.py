@@ -181,7 +181,7 @@ def metrics_from_samples(
     block_size = _gauge_int(samples, names.block_size_gauge, block_size)
     num_gpu_blocks = _gauge_int(samples, names.num_blocks_gauge, num_gpu_blocks)
     itl_sum, itl_count = _histogram_totals(samples, names.itl)
-    itl_buckets = _histogram_buckets(samples, names.itl) if itl_count else ()
+    itl_bounds, itl_buckets = _histogram_buckets(samples, names.itl) if itl_count else ((), ())
     return EndpointMetrics(
         waiting=waiting,
         running=running,
@@ -194,6 +194,7 @@ def metrics_from_samples(
         updated_at=now,
         itl_sum=itl_sum,
         itl_count=itl_count,
+        itl_bounds=itl_bounds,
         itl_buckets=itl_buckets,
     )
 
@@ -219,11 +220,12 @@ def _histogram_totals(
 
 def _histogram_buckets(
     samples: dict[str, list[Sample]], histograms: tuple[str, ...]
-) -> tuple[tuple[float, float], ...]:
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The buckets of the first of `histograms` the page carries (the one
-    `_histogram_totals` reads), as (upper bound, cumulative count) by growing
-    bound without `+Inf`, each added over the label sets; () when it has
-    none, or a bound or count is malformed or the counts do not grow."""
+    `_histogram_totals` reads): their upper bounds, growing, without
+    `+Inf`, and their cumulative counts, each added over the label sets;
+    empty when it has none, or a bound or count is malformed or the counts
+    do not grow."""
     for histogram in histograms:
         if not samples.get(histogram + "_sum") or not samples.get(histogram + "_count"):
             continue
@@ -232,15 +234,15 @@ def _histogram_buckets(
             try:
                 bound = float(labels.get("le", ""))
             except ValueError:
-                return ()
+                return (), ()
             if not 0.0 <= value < math.inf or math.isnan(bound):
-                return ()
+                return (), ()
             added[bound] = added.get(bound, 0.0) + value
         buckets = sorted((bound, count) for bound, count in added.items() if bound < math.inf)
         if any(later[1] < earlier[1] for earlier, later in pairwise(buckets)):
-            return ()
-        return tuple(buckets)
-    return ()
+            return (), ()
+        return tuple(bound for bound, _ in buckets), tuple(count for _, count in buckets)
+    return (), ()
 
 
 def _matching(samples: dict[str, list[Sample]], choices: tuple[Series, ...]) -> list[Sample]:

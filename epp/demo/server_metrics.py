@@ -324,7 +324,10 @@ class _InterTokenLatency(Collector):
         family = HistogramMetricFamily(
             self._name, "Histogram of inter-token latency in seconds.", labels=list(self._labels)
         )
-        buckets = [(str(bound), count) for bound, count in state.itl_buckets]
+        buckets = [
+            (str(bound), count)
+            for bound, count in zip(state.itl_bounds, state.itl_buckets, strict=True)
+        ]
         buckets.append(("+Inf", state.itl_count))
         family.add_metric(list(self._labels.values()), buckets, sum_value=state.itl_sum)
         yield family

@@ -57,8 +57,8 @@ The control law (measured against the alternatives in
   restarted smaller, slowed down or its KV cache holds fewer requests), and
   to what it runs now after a window in which it kept a queue throughout
   while running less than the limit (it is still draining what it held).
-- latency: a server's inter-token latency histogram (`itl_buckets`,
-  `itl_sum`, `itl_count` of its samples: vLLM's and SGLang's own) gives
+- latency: a server's inter-token latency histogram (`itl_bounds`,
+  `itl_buckets`, `itl_sum`, `itl_count` of its samples: vLLM's and SGLang's own) gives
   the distribution of each interval between two samples; an endpoint's
   recent latency is the median of their buckets added over about
   `RECENT_SECONDS` (older intervals weigh less). The median, not the mean:
@@ -108,6 +108,7 @@ a response's O(1).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import ceil, exp, inf
@@ -135,7 +136,9 @@ class Sample(Protocol):
     @property
     def itl_count(self) -> float: ...
     @property
-    def itl_buckets(self) -> tuple[tuple[float, float], ...]: ...
+    def itl_bounds(self) -> tuple[float, ...]: ...
+    @property
+    def itl_buckets(self) -> tuple[float, ...]: ...
 
 
 class Observed(Protocol):
@@ -197,6 +200,11 @@ RECENT_SECONDS = 3.5
 the token-weighted mean of the intervals between samples, an interval
 weighing less by e^(-age / RECENT_SECONDS)."""
 
+RECENT_WINDOW = 8.0
+"""An endpoint's recent inter-token latency, from its server's buckets:
+the median of what they grew by over about this many seconds (from the
+newest sample at least this old to the latest)."""
+
 LATENCY_WEIGHT = 0.2
 """Without the server's histogram, the weight of a response in an
 endpoint's recent latency (an exponential average over about the last
@@ -244,8 +252,10 @@ class LimitEstimator:
         "evidence",
         "factor",
         "found",
+        "itl_bounds",
+        "itl_history",
         "itl_last",
-        "itl_last_buckets",
+        "itl_median",
         "limit",
         "most",
         "pending",
@@ -253,7 +263,6 @@ class LimitEstimator:
         "probing",
         "queue",
         "queued",
-        "recent_buckets",
         "recent_count",
         "recent_sum",
         "reference",
@@ -331,11 +340,13 @@ class LimitEstimator:
         self.itl_last: tuple[float, float, float] | None = None
         """The histogram's sum and count at the last sample that used them,
         and that sample's time."""
-        self.itl_last_buckets: tuple[tuple[float, float], ...] = ()
-        """Its buckets at that sample."""
-        self.recent_buckets: list[float] = []
-        """Its recent buckets' cumulative counts, decayed as `recent_count`
-        (empty: the server reports no buckets, its mean is used)."""
+        self.itl_bounds: tuple[float, ...] = ()
+        """Its buckets' upper bounds."""
+        self.itl_history: deque[tuple[float, tuple[float, ...], float]] = deque()
+        """The samples' buckets (time, buckets, count) since the newest one
+        at least `RECENT_WINDOW` old (empty: no buckets, the mean is used)."""
+        self.itl_median = 0.0
+        """The median of what the buckets grew by over that window (0: none)."""
         self.compared_at: float | None = None
         """When its latency was last compared to the pool's."""
         self.reference = 0.0
@@ -360,9 +371,8 @@ class LimitEstimator:
     def itl(self) -> float:
         """Its recent inter-token latency (s; 0 when none is known): the
         median of its server's recent buckets, else the mean."""
-        recent = self.recent_buckets
-        if recent and recent[-1] > 0.0:
-            return median_of(self.itl_last_buckets, recent)
+        if self.itl_median > 0.0:
+            return self.itl_median
         return self.recent_sum / self.recent_count if self.recent_count else 0.0
 
     def latency_known(self) -> bool:
@@ -395,28 +405,39 @@ class LimitEstimator:
         if last is not None and count == last[1]:
             return  # no token since: the next interval covers this one
         self.itl_last = (total, count, now)
-        buckets = sample.itl_buckets
-        before = self.itl_last_buckets
-        self.itl_last_buckets = buckets
-        if last is None or count < last[1] or total < last[0]:
+        restarted = last is not None and (count < last[1] or total < last[0])
+        self._server_buckets(sample.itl_bounds, sample.itl_buckets, count, now, restarted)
+        if last is None or restarted:
             return  # the first reading, or the server restarted
         keep = exp(-(now - last[2]) / RECENT_SECONDS)
         self.recent_sum = self.recent_sum * keep + (total - last[0])
         self.recent_count = self.recent_count * keep + (count - last[1])
-        recent = self.recent_buckets
-        if (
-            not buckets
-            or len(buckets) != len(before)
-            or any(new[0] != old[0] for new, old in zip(buckets, before, strict=True))
-        ):
-            # None, or other bounds (a new server): start them again.
-            recent[:] = [0.0] * (len(buckets) + 1) if buckets else []
+
+    def _server_buckets(
+        self,
+        bounds: tuple[float, ...],
+        buckets: tuple[float, ...],
+        count: float,
+        now: float,
+        restarted: bool,
+    ) -> None:
+        """Keep the samples' buckets over `RECENT_WINDOW` and the median of
+        what they grew by: O(1) amortized, and the median stops at its
+        bucket."""
+        history = self.itl_history
+        if not buckets:
+            history.clear()
+            self.itl_median = 0.0
             return
-        if not recent:
-            recent[:] = [0.0] * (len(buckets) + 1)
-        for index, (new, old) in enumerate(zip(buckets, before, strict=True)):
-            recent[index] = recent[index] * keep + (new[1] - old[1])
-        recent[-1] = recent[-1] * keep + (count - last[1])
+        if restarted or bounds != self.itl_bounds:
+            history.clear()  # its counters, or its bounds, start again
+            self.itl_bounds = bounds
+        history.append((now, buckets, count))
+        while len(history) > 2 and history[1][0] <= now - RECENT_WINDOW:
+            history.popleft()
+        base = history[0]
+        grown = count - base[2]
+        self.itl_median = median_grown(bounds, base[1], buckets, grown) if grown > 0.0 else 0.0
 
     def compare(self, relative: float, now: float) -> int:
         """Its recent latency is `relative` times the median of the other
@@ -665,14 +686,18 @@ def fits(estimator: LimitEstimator, held: int, ceiling: float) -> bool:
     )
 
 
-def median_of(bounds: Sequence[tuple[float, float]], cumulative: Sequence[float]) -> float:
-    """The median of a histogram whose buckets (the upper bounds of
-    `bounds`, then `+Inf`) hold `cumulative` observations, interpolated
-    linearly inside its bucket as Prometheus' `histogram_quantile` does:
-    the largest bound when it lies past them all. O(buckets)."""
-    half = cumulative[-1] * 0.5
+def median_grown(
+    bounds: Sequence[float], before: Sequence[float], after: Sequence[float], grown: float
+) -> float:
+    """The median of the `grown` observations a histogram's buckets (upper
+    bounds `bounds`) gained from `before` to `after` (cumulative counts),
+    interpolated linearly inside its bucket as Prometheus'
+    `histogram_quantile` does: the largest bound when it lies past them
+    all. O(buckets up to the median's)."""
+    half = grown * 0.5
     lower = below = 0.0
-    for (bound, _), held in zip(bounds, cumulative, strict=False):
+    for bound, now, then in zip(bounds, after, before, strict=True):
+        held = now - then
         if held >= half:
             if held == below:
                 return bound

@@ -26,9 +26,9 @@ class EndpointMetrics(NamedTuple):
     `itl_sum` and `itl_count` are the server's inter-token latency histogram
     as it reports it, cumulative since it started (seconds, observations;
     both 0 when it reports none): the change between two reads is the mean
-    inter-token latency over that interval. `itl_buckets` are its buckets,
-    (upper bound, cumulative count) by growing bound, without `+Inf` (whose
-    count is `itl_count`); empty when it reports none: the change between
+    inter-token latency over that interval. `itl_bounds` are its buckets'
+    upper bounds, growing, without `+Inf` (whose count is `itl_count`), and
+    `itl_buckets` their cumulative counts; both empty when it reports none: the change between
     two reads gives that interval's distribution, so a few long steps (that
     prefilled long prompts) do not hide how fast it decodes.
 
@@ -49,7 +49,8 @@ class EndpointMetrics(NamedTuple):
     failing: bool = False
     itl_sum: float = 0.0
     itl_count: float = 0.0
-    itl_buckets: tuple[tuple[float, float], ...] = ()
+    itl_bounds: tuple[float, ...] = ()
+    itl_buckets: tuple[float, ...] = ()
 
     def is_stale(self, now: float, staleness: float) -> bool:
         """Whether these values are missing, failed, or older than `staleness` at `now`."""

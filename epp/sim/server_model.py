@@ -326,7 +326,8 @@ class ModelServer:
             False,
             itl_sum,
             itl_count,
-            tuple(zip(ITL_BUCKETS, accumulate(buckets), strict=False)),
+            ITL_BUCKETS,
+            tuple(accumulate(buckets[:-1])),
         )
 
     # -- the engine --------------------------------------------------------

@@ -229,21 +229,24 @@ BUCKET = 'vllm:inter_token_latency_seconds_bucket{engine="1",le="0.05",model_nam
 
 
 def test_the_buckets_of_every_data_parallel_engine_are_added_by_bound():
-    buckets = read(page("vllm_v1_0.11_dp2_itl.txt")).itl_buckets
-    assert buckets[:4] == ((0.01, 0.0), (0.025, 300.0), (0.05, 500.0), (0.075, 600.0))
-    assert buckets[-1] == (80.0, 604.0)  # +Inf is left out: it is the count
-    assert [bound for bound, _ in buckets] == sorted(bound for bound, _ in buckets)
+    metrics = read(page("vllm_v1_0.11_dp2_itl.txt"))
+    assert metrics.itl_bounds[:4] == (0.01, 0.025, 0.05, 0.075)
+    assert metrics.itl_buckets[:4] == (0.0, 300.0, 500.0, 600.0)
+    assert (metrics.itl_bounds[-1], metrics.itl_buckets[-1]) == (80.0, 604.0)  # +Inf left out
+    assert list(metrics.itl_bounds) == sorted(metrics.itl_bounds)
 
 
 def test_the_buckets_are_the_histogram_whose_sum_and_count_are_read():
     # vLLM 0.10 carries the deprecated name beside the new one, other counts.
     metrics = read(page("vllm_v1_0.10.txt"))
-    assert metrics.itl_buckets[:3] == ((0.001, 9.0), (0.005, 43.0), (0.01, 50.0))
-    assert metrics.itl_buckets[-1][1] <= metrics.itl_count
+    assert metrics.itl_bounds[:3] == (0.001, 0.005, 0.01)
+    assert metrics.itl_buckets[:3] == (9.0, 43.0, 50.0)
+    assert metrics.itl_buckets[-1] <= metrics.itl_count
 
 
 def test_an_sglang_page_gives_the_tokenizers_buckets():
-    buckets = dict(read(page("sglang_0.5_tokenizer_itl.txt"), "sglang").itl_buckets)
+    metrics = read(page("sglang_0.5_tokenizer_itl.txt"), "sglang")
+    buckets = dict(zip(metrics.itl_bounds, metrics.itl_buckets, strict=True))
     assert (buckets[0.02], buckets[0.025], buckets[0.1]) == (0.0, 200.0, 220.0)
 
 
@@ -253,7 +256,7 @@ def test_a_malformed_bucket_drops_the_buckets_only():
         BUCKET + " -1",
     )
     metrics = read(text)
-    assert metrics.itl_buckets == ()
+    assert (metrics.itl_bounds, metrics.itl_buckets) == ((), ())
     assert itl(metrics) == (20.0, 604.0)
 
 
@@ -265,7 +268,8 @@ def test_a_bucket_whose_value_changed_is_read_again():
         BUCKET + " 200.0",
         BUCKET + " 250.0 1700000000000",  # with a timestamp
     )
-    assert dict(reader.read(grown, ENGINES["vllm"], now=2.0).itl_buckets)[0.05] == 550.0
+    metrics = reader.read(grown, ENGINES["vllm"], now=2.0)
+    assert metrics.itl_buckets[metrics.itl_bounds.index(0.05)] == 550.0
 
 
 def test_a_vllm_before_0_11_gives_it_under_time_per_output_token():

@@ -398,8 +398,8 @@ async def test_the_inter_token_latency_histogram_holds_each_token_after_the_firs
     assert buckets[-1] == metrics.itl_count  # the +Inf bucket holds every observation
     # The decode steps (at most one prefill step per request more) are in
     # the bucket of a step's length, as the reader gives them.
-    index = bisect_left([bound for bound, _ in metrics.itl_buckets], step)
-    held = metrics.itl_buckets[index][1] - (metrics.itl_buckets[index - 1][1] if index else 0)
+    index = bisect_left(metrics.itl_bounds, step)
+    held = metrics.itl_buckets[index] - (metrics.itl_buckets[index - 1] if index else 0)
     assert held >= metrics.itl_count - 2
 
 

@@ -11,12 +11,13 @@ from epp.flowcontrol.adaptive import (
     KEEP_PACE,
     LATENCY_SAMPLES,
     RECENT_SECONDS,
+    RECENT_WINDOW,
     REFERENCE_SPAN,
     AdaptiveGate,
     AdaptiveLimits,
     LimitEstimator,
     allowed,
-    median_of,
+    median_grown,
     median_without,
 )
 from epp.flowcontrol.request import FlowRequest, State
@@ -784,20 +785,13 @@ BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 def bucketed(at: float, decode: int, prefill: int, before: EndpointMetrics | None = None):
     """A sample `decode` observations of 20 ms and `prefill` of 250 ms after
     `before` (counters from zero without one)."""
-    counts = [0.0] * len(BOUNDS)
-    counts[1] = decode  # 20 ms: under 0.025
-    counts[7] = prefill  # 250 ms: under 0.3
-    total, count = decode * 0.02 + prefill * 0.25, decode + prefill
-    cumulative, held = [], 0.0
-    for bound, grown in zip(BOUNDS, counts, strict=True):
-        held += grown
-        cumulative.append((bound, held))
+    grown = [0.0, decode, decode, decode, decode, decode, decode, decode + prefill]
+    total, count = decode * 0.02 + prefill * 0.25, decode + prefill  # 20 ms under 0.025
     if before is not None:
         total += before.itl_sum
         count += before.itl_count
-        earlier = before.itl_buckets
-        cumulative = [(b, c + old) for (b, c), (_, old) in zip(cumulative, earlier, strict=True)]
-    return sample(at, 30, 0, total, count, itl_buckets=tuple(cumulative))
+        grown = [g + old for g, old in zip(grown, before.itl_buckets, strict=True)]
+    return sample(at, 30, 0, total, count, itl_bounds=BOUNDS, itl_buckets=tuple(grown))
 
 
 def test_the_servers_buckets_give_the_median_so_long_prefill_steps_do_not_count():
@@ -816,17 +810,28 @@ def test_a_server_whose_buckets_change_bounds_is_read_on_the_new_ones_from_then(
     estimator.observe(first, binding=False)
     estimator.observe(bucketed(1.05, 90, 10, first), binding=False)
     grown = (first.itl_sum + 10.0, first.itl_count + 200.0)
-    other = sample(1.1, 30, 0, *grown, itl_buckets=((0.5, 0.0),))
+    other = sample(1.1, 30, 0, *grown, itl_bounds=(0.5,), itl_buckets=(0.0,))
     estimator.observe(other, binding=False)
-    assert estimator.recent_buckets == [0.0, 0.0]  # started again
+    assert len(estimator.itl_history) == 1  # started again from this sample
     assert estimator.itl == pytest.approx(estimator.recent_sum / estimator.recent_count)
 
 
 def test_the_median_is_interpolated_inside_its_bucket():
-    bounds = ((0.01, 0.0), (0.02, 0.0), (0.04, 0.0))
-    assert median_of(bounds, [0.0, 100.0, 100.0, 100.0]) == pytest.approx(0.015)
-    assert median_of(bounds, [0.0, 25.0, 75.0, 100.0]) == pytest.approx(0.03)
-    assert median_of(bounds, [0.0, 0.0, 0.0, 100.0]) == 0.04  # past every bound
+    bounds, before = (0.01, 0.02, 0.04), (5.0, 10.0, 10.0)
+    assert median_grown(bounds, before, (5.0, 110.0, 110.0), 100.0) == pytest.approx(0.015)
+    assert median_grown(bounds, before, (5.0, 35.0, 85.0), 100.0) == pytest.approx(0.03)
+    assert median_grown(bounds, before, before, 100.0) == 0.04  # past every bound
+
+
+def test_the_buckets_median_covers_the_last_recent_window():
+    estimator = LimitEstimator(SETTINGS)
+    at, latest = 0.0, None
+    for _ in range(round(2 * RECENT_WINDOW / 0.05)):  # 20 ms steps, then 250 ms
+        at += 0.05
+        fast = at < RECENT_WINDOW
+        latest = bucketed(at, 150 if fast else 0, 0 if fast else 6, latest)
+        estimator.observe(latest, binding=False)
+    assert 0.2 < estimator.itl <= 0.3
 
 
 def test_without_the_histogram_responses_give_the_latency_once_there_are_enough():
