@@ -58,16 +58,17 @@ The control law (measured against the alternatives in
   to what it runs now after a window in which it kept a queue throughout
   while running less than the limit (it is still draining what it held).
 - latency: a server's inter-token latency histogram (`itl_bounds`,
-  `itl_buckets`, `itl_sum`, `itl_count` of its samples: vLLM's and SGLang's own) gives
-  the distribution of each interval between two samples; an endpoint's
-  recent latency is the median of their buckets added over about
-  `RECENT_SECONDS` (older intervals weigh less). The median, not the mean:
-  a step that prefills long prompts stalls every request it decodes, and
+  `itl_buckets`, `itl_sum`, `itl_count` of its samples: vLLM's and
+  SGLang's own) gives the distribution of its tokens' latency between
+  two samples; an endpoint's recent latency is the median of what its
+  buckets grew by over about `RECENT_WINDOW`. The median, not the mean: a
+  step that prefills long prompts stalls every request it decodes, and
   those few long steps made most of the mean, so a server that slowed and
   admitted less (prefilling less) showed under twice the pool's mean while
-  it decoded three times slower. Without buckets the token-weighted mean
-  is used. A server without the histogram is judged on its streamed responses' time
-  per output token instead (`observe_latency`, known at a response's
+  it decoded three times slower. Without buckets, the token-weighted mean
+  of the intervals over about `RECENT_SECONDS`. A server without the
+  histogram is judged on its streamed responses' time per output token
+  instead (`observe_latency`, known at a response's
   end). At each snapshot every endpoint's recent latency is compared to
   the median of the others' (`compare`); its reference is that ratio while
   it ran full at the size it was found at, at a healthy speed, so a pool
@@ -196,9 +197,9 @@ class AdaptiveLimits:
 
 
 RECENT_SECONDS = 3.5
-"""An endpoint's recent inter-token latency, from its server's histogram:
-the token-weighted mean of the intervals between samples, an interval
-weighing less by e^(-age / RECENT_SECONDS)."""
+"""An endpoint's recent inter-token latency, from a server's histogram
+without buckets: the token-weighted mean of the intervals between
+samples, an interval weighing less by e^(-age / RECENT_SECONDS)."""
 
 RECENT_WINDOW = 8.0
 """An endpoint's recent inter-token latency, from its server's buckets:
