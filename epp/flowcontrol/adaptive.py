@@ -102,9 +102,9 @@ The control law (measured against the alternatives in
 Cost: `has_room` O(1) (dict lookups), O(endpoints) for a top-band request
 whose chosen endpoint has requests pending, once per change of the pool or
 of the in-flight counts; a new snapshot O(E log E) for E endpoints (the
-latency comparison sorts them and reads each one's median, O(buckets);
-the probes under way are counted in O(E)); a sample's latency O(buckets),
-a response's O(1).
+latency comparison sorts them; the probes under way are counted in O(E));
+a sample's latency O(1) amortized plus its median's, which walks the
+buckets up to the median's; a response's O(1).
 """
 
 from __future__ import annotations
