@@ -374,6 +374,13 @@ class LimitEstimator:
         median of its server's recent buckets, else the mean."""
         if self.itl_median > 0.0:
             return self.itl_median
+        return self.mean_itl
+
+    @property
+    def mean_itl(self) -> float:
+        """Its recent mean inter-token latency (s; 0 when none is known): its
+        steps' mean length as its decoding requests saw them, long prefill
+        steps included."""
         return self.recent_sum / self.recent_count if self.recent_count else 0.0
 
     def latency_known(self) -> bool:
@@ -537,7 +544,7 @@ class LimitEstimator:
         self.running = running
         self._server_latency(sample, now)
         # What it is sent during a step waits for the step's end.
-        long_steps = last is not None and self.itl >= (now - last) * LONG_STEP
+        long_steps = last is not None and self.mean_itl >= (now - last) * LONG_STEP
         settings = self.settings
         if self.window_end is None:
             self.window_end = now + settings.window
