@@ -970,32 +970,31 @@ class AdaptiveGate:
         if self.usage.dynamic:
             priorities = self._priorities
             ceiling = self.usage.ceiling(rank, len(priorities), priorities, in_flight / limit)
-        budget = estimator.budget
-        if estimator.pending >= (max(budget, self._pending + 1) if top else budget):
-            room = False
-        elif estimator.probing:
+        if not top:
+            if fits(estimator, in_flight, ceiling):
+                return True
+            # Demand the limit holds back (a top-band request waits for a
+            # known slot, so it says nothing about whether there are more).
+            self.blocked.add(endpoint)
+            return False
+        if estimator.pending >= max(estimator.budget, self._pending + 1):
+            return False
+        if estimator.probing:
             # One beyond the limit, to see whether the server runs it. A
             # top-band request takes it only while the size is unknown and
             # the server took everything it was sent; else it would wait at
             # a full server.
-            risky = top and (estimator.found or estimator.queue)
-            room = in_flight < (limit if risky else limit + 1)
-        else:
-            room = in_flight < allowed(limit, ceiling)
-        if not room:
-            if not top:
-                # Demand the limit holds back (a top-band request waits for
-                # a known slot, so it says nothing about whether there are more).
-                self.blocked.add(endpoint)
-            return False
-        if top:
-            if estimator.slowed and not self._all_slowed:
-                # It waits less in the EPP for a slot at a server that did
-                # not slow down (the top band is the first to get it) than
-                # it would be served here.
+            if in_flight >= (limit if estimator.found or estimator.queue else limit + 1):
                 return False
-            if estimator.pending or (estimator.probing and estimator.found):
-                return not self._idle_room(now)
+        elif in_flight >= allowed(limit, ceiling):
+            return False
+        if estimator.slowed and not self._all_slowed:
+            # It waits less in the EPP for a slot at a server that did not
+            # slow down (the top band is the first to get it) than it would
+            # be served here.
+            return False
+        if estimator.pending or (estimator.probing and estimator.found):
+            return not self._idle_room(now)
         return True
 
     def _reopen(self, endpoint: str, estimator: LimitEstimator | None) -> None:
