@@ -49,26 +49,20 @@ def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()
             end = len(page)
         for suffix in ("_sum", "_count", "_bucket"):
             needle = "\n" + histogram + suffix
-            after = len(needle)
             position = page.find(needle, start, end)
             while position != -1:
-                line_end = page.find("\n", position + 1)
-                if line_end == -1:
-                    line_end = len(page)
-                if page[position + after : position + after + 1] in ("{", " "):
-                    lines.append(page[position + 1 : line_end].rstrip("\r"))
+                line, line_end = _sample_line(page, position, len(needle))
+                if line is not None:
+                    lines.append(line)
                 position = page.find(needle, line_end, end)
     for name in names:
         needle = "\n" + name
-        after = len(needle)
         position = page.find(needle)
         in_group = False
         while position != -1:
-            end = page.find("\n", position + 1)
-            if end == -1:
-                end = len(page)
-            if page[position + after : position + after + 1] in ("{", " "):
-                lines.append(page[position + 1 : end].rstrip("\r"))
+            line, end = _sample_line(page, position, len(needle))
+            if line is not None:
+                lines.append(line)
                 in_group = True
             elif in_group:
                 break
@@ -79,6 +73,19 @@ def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()
             else:
                 position = page.find(needle, end)
     return lines
+
+
+def _sample_line(page: str, position: int, after: int) -> tuple[str | None, int]:
+    """The line of `page` after the newline at `position`, if the name
+    searched for (`after` characters, the newline included) is its whole
+    metric name (labels or a space follow, not a longer name), else None;
+    and where that line ends."""
+    end = page.find("\n", position + 1)
+    if end == -1:
+        end = len(page)
+    if page[position + after : position + after + 1] in ("{", " "):
+        return page[position + 1 : end].rstrip("\r"), end
+    return None, end
 
 
 def parse_line(line: str) -> Sample:
