@@ -212,6 +212,15 @@ def gate_with_bands(
     return gate
 
 
+def send_while_room(gate: AdaptiveGate) -> int:
+    """Dispatch band-0 requests to A while it has room, with no new sample."""
+    sent = 0
+    while gate.has_room(A, 0):
+        dispatch(gate, A)
+        sent += 1
+    return sent
+
+
 def test_an_endpoint_takes_one_request_it_was_not_yet_seen_running():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
@@ -230,11 +239,7 @@ def test_a_searching_endpoint_with_no_queue_may_be_sent_twice_what_it_took():
     dispatch(gate, A)
     assert not gate.has_room(A, 0)
     pool.publish(0.1, a=(1, 0))  # it took the one it was sent, and queues nothing
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == 2
+    assert send_while_room(gate) == 2
 
 
 @pytest.mark.parametrize(("step", "paced"), [(0.01, 4), (0.03, 2)])
@@ -251,11 +256,7 @@ def test_a_searching_endpoint_with_steps_of_half_the_sampling_interval_has_two_p
     for _ in range(2):
         dispatch(gate, A)
     pool.publish(0.1, a=(12, 0, *histogram.run(0.05, step, batch=12)))  # it took both
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == paced
+    assert send_while_room(gate) == paced
 
 
 def test_an_endpoint_that_kept_a_request_waiting_a_whole_interval_is_paced_one_at_a_time():
@@ -299,11 +300,7 @@ def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took_beside
         request = dispatch(gate, A)
         gate.on_first_token(request)
     pool.publish(0.1, a=(2, 1))  # one of the three it was sent still waits
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == 2  # what it took; the one waiting goes in at its next step
+    assert send_while_room(gate) == 2  # what it took; the one waiting goes in at its next step
 
 
 def test_a_request_sent_while_its_sample_was_on_the_way_is_not_a_stale_queue():
@@ -356,11 +353,7 @@ def test_a_server_of_known_size_below_its_top_may_be_sent_twice_what_it_took():
     for _ in range(3):
         dispatch(gate, A)
     pool.publish(1.3, a=(20, 0))  # took all three; too busy for the fast fill
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == 6
+    assert send_while_room(gate) == 6
 
 
 def test_a_server_of_known_size_below_its_top_with_a_young_queue_may_be_sent_what_it_took():
@@ -368,11 +361,7 @@ def test_a_server_of_known_size_below_its_top_with_a_young_queue_may_be_sent_wha
     for _ in range(4):
         dispatch(gate, A)
     pool.publish(1.3, a=(20, 1))  # took three, the fourth waits for the next step
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == 3
+    assert send_while_room(gate) == 3
 
 
 def test_a_server_of_known_size_with_a_stale_queue_is_sent_one_at_a_time():
@@ -391,11 +380,7 @@ def test_a_server_of_known_size_with_steps_of_half_the_sampling_interval_has_two
     for _ in range(3):
         dispatch(gate, A)
     pool.publish(1.35, a=(20, 0, *histogram.run(0.05, 0.03, batch=20)))  # took all three
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert sent == 2  # twice what it took with shorter steps
+    assert send_while_room(gate) == 2  # twice what it took with shorter steps
 
 
 def test_a_server_of_known_size_near_its_top_is_sent_one_at_a_time():
@@ -708,11 +693,7 @@ def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at
         dispatch(gate, A)
     assert not gate.has_room(A, 0)  # half its limit pending
     pool.publish(2.0, a=(8, 0))  # it took them all: it may fill up to KEEP_PACE
-    sent = 0
-    while gate.has_room(A, 0):
-        dispatch(gate, A)
-        sent += 1
-    assert 8 + sent == int(16 * KEEP_PACE)
+    assert 8 + send_while_room(gate) == int(16 * KEEP_PACE)
 
 
 # -- latency: a server that slows down without queueing ------------------------
