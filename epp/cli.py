@@ -27,19 +27,29 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    parser, _ = build_parser(argv[0] if argv else None)
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+def build_parser(
+    chosen: str | None = None, every: bool = False
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `epp` parser and its subcommands' parsers; only the chosen one (or
+    every one) gets its arguments, so a command imports only its own module."""
     parser = argparse.ArgumentParser(
         prog="epp", description="Endpoint Picker for LLM inference pools."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = argv[0] if argv else None
+    commands: dict[str, argparse.ArgumentParser] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
+        commands[name] = command
+        if every or name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(command)
             command.set_defaults(run=module.run)
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    return parser, commands
 
 
 if __name__ == "__main__":

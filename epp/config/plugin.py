@@ -1,7 +1,7 @@
 """What a plugin type is: its name, kind, one-line summary, parameter schema
 and factory. The catalogue of every type lives in `epp.config.catalog`; the
 registry (`epp.config.registry`) is the one list that loading, `epp
-validate`, `epp plugins` and the README table read.
+validate`, `epp plugins` and the docs' plugin catalogue read.
 
 A factory takes the plugin's parameters, already checked against the schema
 with defaults filled in, and returns the configured plugin as a frozen value

@@ -40,7 +40,7 @@ class Group(Enum):
     DIAGNOSTICS = "diagnostics (logging, health, metrics, TLS)"
     CONFIGURATION = "configuration"
     EPP = "epp only (not flags of the reference EPP)"
-    TRANSPORT = "ext_proc transport limits (epp only; see the README's reliability section)"
+    TRANSPORT = "ext_proc transport limits (epp only; see docs/operations/transport-limits.md)"
 
 
 class Kind(Enum):

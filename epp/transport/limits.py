@@ -1,8 +1,8 @@
 """Every limit of the gRPC transport, with its default, in one place.
 
 `epp serve` sets the ext_proc port's from its flags and the flow-control
-capacity, and serves health with `HEALTH_LIMITS`. The README's reliability
-section lists each default next to grpc-go's and Envoy's.
+capacity, and serves health with `HEALTH_LIMITS`. `docs/operations/transport-limits.md`
+lists each default next to grpc-go's and Envoy's.
 """
 
 from __future__ import annotations
