@@ -48,7 +48,7 @@ async def test_a_streamed_response_tells_its_endpoint_latency():
     request = sent(live)
     first = live.service.clock() - 0.4
     live.service.listener(Release(request, 10, 5, 100, first_byte_at=first, streaming=True))
-    assert live.credits._estimators[ENDPOINT].itl == pytest.approx(0.1, rel=0.05)
+    assert live.credits._estimators[ENDPOINT].latency.itl == pytest.approx(0.1, rel=0.05)
 
 
 def test_a_whole_response_tells_no_latency():
@@ -70,14 +70,16 @@ async def test_the_gate_reads_a_live_servers_inter_token_latency_from_its_scrape
     try:
         async with MetricsScraper(store, interval=0.02, timeout=0.5), aiohttp.ClientSession() as s:
             tasks = [asyncio.create_task(s.post(f"http://{address}/v1/completions", json=body))]
-            await eventually(lambda: gate.has_room(address) and gate._estimators[address].itl > 0)
+            await eventually(
+                lambda: gate.has_room(address) and gate._estimators[address].latency.itl > 0
+            )
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await server.stop()
     estimator = gate._estimators[address]
-    assert estimator.server_itl
-    assert estimator.mean_itl == pytest.approx(0.010)  # one request decoding: the bare step
+    assert estimator.latency.server_itl
+    assert estimator.latency.mean_itl == pytest.approx(0.010)  # one request decoding: the bare step
     # Its median, from the buckets: within the step's bucket (vLLM's first, up to 10 ms).
-    assert 0.0 < estimator.itl <= 0.010
+    assert 0.0 < estimator.latency.itl <= 0.010

@@ -718,7 +718,7 @@ def test_the_servers_histogram_gives_the_mean_latency_between_two_samples():
     estimator = LimitEstimator(SETTINGS)
     estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
     estimator.observe(sample(1.05, 30, 0, 10.06, 502.0), binding=False)
-    assert estimator.itl == pytest.approx(0.03)
+    assert estimator.latency.itl == pytest.approx(0.03)
 
 
 def test_the_recent_latency_is_the_token_weighted_mean_forgetting_older_intervals():
@@ -731,7 +731,7 @@ def test_the_recent_latency_is_the_token_weighted_mean_forgetting_older_interval
     for _ in range(int(3 * RECENT_SECONDS / 0.05)):  # three time constants at 40 ms
         at += 0.05
         estimator.observe(sample(at, 30, 0, *server.run(0.05, 0.12)), binding=False)
-    assert 0.10 < estimator.itl < 0.12
+    assert 0.10 < estimator.latency.itl < 0.12
 
 
 def test_a_sample_with_no_new_token_leaves_the_interval_to_the_next():
@@ -739,7 +739,7 @@ def test_a_sample_with_no_new_token_leaves_the_interval_to_the_next():
     estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
     estimator.observe(sample(1.05, 30, 0, 10.0, 500.0), binding=False)  # a long prefill step
     estimator.observe(sample(1.1, 30, 0, 10.6, 530.0), binding=False)
-    assert estimator.itl == pytest.approx(0.02)
+    assert estimator.latency.itl == pytest.approx(0.02)
 
 
 def test_a_restarted_servers_histogram_starts_a_new_series():
@@ -747,17 +747,17 @@ def test_a_restarted_servers_histogram_starts_a_new_series():
     estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
     estimator.observe(sample(1.05, 30, 0, 10.03, 501.0), binding=False)
     estimator.observe(sample(1.1, 0, 0, 0.05, 1.0), binding=False)  # counters from zero
-    assert estimator.itl == pytest.approx(0.03)
+    assert estimator.latency.itl == pytest.approx(0.03)
     estimator.observe(sample(1.15, 0, 0, 0.09, 2.0), binding=False)
-    assert 0.03 < estimator.itl < 0.04
+    assert 0.03 < estimator.latency.itl < 0.04
 
 
 def test_a_server_that_reports_its_histogram_is_not_judged_on_responses():
     estimator = LimitEstimator(SETTINGS)
     estimator.observe(sample(1.0, 30, 0, 10.0, 500.0), binding=False)
     estimator.observe(sample(1.05, 30, 0, 10.06, 502.0), binding=False)
-    estimator.observe_latency(5.0)
-    assert estimator.itl == pytest.approx(0.03)
+    estimator.latency.observe_response(5.0)
+    assert estimator.latency.itl == pytest.approx(0.03)
 
 
 BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
@@ -781,8 +781,8 @@ def test_the_servers_buckets_give_the_median_so_long_prefill_steps_do_not_count(
     estimator.observe(first, binding=False)
     estimator.observe(bucketed(1.05, 90, 10, first), binding=False)
     # The mean of the interval is 43 ms; its median is among the 20 ms steps.
-    assert 0.01 < estimator.itl < 0.025
-    assert estimator.recent_sum / estimator.recent_count == pytest.approx(0.043)
+    assert 0.01 < estimator.latency.itl < 0.025
+    assert estimator.latency.recent_sum / estimator.latency.recent_count == pytest.approx(0.043)
 
 
 def test_a_server_whose_buckets_change_bounds_is_read_on_the_new_ones_from_then():
@@ -793,8 +793,10 @@ def test_a_server_whose_buckets_change_bounds_is_read_on_the_new_ones_from_then(
     grown = (first.itl_sum + 10.0, first.itl_count + 200.0)
     other = sample(1.1, 30, 0, *grown, itl_bounds=(0.5,), itl_buckets=(0.0,))
     estimator.observe(other, binding=False)
-    assert len(estimator.itl_history) == 1  # started again from this sample
-    assert estimator.itl == pytest.approx(estimator.recent_sum / estimator.recent_count)
+    assert len(estimator.latency.itl_history) == 1  # started again from this sample
+    assert estimator.latency.itl == pytest.approx(
+        estimator.latency.recent_sum / estimator.latency.recent_count
+    )
 
 
 def test_the_median_is_interpolated_inside_its_bucket():
@@ -812,16 +814,16 @@ def test_the_buckets_median_covers_the_last_recent_window():
         fast = at < RECENT_WINDOW
         latest = bucketed(at, 150 if fast else 0, 0 if fast else 6, latest)
         estimator.observe(latest, binding=False)
-    assert 0.2 < estimator.itl <= 0.3
+    assert 0.2 < estimator.latency.itl <= 0.3
 
 
 def test_without_the_histogram_responses_give_the_latency_once_there_are_enough():
     estimator = LimitEstimator(SETTINGS)
     for _ in range(LATENCY_SAMPLES - 1):
-        estimator.observe_latency(0.04)
-    assert not estimator.latency_known()
-    estimator.observe_latency(0.04)
-    assert estimator.latency_known() and estimator.itl == pytest.approx(0.04)
+        estimator.latency.observe_response(0.04)
+    assert not estimator.latency.known()
+    estimator.latency.observe_response(0.04)
+    assert estimator.latency.known() and estimator.latency.itl == pytest.approx(0.04)
 
 
 def compared(estimator: LimitEstimator, relative: float, start: float, seconds: float) -> float:
@@ -870,7 +872,9 @@ def test_a_slower_server_is_judged_against_its_own_speed():
 def test_the_latency_of_a_slowed_server_is_not_its_new_reference():
     estimator, now = running_full(30)
     now = compared(estimator, 3.0, now, 30.0)
-    assert estimator.reference == pytest.approx(1.0, rel=0.02)  # the comparison that crossed
+    assert estimator.latency.reference == pytest.approx(
+        1.0, rel=0.02
+    )  # the comparison that crossed
     assert estimator.slowed
 
 
