@@ -16,11 +16,13 @@ from typing import Any
 from epp.demo.loadgen import LiveRequest
 from epp.demo.loadwatch import render as render_load_view
 from epp.sim.report import (
-    LATENCY_HEADER,
+    COLUMNS,
     Slos,
-    latency_row,
+    column_legend,
     latency_stats,
+    render_table,
     scenario_summary,
+    table_rows,
     tenant_slos,
 )
 from epp.sim.scenario import Scenario
@@ -72,8 +74,8 @@ def live_report(
 
 
 def render_live_text(report: dict[str, Any]) -> str:
-    """Aligned text (latencies in milliseconds), with the columns of `epp simulate`,
-    and what the EPP saw of the servers' load."""
+    """Aligned text with the columns of `epp simulate` and their legend, and
+    what the EPP saw of the servers' load."""
     info = report["scenario"]
     lines = [
         f"scenario {info['name']} (live, through Envoy, {info.get('engine', 'vllm')} servers): "
@@ -84,13 +86,7 @@ def render_live_text(report: dict[str, Any]) -> str:
     for name, policy in report["policies"].items():
         lines.append("")
         lines.append(f"== {name}: outcomes {policy['outcomes']}")
-        lines.append(LATENCY_HEADER)
-        rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]
-        rows += [(f"tenant {k}", v) for k, v in policy["tenants"].items()]
-        for label, s in rows:
-            if not s["requests"]:
-                continue
-            lines.append(latency_row(label, s))
+        lines.extend(render_table(table_rows(policy), COLUMNS))
         for objective, s in policy["objectives"].items():
             others = {k: v for k, v in s["outcomes"].items() if k != "completed"}
             if others:
@@ -102,6 +98,9 @@ def render_live_text(report: dict[str, Any]) -> str:
                 f"(disaggregated {stages['disaggregated_share']:.1%}); "
                 f"remote prefills the servers ran: {stages['remote_prefills_run']}"
             )
+    lines.append("")
+    lines.append("columns:")
+    lines.extend(column_legend(COLUMNS))
     if "load_view" in report:
         lines.append("")
         lines.extend(render_load_view(report["load_view"], info.get("engine", "vllm")))

@@ -29,6 +29,13 @@ one request in flight per tenant).
 Isolation of a tier = its p99 TTFT / its p99 TTFT when its tenants run alone
 under the same policy.
 
+Text (`render_text`): one table per policy, a row per tier (named
+`tier_label`: the objective and its priority) and per tenant, the columns of
+`COLUMNS` (each with its unit and a legend line, as wide as its widest
+cell), and a sentence per policy on why its output tokens per second differ
+from the best policy's (`throughput_note`: what it shed and why, lost, left
+unserved, or held back in the EPP's queue).
+
 Learned limits (the adaptive gate; absent for other gates and baselines):
 each server's limit at the end of the load (`learned_limits`), and
 `limit_settled_s`, the first sample time from which every server's limit
@@ -39,14 +46,15 @@ the load.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from epp.sim.engine import COMPLETED, SimRequest, Simulation
+from epp.sim.engine import COMPLETED, UNFINISHED, SimRequest, Simulation
 from epp.sim.runner import ScenarioRun
-from epp.sim.scenario import KvTransfer, Scenario
+from epp.sim.scenario import KvTransfer, Scenario, ServerEvent
 
 QUANTILES = (50, 90, 99)
 
@@ -90,6 +98,7 @@ def latency_stats(requests: list[SimRequest], slos: Slos) -> dict[str, Any]:
     stats.update(_quantiles(ttft, "ttft"))
     stats.update(_quantiles(tpot, "tpot"))
     stats.update(_quantiles(e2e, "e2e"))
+    stats["span_s"] = span
     stats["throughput_rps"] = len(done) / span if span > 0 else 0.0
     stats["tokens_per_s"] = tokens / span if span > 0 else 0.0
     stats["goodput_rps"] = good / span if span > 0 else 0.0
@@ -222,6 +231,10 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
         "server_waiting_max": max(s.max_waiting_seen for s in servers),
         "server_waiting_limit": scenario.pool.params.max_waiting,
         "server_rejections": sum(s.rejected for s in servers),
+        "epp_queue_max": max((sum(q.values()) for q in sim.queued_samples), default=0),
+        "unfinished_in_epp_queue": sum(
+            1 for r in sim.requests if r.outcome == UNFINISHED and r.server < 0
+        ),
         **limit_settling(sim),
     }
 
@@ -257,38 +270,249 @@ def build_report(run: ScenarioRun) -> dict[str, Any]:
     }
 
 
-def _fmt(value: Any, scale: float = 1000.0) -> str:
-    return "-" if value is None else f"{value * scale:.0f}"
+def tier_label(name: str, priority: int) -> str:
+    """The one name of a tier (an objective) in the text and every plot."""
+    return f"{name} (priority {priority})"
 
 
-LATENCY_HEADER = (
-    f"  {'':<22}{'reqs':>7}{'done':>7}{'ttft p50':>9}{'p90':>7}{'p99':>8}"
-    f"{'tpot p50':>9}{'p99':>6}{'e2e p50':>8}{'p99':>8}{'req/s':>7}{'tok/s':>8}"
-    f"{'good/s':>7}"
+def tenant_label(name: str, objective: str) -> str:
+    return f"tenant {name} ({objective})"
+
+
+def event_label(event: ServerEvent) -> str:
+    what = "changed" if event.params is not None else ("up" if event.up else "down")
+    return f"server {event.server} {what}"
+
+
+SHED_PREFIXES = ("rejected-", "evicted")
+"""Outcomes the EPP chose: the request ended without (further) service."""
+LOST = ("server-failed", "server-rejected")
+"""Outcomes a server caused."""
+
+
+def outcome_counts(outcomes: dict[str, int]) -> dict[str, int]:
+    """A row's outcomes in the table's four classes."""
+    shed = sum(n for k, n in outcomes.items() if k.startswith(SHED_PREFIXES))
+    lost = sum(n for k, n in outcomes.items() if k in LOST or k.startswith(("http-", "error")))
+    return {
+        "completed": outcomes.get(COMPLETED, 0),
+        "shed": shed,
+        "lost": lost,
+        "unfinished": outcomes.get(UNFINISHED, 0),
+    }
+
+
+def _seconds(value: float | None, scale: float = 1.0) -> str:
+    """Three significant figures at most, never an exponent."""
+    if value is None:
+        return "-"
+    value *= scale
+    for bound, digits in ((1, 3), (10, 2), (100, 1)):
+        if abs(value) < bound:
+            return f"{value:.{digits}f}"
+    return f"{value:.0f}"
+
+
+@dataclass(slots=True, frozen=True)
+class Column:
+    title: str
+    unit: str
+    meaning: str
+    cell: Callable[[dict[str, Any]], str]
+
+
+def _count(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda s: f"{outcome_counts(s.get('outcomes', {}))[key]:,}"
+
+
+COLUMNS = (
+    Column("reqs", "", "requests that arrived", lambda s: f"{s['requests']:,}"),
+    Column("done", "", "completed", _count("completed")),
+    Column(
+        "shed",
+        "",
+        "ended by the EPP without service (TTL expired, queue full, no endpoint, evicted)",
+        _count("shed"),
+    ),
+    Column("lost", "", "lost with their server (it failed or refused them)", _count("lost")),
+    Column("left", "", "still waiting or running when the run stopped", _count("unfinished")),
+    Column(
+        "ttft50",
+        "s",
+        "time to first token, median of the completed",
+        lambda s: _seconds(s["ttft_p50_s"]),
+    ),
+    Column(
+        "ttft90", "s", "time to first token, 90th percentile", lambda s: _seconds(s["ttft_p90_s"])
+    ),
+    Column(
+        "ttft99", "s", "time to first token, 99th percentile", lambda s: _seconds(s["ttft_p99_s"])
+    ),
+    Column(
+        "tpot50",
+        "ms",
+        "time per output token after the first, median",
+        lambda s: _seconds(s["tpot_p50_s"], 1000),
+    ),
+    Column(
+        "tpot99",
+        "ms",
+        "time per output token, 99th percentile",
+        lambda s: _seconds(s["tpot_p99_s"], 1000),
+    ),
+    Column("e2e50", "s", "arrival to last token, median", lambda s: _seconds(s["e2e_p50_s"])),
+    Column(
+        "e2e99", "s", "arrival to last token, 99th percentile", lambda s: _seconds(s["e2e_p99_s"])
+    ),
+    Column(
+        "req/s",
+        "1/s",
+        "completed requests per second of the row's span (its first arrival to its last "
+        "completion)",
+        lambda s: f"{s['throughput_rps']:.1f}",
+    ),
+    Column(
+        "tok/s",
+        "1/s",
+        "output tokens of the completed, per second of the same span",
+        lambda s: f"{s['tokens_per_s']:,.0f}",
+    ),
+    Column(
+        "good/s",
+        "1/s",
+        "completed requests per second of the same span that met both SLOs of their objective",
+        lambda s: f"{s['goodput_rps']:.1f}",
+    ),
 )
-"""The columns of `latency_row`, shared by `epp simulate` and `epp demo`."""
+"""The columns of the latency table, shared by `epp simulate` and `epp demo`;
+latencies are over completed requests, rates over the row's span (first
+arrival to last completion)."""
+
+ISOLATION = Column(
+    "isol",
+    "x",
+    "isolation: the tier's ttft99 / its ttft99 with its tenants running alone "
+    "under the same policy (1 = the other tiers cost it nothing)",
+    lambda s: "-" if s.get("isolation_p99") is None else f"{s['isolation_p99']:.2f}",
+)
 
 
-def latency_row(label: str, s: dict[str, Any]) -> str:
-    """One objective's or tenant's latencies (ms), throughput and goodput."""
-    return (
-        f"  {label[:22]:<22}{s['requests']:>7}{s['completed']:>7}"
-        f"{_fmt(s['ttft_p50_s']):>9}{_fmt(s['ttft_p90_s']):>7}{_fmt(s['ttft_p99_s']):>8}"
-        f"{_fmt(s['tpot_p50_s']):>9}{_fmt(s['tpot_p99_s']):>6}"
-        f"{_fmt(s['e2e_p50_s']):>8}{_fmt(s['e2e_p99_s']):>8}"
-        f"{s['throughput_rps']:>7.1f}{s['tokens_per_s']:>8.0f}{s['goodput_rps']:>7.1f}"
-    )
+def render_table(rows: list[tuple[str, dict[str, Any]]], columns: Sequence[Column]) -> list[str]:
+    """Rows under a two-line header (titles, units); every column as wide as
+    its widest cell plus two spaces, so no two cells ever touch."""
+    cells = [[column.cell(s) for column in columns] for _, s in rows]
+    label_width = max([len(label) for label, _ in rows] + [4])
+    widths = [
+        max([len(column.title), len(column.unit)] + [len(row[i]) for row in cells]) + 2
+        for i, column in enumerate(columns)
+    ]
+    lines = [
+        "  "
+        + "".ljust(label_width)
+        + "".join(c.title.rjust(w) for c, w in zip(columns, widths, strict=True)),
+        "  "
+        + "".ljust(label_width)
+        + "".join(c.unit.rjust(w) for c, w in zip(columns, widths, strict=True)),
+    ]
+    for (label, _), row in zip(rows, cells, strict=True):
+        lines.append(
+            "  "
+            + label.ljust(label_width)
+            + "".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
+        )
+    return lines
+
+
+def column_legend(columns: Sequence[Column]) -> list[str]:
+    """One line per column: its title, unit and meaning."""
+    width = max(len(c.title) for c in columns)
+    return [
+        f"  {c.title.ljust(width)}  {c.meaning}" + (f" ({c.unit})" if c.unit else "")
+        for c in columns
+    ]
+
+
+def table_rows(policy: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A policy's rows: each tier, then each tenant, by their one name."""
+    rows = [(tier_label(k, v["priority"]), v) for k, v in policy["objectives"].items()]
+    rows += [(tenant_label(k, v["objective"]), v) for k, v in policy["tenants"].items()]
+    return [(label, s) for label, s in rows if s["requests"]]
+
+
+def throughput_note(report: dict[str, Any], name: str) -> str:
+    """Why a policy's tokens per second are what they are: against the
+    policy that delivered the most, what it shed, lost or left unserved, and
+    its TTFT p99 for the tiers that are not sheddable."""
+    policies = report["policies"]
+    policy = policies[name]
+    best = max(policies, key=lambda other: policies[other]["tokens_per_s"])
+    tokens = policy["tokens_per_s"]
+    parts = [f"{name}: {tokens:,.0f} output tokens/s"]
+    if best != name and policies[best]["tokens_per_s"] > 0:
+        ratio = tokens / policies[best]["tokens_per_s"]
+        parts[0] += f", {ratio:.2f}x {best}'s {policies[best]['tokens_per_s']:,.0f}"
+    reasons = []
+    by_tier = policy["objectives"]
+    shed: dict[str, dict[str, int]] = {}
+    for tier, stats in by_tier.items():
+        for outcome, count in stats["outcomes"].items():
+            if outcome.startswith(SHED_PREFIXES):
+                shed.setdefault(outcome, {})[tier] = count
+    for outcome, tiers in sorted(shed.items()):
+        listed = ", ".join(f"{count:,} {tier}" for tier, count in tiers.items())
+        why = SHED_REASONS.get(outcome, "ended by the EPP without service")
+        reasons.append(f"{sum(tiers.values()):,} {outcome} ({listed}): {why}")
+    counts = outcome_counts(policy["outcomes"])
+    if counts["unfinished"]:
+        held = policy.get("unfinished_in_epp_queue", 0)
+        where = f"; {held:,} of them held in the EPP's queue by the gate" if held else ""
+        reasons.append(
+            f"{counts['unfinished']:,} still waiting or running when the run stopped{where}"
+        )
+    if counts["lost"]:
+        reasons.append(f"{counts['lost']:,} lost with a server")
+    if policy.get("epp_queue_max"):
+        reasons.append(
+            f"held back by the gate: up to {policy['epp_queue_max']:,} waited in the EPP's "
+            f"queue at once rather than in the servers'"
+            + (
+                f", so its last completion came {policy['span_s']:.0f} s after the first "
+                f"arrival ({best}'s: {policies[best]['span_s']:.0f} s)"
+                if best != name and policy["span_s"] > policies[best]["span_s"]
+                else ""
+            )
+        )
+    text = parts[0] + (": " + "; ".join(reasons) if reasons else "")
+    kept = [(k, v) for k, v in by_tier.items() if v["priority"] >= 0 and v["requests"]]
+    if kept:
+        text += ". TTFT p99 of the tiers that are not sheddable: " + ", ".join(
+            f"{k} {_seconds(v['ttft_p99_s'])} s" for k, v in kept
+        )
+    return text + "."
+
+
+SHED_REASONS = {
+    "rejected-ttl-expired": (
+        "their TTL ran out while they waited behind higher tiers, by design: "
+        "they are dropped rather than served late, leaving the servers to the tiers above"
+    ),
+    "rejected-saturated": "the queue was full",
+    "rejected-no-endpoints": "no endpoint could take them",
+    "evicted": "evicted from their server for a higher tier",
+}
+"""Why the EPP ends a request of each shed outcome, in a clause."""
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """The report as aligned text tables (latencies in milliseconds)."""
+    """The report as aligned text tables, a legend line per column and a
+    sentence per policy on its throughput."""
     lines = []
     info = report["scenario"]
     lines.append(
         f"scenario {info['name']}: seed {info['seed']}, {info['duration_s']:g} s, "
         f"{info['servers']} servers, {info['requests']} requests"
     )
-    header = LATENCY_HEADER + f"{'isol':>6}"
+    columns = (*COLUMNS, ISOLATION)
     for name, policy in report["policies"].items():
         lines.append("")
         lines.append(
@@ -301,20 +525,21 @@ def render_text(report: dict[str, Any]) -> str:
         if "learned_limits" in policy:
             limits = " ".join(str(v) for v in policy["learned_limits"].values())
             lines.append(f"  learned limits {limits}, settled at {policy['limit_settled_s']:.1f} s")
-        lines.append(header)
-        rows = [(f"objective {k}", v) for k, v in policy["objectives"].items()]
-        rows += [(f"tenant {k}", v) for k, v in policy["tenants"].items()]
-        for label, s in rows:
-            isolation = s.get("isolation_p99")
-            lines.append(
-                latency_row(label, s) + f"{'-' if isolation is None else f'{isolation:.2f}':>6}"
-            )
+        lines.extend(render_table(table_rows(policy), columns))
+        tiers = {k: v["priority"] for k, v in policy["objectives"].items()}
         for priority, band in policy["bands"].items():
             if len(band["tenants"]) < 2:
                 continue
+            named = ", ".join(tier_label(k, p) for k, p in tiers.items() if str(p) == priority)
             lines.append(
-                f"  band {priority}: Jain {band['jain']:.4f} ({band['jain_basis']}), "
+                f"  fairness in {named}: Jain {band['jain']:.4f} ({band['jain_basis']}), "
                 f"service diff max {band['max_service_diff']:.0f} "
                 f"avg {band['avg_service_diff']:.0f} (VTC bound {band['vtc_bound']:.0f})"
             )
+    lines.append("")
+    lines.append("columns:")
+    lines.extend(column_legend(columns))
+    lines.append("")
+    lines.append("throughput:")
+    lines.extend(f"  {throughput_note(report, name)}" for name in report["policies"])
     return "\n".join(lines)

@@ -57,7 +57,7 @@ async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_pa
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     text = output.decode()
     assert process.returncode == 0, text
-    assert re.search(r"objective premium\s+\d+", text)
+    assert re.search(r"premium \(priority 10\)\s+\d+", text)
     epp_pid = int(re.search(r"epp serve: pid (\d+)", text).group(1))
     assert gone(epp_pid)
     tiers = json.loads(out.read_text())["policies"]["epp"]["objectives"]

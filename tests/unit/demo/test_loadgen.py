@@ -102,7 +102,7 @@ async def test_report_has_one_entry_per_tier_under_policy_epp(server_url):
     assert set(tiers) == {"gold", "bronze"}
     assert tiers["gold"]["priority"] == 5
     assert tiers["gold"]["requests"] + tiers["bronze"]["requests"] == len(requests)
-    assert "objective gold" in render_live_text(report)
+    assert "gold (priority 5)" in render_live_text(report)
 
 
 async def test_records_when_each_request_left_no_earlier_than_its_arrival(server_url):

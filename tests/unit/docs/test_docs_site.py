@@ -91,3 +91,14 @@ def test_the_flag_reference_names_every_serve_flag() -> None:
         for option in action.option_strings:
             if option not in ("-h", "--help"):
                 assert f"`{option}`" in reference, option
+
+
+def test_the_simulator_page_shows_every_plot() -> None:
+    from epp.sim.plots import PLOTS
+
+    page = (ROOT / "docs" / "simulator.md").read_text(encoding="utf-8")
+    for plot in PLOTS:
+        shown = [line for line in page.splitlines() if line.startswith("![") and plot in line]
+        assert shown, plot
+        target = shown[0].split("](", 1)[1].rstrip(")")
+        assert (ROOT / "docs" / target).is_file(), target
