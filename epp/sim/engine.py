@@ -138,6 +138,7 @@ class Simulation:
         weights: Callable[[int], tuple[float, float]],
         progress: Callable[[float], None] | None = None,
         aggregated: bool = False,
+        measure_idle: bool = False,
     ) -> None:
         self.scenario = scenario
         pool = scenario.pool
@@ -193,6 +194,18 @@ class Simulation:
         self.service_samples: list[list[float]] = []
         self.queued_samples: list[dict[int, int]] = []
         self.limit_samples: list[dict[str, int]] = []
+        self.idle_capacity_s: list[float] | None = [0.0] * pool.servers if measure_idle else None
+        """Per server, the seconds it could have run one more request (see
+        `_measure_idle`) while the policy held requests queued; None: not
+        measured."""
+        self.idle_longest_s = [0.0] * pool.servers
+        """Per server, the longest such stretch."""
+        self._idle_run = [0.0] * pool.servers
+        self._typical_tokens = (
+            sum(r.prompt_tokens + r.output_tokens for r in self.requests) / len(self.requests)
+            if self.requests
+            else 0.0
+        )
 
     # -- what policies read -------------------------------------------------
 
@@ -380,6 +393,8 @@ class Simulation:
                         sampled = [server.metrics(when + lag) for server in servers]
                         self._push(when + lag, PUBLISH, sampled)
                         self._push(when + pool.scrape_interval_s, SCRAPE, None)
+                        if self.idle_capacity_s is not None:
+                            self._measure_idle()
                 elif kind == PUBLISH:
                     sampled: list[EndpointMetrics] = data  # type: ignore[assignment]
                     set_metrics = self.store.set_metrics
@@ -426,6 +441,25 @@ class Simulation:
         self.service_samples.append(list(self.service_by_tenant))
         self.queued_samples.append(self.policy.queued_by_priority())
         self.limit_samples.append(self.policy.limits())
+
+    def _measure_idle(self) -> None:
+        """Work conservation, sampled at each scrape: while the policy holds
+        requests queued, a live server with nothing waiting that could
+        admit a request of the workload's mean size (a batch slot and its
+        KV blocks free) idles capacity for the scrape interval."""
+        idle = self.idle_capacity_s
+        runs = self._idle_run
+        interval = self.scenario.pool.scrape_interval_s
+        queued = any(self.policy.queued_by_priority().values())
+        tokens = self._typical_tokens
+        for index, server in enumerate(self.servers):
+            if queued and self.up[index] and server.could_admit(tokens):
+                idle[index] += interval
+                runs[index] += interval
+                if runs[index] > self.idle_longest_s[index]:
+                    self.idle_longest_s[index] = runs[index]
+            else:
+                runs[index] = 0.0
 
     def _pool_event(self, event: ServerEvent, now: float) -> None:
         index = event.server

@@ -46,9 +46,14 @@ def _config_for(scenario: Scenario, name: str) -> EppConfig:
 
 
 def simulate(
-    scenario: Scenario, arrivals: list[Arrived], name: str, progress: Progress | None = None
+    scenario: Scenario,
+    arrivals: list[Arrived],
+    name: str,
+    progress: Progress | None = None,
+    measure_idle: bool = False,
 ) -> Simulation:
-    """One run of policy `name` over `arrivals`."""
+    """One run of policy `name` over `arrivals` (`measure_idle`: with the
+    servers' idle capacity while the policy queues, `Simulation.idle_capacity_s`)."""
     config = _config_for(scenario, name)
     flow = config.flow_control
 
@@ -57,7 +62,14 @@ def simulate(
         return band.input_weight, band.output_weight
 
     # The baselines do not disaggregate: every server serves both stages.
-    sim = Simulation(scenario, arrivals, weights, progress, aggregated=name in BASELINES)
+    sim = Simulation(
+        scenario,
+        arrivals,
+        weights,
+        progress,
+        aggregated=name in BASELINES,
+        measure_idle=measure_idle,
+    )
     if name == "round-robin":
         policy = RoundRobinPolicy(sim)
     elif name == "least-queue":

@@ -175,6 +175,17 @@ class ModelServer:
     def running(self) -> int:
         return len(self._running) + len(self._prefilling)
 
+    def could_admit(self, tokens: float) -> bool:
+        """Whether nothing waits and a request of `tokens` (prompt and
+        output) would join the batch at the next step: a slot and its KV
+        blocks are free."""
+        params = self.params
+        return (
+            not self.waiting
+            and len(self._running) + len(self._prefilling) < params.max_num_seqs
+            and self.used_blocks + tokens / params.block_size <= params.kv_blocks
+        )
+
     def next_event_time(self) -> float:
         """When the batch next changes (a step with news ends); inf when idle."""
         return self._seg_end

@@ -42,12 +42,13 @@ tenants:
 epp: {config: CONFIG}
 baselines: []
 """
-ONE_AT_A_TIME = """
+FIXED = """
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 flowControl:
-  gate: {kinds: [concurrency], maxPerEndpoint: 1}
+  gate: {kinds: [concurrency], maxPerEndpoint: LIMIT}
 """
+ONE_AT_A_TIME = FIXED.replace("LIMIT", "1")
 
 
 def test_a_request_queued_in_the_epp_expires_at_its_deadline_not_at_the_next_event(tmp_path):
@@ -58,3 +59,39 @@ def test_a_request_queued_in_the_epp_expires_at_its_deadline_not_at_the_next_eve
     expired = [r for r in sim.requests if r.outcome == "rejected-ttl-expired"]
     assert expired
     assert all(abs(r.finished_at - (r.arrival + 0.3)) < 1e-9 for r in expired)
+
+
+HELD_BACK = """
+name: held-back
+seed: 1
+duration_s: 5
+pool: {servers: 1, max_num_seqs: 8, decode_ms_per_token: 12}
+objectives: [{name: standard, priority: 0}]
+tenants: [{name: a, objective: standard, rate_rps: 100, prompt_tokens: 100, output_tokens: 100}]
+epp: {config: CONFIG}
+baselines: []
+"""
+
+
+def idle_capacity(tmp_path, policy: str, limit: int) -> tuple[float, float]:
+    config = tmp_path / "epp.yaml"
+    config.write_text(FIXED.replace("LIMIT", str(limit)))
+    scenario = parse_scenario(yaml.safe_load(HELD_BACK.replace("CONFIG", str(config))), ROOT)
+    sim = simulate(scenario, workload(scenario), policy, measure_idle=True)
+    return sim.idle_capacity_s[0], sim.idle_longest_s[0]
+
+
+def test_a_server_held_below_its_batch_while_the_epp_queues_idles_capacity(tmp_path):
+    idle, longest = idle_capacity(tmp_path, "epp", 2)
+    assert idle > 30.0  # the EPP queues from the first second until its TTLs end the queue
+    assert longest > 1.0
+
+
+def test_a_server_kept_at_its_batch_idles_no_capacity(tmp_path):
+    idle, _ = idle_capacity(tmp_path, "epp", 8)
+    assert idle < 0.2
+
+
+def test_a_policy_that_queues_nothing_idles_no_capacity(tmp_path):
+    idle, _ = idle_capacity(tmp_path, "round-robin", 8)
+    assert idle == 0.0
