@@ -1,5 +1,6 @@
 """The generated parts of the docs site: the plugin catalogue (from the
-registry) and the flag reference (from the command-line parser).
+registry), the flag reference (from the command-line parser) and the
+metric table (from the metric catalogue).
 
 `python3 -m epp.docgen` rewrites each generated block in place; a test
 fails when one is stale. A block sits between
@@ -20,6 +21,12 @@ DOCS = ROOT / "docs"
 
 def plugin_table() -> str:
     from epp.config.registry import markdown_table
+
+    return markdown_table()
+
+
+def metric_table() -> str:
+    from epp.serve.metrics.catalogue import markdown_table
 
     return markdown_table()
 
@@ -67,6 +74,7 @@ def _flag_row(action: argparse.Action) -> str:
 BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
     "plugins": (DOCS / "configuration" / "plugins.md", plugin_table),
     "flags": (DOCS / "configuration" / "flags.md", flag_reference),
+    "metrics": (DOCS / "operations" / "metrics.md", metric_table),
 }
 """Generated block name -> (the page that holds it, what it holds)."""
 

@@ -16,6 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.stack import StackSettings, live_stack
+from epp.serve.metrics.catalogue import CATALOGUE
 from epp.sim.server_model import ServerParams
 
 pytestmark = [pytest.mark.envoy]
@@ -134,3 +135,17 @@ async def test_the_reference_metrics_are_measured_on_requests_through_envoy():
     assert total(errors_page, "llm_d_inference_scheduler_datalayer_poll_errors_total", **source) > 0
     assert total(errors_page, "epp_model_server_scrape_failures_total", reason="connection") > 0
     assert total(errors_page, "llm_d_epp_flow_control_stale_endpoints") >= 1  # the dead one
+    assert uncatalogued(text) == [] and uncatalogued(errors_page) == []
+
+
+def uncatalogued(text: str) -> list[str]:
+    """The page's series whose family or label names the catalogue does not give."""
+    labels = {entry.name: set(entry.labels) for entry in CATALOGUE}
+    labels.update({e.twin.name: set(e.twin_labels) for e in CATALOGUE if e.twin is not None})
+    wrong = []
+    for family in text_string_to_metric_families(text):
+        name = family.name + "_total" if family.type == "counter" else family.name
+        for sample in family.samples:
+            if name not in labels or set(sample.labels) - {"le"} != labels[name]:
+                wrong.append(f"{sample.name}{sorted(sample.labels)}")
+    return wrong

@@ -1,0 +1,41 @@
+"""Prometheus metrics with the reference EPP's names and labels, served on :9090.
+
+Every metric is declared once in `catalogue` (name, kind, labels, help,
+buckets, deprecated twin); the docs' metric table is generated from it
+(`python3 -m epp.docgen metrics`).
+
+- `catalogue`: the metric list, the buckets, the table generator;
+- `series`: `Family` (one metric's series as plain numbers, and its twin),
+  `Tally`, `BoundedLabel`;
+- `recorder`: the per-request hooks (`RequestMetrics`), `TimedPlacer`,
+  `PluginDurations`, the reference's outcome names;
+- `collectors`: what is read at scrape time (pool, saturation, limits,
+  credits, scrape failures, transport, sessions);
+- `page`: `EppMetrics` (the hooks and the collectors on one registry),
+  `serve_metrics`.
+"""
+
+from epp.serve.metrics.catalogue import SCHEDULER_BUCKETS
+from epp.serve.metrics.collectors import StageView
+from epp.serve.metrics.page import Authorize, EppMetrics, serve_metrics
+from epp.serve.metrics.recorder import (
+    PluginDurations,
+    TimedPlacer,
+    decision_type,
+    flow_control_outcome,
+)
+from epp.serve.metrics.series import BoundedLabel, Tally
+
+__all__ = [
+    "SCHEDULER_BUCKETS",
+    "Authorize",
+    "BoundedLabel",
+    "EppMetrics",
+    "PluginDurations",
+    "StageView",
+    "Tally",
+    "TimedPlacer",
+    "decision_type",
+    "flow_control_outcome",
+    "serve_metrics",
+]

@@ -1,0 +1,484 @@
+"""Every metric epp writes, once: its exposed name, kind, labels, help,
+buckets and deprecated twin (by name). The recorder, the scrape-time
+collectors and the docs' metric table all read this list; a metric not
+here cannot be written.
+
+Names are the exposed names (a counter's ends in `_total`). A twin is the
+name the reference's older dashboards read (`inference_objective_*`,
+`inference_pool_*`, `inference_extension_*`, `llm_d_inference_scheduler_*`):
+it carries the canonical labels it names, renamed where the reference's
+twin used another name, and sums the canonical series that share them
+(llm-d-router `docs/metrics.md`, `pkg/epp/metrics/`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+
+class Kind(Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(slots=True, frozen=True)
+class Twin:
+    """The deprecated name of a metric, with the canonical `labels` it keeps
+    (in its order), `rename` (canonical -> its own name of a label), and
+    its own help when the reference worded it otherwise."""
+
+    name: str
+    labels: tuple[str, ...] | None = None
+    """None: all the canonical labels."""
+    rename: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    help: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class Spec:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    twin: Twin | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind is Kind.HISTOGRAM) != bool(self.buckets):
+            raise ValueError(f"{self.name}: buckets go with histograms, and only with them")
+        if (self.kind is Kind.COUNTER) != self.name.endswith("_total"):
+            raise ValueError(f"{self.name}: a counter's name ends in _total, only a counter's")
+        twin = self.twin
+        if twin is not None and twin.labels is not None:
+            unknown = set(twin.labels) - set(self.labels)
+            if unknown:
+                raise ValueError(f"{self.name}: twin labels {sorted(unknown)} are not its labels")
+
+    @property
+    def pick(self) -> tuple[int, ...]:
+        """The positions of the twin's labels among the canonical ones."""
+        twin = self.twin
+        if twin is None or twin.labels is None:
+            return tuple(range(len(self.labels)))
+        return tuple(self.labels.index(label) for label in twin.labels)
+
+    @property
+    def twin_labels(self) -> tuple[str, ...]:
+        twin = self.twin
+        if twin is None:
+            return ()
+        kept = self.labels if twin.labels is None else twin.labels
+        return tuple(twin.rename.get(label, label) for label in kept)
+
+    @property
+    def twin_help(self) -> str:
+        twin = self.twin
+        if twin is None:
+            return ""
+        return twin.help or f"[Deprecated: use {self.name}] {self.help}"
+
+
+DURATION_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
+    15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+SIZE_BUCKETS = tuple(2**power for power in range(6, 31))
+INPUT_TOKEN_BUCKETS = (
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536,
+    131072, 262144, 524288, 1048576,
+)  # fmt: skip
+OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+RESPONSE_SIZE_BUCKETS = INPUT_TOKEN_BUCKETS[: INPUT_TOKEN_BUCKETS.index(65536) + 1]
+TTFT_BUCKETS = DURATION_BUCKETS[: DURATION_BUCKETS.index(120) + 1]
+NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+TPOT_BUCKETS = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.6, 0.8, 1, 2,
+)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2)
+PROCESSING_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+)  # fmt: skip
+RESPONSE_PROCESSING_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+)  # fmt: skip
+SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+QUEUE_BUCKETS = (
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+)  # fmt: skip
+
+MODEL = ("model_name", "target_model_name")
+REQUEST = (*MODEL, "fairness_id", "priority")
+"""The canonical labels of the request and latency metrics."""
+QUEUE = ("fairness_id", "priority", "inference_pool", *MODEL)
+POOL_STAGE = ("inference_pool", "stage")
+PER_ENDPOINT = ("name", "model_server_endpoint")
+LIMIT = ("inference_pool", "endpoint")
+SESSIONS = ("inference_pool", "plugin")
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+P = "llm_d_epp_"
+OBJECTIVE = "inference_objective_"
+EXTENSION = "inference_extension_"
+POOL = "inference_pool_"
+SCHEDULER = "llm_d_inference_scheduler_"
+
+
+def _request(
+    name: str, kind: Kind, text: str, twin: str | None, buckets=(), labels=REQUEST, keep=MODEL
+):
+    return Spec(
+        P + name, kind, text, labels, buckets,
+        None if twin is None else Twin(OBJECTIVE + twin, keep),
+    )  # fmt: skip
+
+
+def _pool_average(noun: str) -> tuple[Spec, Spec]:
+    words = noun.replace("_", " ")
+    return (
+        Spec(
+            f"{P}average_{noun}", G, f"Mean {words} of the pool's endpoints.", ("name",),
+            twin=Twin(f"{POOL}average_{noun}"),
+        ),
+        Spec(
+            f"{P}std_dev_{noun}", G, f"Spread of {words} over the endpoints.", ("name",),
+        ),
+    )  # fmt: skip
+
+
+CATALOGUE: tuple[Spec, ...] = (
+    _request(
+        "request_total",
+        C,
+        "Requests that reached flow control.",
+        "request_total",
+        keep=(*MODEL, "priority"),
+    ),
+    _request(
+        "request_error_total",
+        C,
+        "Requests answered with an error.",
+        "request_error_total",
+        labels=(*REQUEST, "error_code"),
+        keep=(*MODEL, "error_code"),
+    ),
+    _request(
+        "request_duration_seconds",
+        H,
+        "From the end of the request body to the end of the response.",
+        "request_duration_seconds",
+        DURATION_BUCKETS,
+    ),
+    _request("request_size_bytes", H, "Request body size in bytes.", "request_sizes", SIZE_BUCKETS),
+    _request(
+        "request_input_tokens",
+        H,
+        "Prompt tokens the model server reported.",
+        "input_tokens",
+        INPUT_TOKEN_BUCKETS,
+    ),
+    _request(
+        "request_output_tokens",
+        H,
+        "Completion tokens the model server reported.",
+        "output_tokens",
+        OUTPUT_TOKEN_BUCKETS,
+    ),
+    _request(
+        "request_cached_tokens",
+        H,
+        "Prompt tokens read from the model server's cache, as its response reported.",
+        "prompt_cached_tokens",
+        INPUT_TOKEN_BUCKETS,
+    ),
+    _request(
+        "request_ntpot_seconds",
+        H,
+        "Request duration divided by output tokens.",
+        "normalized_time_per_output_token_seconds",
+        NTPOT_BUCKETS,
+    ),
+    _request(
+        "response_size_bytes",
+        H,
+        "Response body size in bytes.",
+        "response_sizes",
+        RESPONSE_SIZE_BUCKETS,
+    ),
+    _request(
+        "request_ttft_seconds",
+        H,
+        "From the end of the request body to the first response body bytes.",
+        None,
+        TTFT_BUCKETS,
+        labels=(*REQUEST, "streaming"),
+    ),
+    _request(
+        "request_streaming_tpot_seconds",
+        H,
+        "Time per output token after the first, of streamed responses.",
+        None,
+        TPOT_BUCKETS,
+    ),
+    _request(
+        "request_streaming_itl_seconds",
+        H,
+        "Time between consecutive response body chunks of streamed responses.",
+        None,
+        ITL_BUCKETS,
+    ),
+    _request(
+        "request_running",
+        G,
+        "Requests dispatched and not finished.",
+        "running_requests",
+        keep=("model_name",),
+    ),
+    Spec(
+        P + "request_processing_duration_seconds",
+        H,
+        "From the end of the request body to its flow-control outcome, queue wait included.",
+        buckets=PROCESSING_BUCKETS,
+    ),
+    Spec(
+        P + "response_processing_duration_seconds",
+        H,
+        "The EPP's own time on a response: the sum of its handling of each response "
+        "message (the waits between them are the model server's).",
+        buckets=RESPONSE_PROCESSING_BUCKETS,
+    ),
+    Spec(
+        P + "flow_control_request_queue_duration_seconds",
+        H,
+        "Time a request spent in flow control, by how it left.",
+        ("fairness_id", "priority", "outcome", "inference_pool", *MODEL),
+        QUEUE_BUCKETS,
+        Twin(EXTENSION + "flow_control_request_queue_duration_seconds"),
+    ),
+    Spec(
+        P + "flow_control_requests_total",
+        C,
+        "Requests that left flow control, by outcome.",
+        ("outcome", "priority", "inference_pool"),
+    ),
+    Spec(
+        P + "flow_control_queue_size",
+        G,
+        "Requests waiting in flow control's queues.",
+        QUEUE,
+        twin=Twin(EXTENSION + "flow_control_queue_size"),
+    ),
+    Spec(
+        P + "flow_control_queue_bytes",
+        G,
+        "Bytes of the requests waiting in flow control's queues.",
+        QUEUE,
+        twin=Twin(EXTENSION + "flow_control_queue_bytes"),
+    ),
+    Spec(
+        P + "scheduler_attempts_total",
+        C,
+        "Scheduling outcomes: success with the endpoint, or failure.",
+        ("status", "target_model_name", "endpoint_name", "namespace", "port"),
+        twin=Twin(
+            EXTENSION + "scheduler_attempts_total",
+            rename=MappingProxyType({"endpoint_name": "pod_name"}),
+        ),
+    ),
+    Spec(
+        P + "scheduler_e2e_duration_seconds",
+        H,
+        "Time the scheduler took to choose an endpoint, per call.",
+        buckets=SCHEDULER_BUCKETS,
+        twin=Twin(EXTENSION + "scheduler_e2e_duration_seconds"),
+    ),
+    Spec(
+        P + "plugin_duration_seconds",
+        H,
+        "Plugin processing latency per extension point, plugin type and plugin name.",
+        ("extension_point", "plugin_type", "plugin_name"),
+        SCHEDULER_BUCKETS,
+        Twin(EXTENSION + "plugin_duration_seconds"),
+    ),
+    Spec(
+        P + "disagg_decision_total",
+        C,
+        "Disaggregation decisions of dispatched requests.",
+        ("plugin_name", "plugin_type", "model_name", "decision_type"),
+        twin=Twin(SCHEDULER + "disagg_decision_total", ("model_name", "decision_type")),
+    ),
+    Spec(
+        P + "info",
+        G,
+        "The build of this EPP.",
+        ("commit", "build_ref"),
+        twin=Twin(EXTENSION + "info"),
+    ),
+    Spec(
+        P + "flow_control_pool_saturation",
+        G,
+        "The pool's saturation: effective as the gate sees it (1.0 and above: "
+        "saturated); prefill and decode over each stage's endpoints.",
+        POOL_STAGE,
+        twin=Twin(EXTENSION + "flow_control_pool_saturation"),
+    ),
+    Spec(
+        P + "flow_control_stale_endpoints",
+        G,
+        "Endpoints whose metrics are missing or older than the staleness threshold "
+        "(scored as saturated).",
+        ("detector",),
+    ),
+    Spec(
+        "epp_flow_control_queue_size_by_stage",
+        G,
+        "Requests waiting in flow control, by the stage that holds the queue: decode or "
+        "prefill (the request at the head waits for that stage's room), effective (the "
+        "gate is closed).",
+        POOL_STAGE,
+    ),
+    Spec(
+        P + "flow_control_endpoint_limit",
+        G,
+        "The in-flight limit the adaptive gate learned for the endpoint.",
+        LIMIT,
+    ),
+    Spec(
+        P + "flow_control_endpoint_headroom",
+        G,
+        "Slots of the endpoint's limit that only the top priority band may use.",
+        LIMIT,
+    ),
+    Spec(
+        P + "flow_control_endpoint_limit_adjustments_total",
+        C,
+        "Changes of the endpoint's learned in-flight limit.",
+        LIMIT,
+    ),
+    Spec(
+        "epp_flow_control_credits_in_use",
+        G,
+        "In-flight credits held, per stage: decode (the endpoint a request is sent "
+        "to) and prefill (its prefill endpoint, until its prefill is over).",
+        POOL_STAGE,
+    ),
+    Spec(
+        P + "ready_endpoints",
+        G,
+        "Endpoints with fresh metrics.",
+        ("name",),
+        twin=Twin(POOL + "ready_pods"),
+    ),
+    *_pool_average("kv_cache_utilization"),
+    *_pool_average("queue_size"),
+    *_pool_average("running_requests"),
+    Spec(
+        P + "per_endpoint_queue_size",
+        G,
+        "Requests waiting in each endpoint's queue.",
+        PER_ENDPOINT,
+        twin=Twin(
+            POOL + "per_pod_queue_size",
+            rename=MappingProxyType({"model_server_endpoint": "model_server_pod"}),
+            help=f"[Deprecated: use {P}per_endpoint_queue_size] Requests waiting in each "
+            "pod's queue.",
+        ),
+    ),
+    Spec(
+        "epp_per_endpoint_kv_cache_utilization",
+        G,
+        "KV-cache use of each endpoint.",
+        PER_ENDPOINT,
+    ),
+    Spec(
+        "epp_per_endpoint_running_requests",
+        G,
+        "Requests running at each endpoint.",
+        PER_ENDPOINT,
+    ),
+    Spec(
+        "epp_per_endpoint_metrics_age_seconds",
+        G,
+        "Age of the EPP's latest read of each endpoint.",
+        PER_ENDPOINT,
+    ),
+    Spec(
+        "epp_model_server_scrape_failures_total",
+        C,
+        "Failed reads of model servers' metrics pages, by reason.",
+        ("reason",),
+    ),
+    Spec(
+        P + "datalayer_poll_errors_total",
+        C,
+        "Data-source poll errors per source type.",
+        ("source_type",),
+        twin=Twin(SCHEDULER + "datalayer_poll_errors_total"),
+    ),
+    Spec(
+        P + "datalayer_extract_errors_total",
+        C,
+        "Extract errors per source/extractor type.",
+        ("source_type", "extractor_type"),
+        twin=Twin(SCHEDULER + "datalayer_extract_errors_total"),
+    ),
+    Spec(
+        "epp_transport_limit_trips_total",
+        C,
+        "Times a transport limit was hit, by port and limit (see the README's limits).",
+        ("port", "limit"),
+    ),
+    Spec(
+        "epp_transport_connections",
+        G,
+        "Open HTTP/2 connections, by port.",
+        ("port",),
+    ),
+    Spec(
+        "epp_session_bindings",
+        G,
+        "Sessions bound to an endpoint, per session-affinity plugin (session_id).",
+        SESSIONS,
+    ),
+    Spec(
+        "epp_session_bindings_dropped_total",
+        C,
+        "Session bindings dropped because the plugin held maxSessions of them.",
+        SESSIONS,
+    ),
+)
+
+SPECS: Mapping[str, Spec] = MappingProxyType({spec.name: spec for spec in CATALOGUE})
+if len(SPECS) != len(CATALOGUE):
+    raise ValueError("a metric is in the catalogue twice")
+
+
+def spec(name: str) -> Spec:
+    """The catalogue's entry for `name` (a KeyError names an uncatalogued metric)."""
+    return SPECS[name]
+
+
+def exposed_names() -> frozenset[str]:
+    """Every family name epp may expose: the metrics and their twins."""
+    names = {entry.name for entry in CATALOGUE}
+    names.update(entry.twin.name for entry in CATALOGUE if entry.twin is not None)
+    return frozenset(names)
+
+
+def markdown_table(catalogue: tuple[Spec, ...] = CATALOGUE) -> str:
+    """The docs' metric table: one row per metric, its twin beside it."""
+    lines = ["| metric | type | labels | meaning | deprecated twin |", "|---|---|---|---|---|"]
+    for entry in catalogue:
+        labels = ", ".join(f"`{label}`" for label in entry.labels)
+        twin = ""
+        if entry.twin is not None:
+            twin = f"`{entry.twin.name}`"
+            if entry.twin_labels != entry.labels:
+                twin += " (" + ", ".join(f"`{label}`" for label in entry.twin_labels) + ")"
+        lines.append(f"| `{entry.name}` | {entry.kind.value} | {labels} | {entry.help} | {twin} |")
+    return "\n".join(lines)
