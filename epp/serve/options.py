@@ -209,9 +209,11 @@ class ServeOptions:
         30.0,
         Flag(
             _X,
-            "Graceful shutdown drain window: on SIGTERM readiness goes NOT_SERVING, new "
-            "requests get 503 rejected-shutting-down, and queued and running requests get "
-            "this long to finish.",
+            "Graceful shutdown drain window: on SIGTERM readiness goes NOT_SERVING and for "
+            "this long the ext_proc port keeps accepting (a gateway answers 500 for a refused "
+            "connection): new requests get 503 rejected-shutting-down, queued and running "
+            "requests finish; then what is left is ended and the process exits. A second "
+            "signal ends the window at once; 0 stops at once.",
             Kind.DURATION,
             names=("--drain-timeout", "--grace"),
         ),

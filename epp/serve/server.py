@@ -27,10 +27,14 @@ change that does not load is refused and the last good state stays; queued
 requests are never dropped by a reload.
 
 Readiness (gRPC health) turns SERVING once the inputs are loaded (files) or
-synced (cluster). On SIGTERM or SIGINT: readiness NOT_SERVING; admission
-closes (new requests get 503 rejected-shutting-down) while the queue drains
-for up to `--drain-timeout`; then open streams get the rest of that time to
-finish; then everything stops.
+synced (cluster). On SIGTERM or SIGINT the drain window of `--drain-timeout`
+begins, as the reference's: readiness NOT_SERVING; the ext_proc port keeps
+accepting connections and streams for the whole window, because a gateway
+keeps sending until it sees the readiness change and answers 500 for a
+refused connection; new requests get 503 rejected-shutting-down, queued ones
+are still dispatched and running ones finish. At its end (or at a second
+signal) what is still queued gets rejected-shutting-down, connections get
+GOAWAY and what is still open is closed; then everything stops.
 """
 
 from __future__ import annotations
@@ -124,6 +128,10 @@ def _queue_capacity(flow: FlowControlConfig) -> int:
         return 0
     return sum(band.max_requests for band in bands)
 
+
+FINAL_FLUSH_S = 1.0
+"""After the drain window: how long the last replies (the queue's
+rejections) get to be written before the connections are closed."""
 
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections once started (default
@@ -253,6 +261,7 @@ class EppServer:
             defaults.OBJECTIVES,
         )
         self._ready_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
         self._ssl_context: ssl.SSLContext | None = None
         if options.secure_serving:
             from epp.serve.tls import server_ssl_context
@@ -706,21 +715,37 @@ class EppServer:
             temporary.write_text(json.dumps({**ports, "pid": os.getpid()}))
             temporary.replace(path)
 
+    def hurry(self) -> None:
+        """End the drain window now (a second signal)."""
+        self._hurry.set()
+
     async def stop(self) -> None:
-        """Graceful: see the module docstring."""
+        """Graceful: the drain window, then the end; see the module docstring."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.drain_timeout
+        window = self.options.drain_timeout
+        deadline = loop.time() + window
         gc.unfreeze()
         await self.health.shutting_down()
         log.info(
-            "shutting down: %d queued, %d in flight, grace %.1f s",
+            "shutting down: %d queued, %d in flight; new requests get 503 "
+            "rejected-shutting-down for the %.1f s drain window",
             self.admission.queued,
             self.admission.in_flight,
-            self.options.drain_timeout,
+            window,
         )
-        await self.admission.shutdown(self.options.drain_timeout)
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        draining = asyncio.ensure_future(self.admission.shutdown(window))
+        await asyncio.wait([hurried, draining], return_when=asyncio.FIRST_COMPLETED)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(hurried, max(0.0, deadline - loop.time()))
+        if not draining.done():
+            draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
+            await self.admission.shutdown(0.0)
+        log.info("drain window over: %d requests still in flight", self.admission.in_flight)
         if self._ext_proc_server is not None:
-            await self._ext_proc_server.stop(max(0.0, deadline - loop.time()))
+            await self._ext_proc_server.stop(FINAL_FLUSH_S)
         if self._health_server is not None:
             await self._health_server.stop(None)
         if self._ready_task is not None:
@@ -741,8 +766,14 @@ async def serve(options: ServeOptions) -> int:
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            server.hurry()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     try:
         await server.start()
         await stop.wait()

@@ -75,7 +75,9 @@ async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(t
     config.write_text(ONE_CREDIT)
     async with (
         running_fake_vllm() as upstream,
-        running_epp(f"--endpoints={upstream.address}", f"--config-file={config}") as epp,
+        running_epp(
+            f"--endpoints={upstream.address}", f"--config-file={config}", "--drain-timeout=30s"
+        ) as epp,
         running_envoy(epp_port=epp.ports["grpc"]) as envoy,
         aiohttp.ClientSession() as session,
     ):
@@ -96,5 +98,42 @@ async def test_sigterm_drains_queued_and_running_requests_and_refuses_new_ones(t
         upstream.release.set()
         assert (await running)[0] == 200
         assert (await waiting)[0] == 200
+        epp.process.send_signal(signal.SIGTERM)  # a second signal ends the 30 s window
         assert await asyncio.wait_for(epp.process.wait(), 10) == 0
     assert [r["prompt"] for r in upstream.received] == ["hold", "queued"]
+
+
+async def test_sigterm_under_load_behind_envoy_gives_200_to_running_and_503_to_new_never_500():
+    window_s = 3.0
+    async with (
+        running_fake_vllm() as upstream,
+        running_epp(f"--endpoints={upstream.address}", f"--drain-timeout={window_s:g}s") as epp,
+        running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        aiohttp.ClientSession() as session,
+    ):
+        url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+        running = [asyncio.create_task(post(session, url, f"hold {i}")) for i in range(3)]
+        await eventually(lambda: upstream.running == 3, timeout=10)
+        answers: list[tuple[int, str | None]] = []
+        load_on = True
+
+        async def load() -> None:
+            while load_on:
+                status, headers, _ = await post(session, url, "new")
+                answers.append((status, headers.get("x-llm-d-request-dropped-reason")))
+
+        clients = [asyncio.create_task(load()) for _ in range(4)]
+        await eventually(lambda: len(answers) >= 20, timeout=10)
+        epp.process.send_signal(signal.SIGTERM)
+        signalled = len(answers)
+        await eventually(lambda: "shutting down" in epp.log(), timeout=10)
+        await asyncio.sleep(window_s / 3)  # the load goes on inside the drain window
+        upstream.release.set()
+        assert [(await request)[0] for request in running] == [200] * 3
+        load_on = False
+        await asyncio.gather(*clients)
+        assert await asyncio.wait_for(epp.process.wait(), window_s + 5) == 0
+    during = answers[signalled:]
+    assert set(answers[:signalled]) == {(200, None)}
+    assert (503, "rejected-shutting-down") in during
+    assert set(during) <= {(200, None), (503, "rejected-shutting-down")}, set(during)

@@ -4,8 +4,9 @@
         epp.ports["grpc"], epp.ports["grpc_health"], epp.ports["metrics"]
 
 All ports are 0 (the EPP binds free ones) and read back from the JSON that
-`--ready-file` gets once the EPP serves. On exit the EPP gets SIGTERM (killed
-after a grace period); its log (stderr) stays readable through `log()`
+`--ready-file` gets once the EPP serves. Its drain window is 0 unless a
+test gives `--drain-timeout`. On exit the EPP gets SIGTERM (killed after a
+grace period); its log (stderr) stays readable through `log()`
 until then.
 """
 
@@ -105,6 +106,7 @@ async def start_epp(
             "--metrics-port=0",
             f"--bind-address={LOOPBACK}",
             f"--ready-file={ready}",
+            "--drain-timeout=0s",  # a test that drains gives its own window
             *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
