@@ -2,6 +2,11 @@
 controller-runtime's `--zap-encoder`, `--zap-log-level`, `--zap-devel`,
 `--zap-time-encoding` (epp's own `--log-level` overrides both levels).
 
+The level they give is that of epp's own loggers (`epp.*`). Every other
+library stays at warning, or at epp's level when that is higher, since at
+debug some write megabytes (cel-python its parse trees);
+`--logger-levels NAME=LEVEL,...` sets any logger by name.
+
 Console lines are `time LEVEL logger: message`; JSON lines carry zap's keys
 (`level`, `ts`, `logger`, `msg`, and `error` with the traceback), so log
 pipelines written for the reference keep parsing them.
@@ -15,6 +20,8 @@ import logging
 
 from epp.serve.options import ServeOptions
 
+OWN_LOGGER = "epp"
+"""The parent of epp's loggers (each module's is its `__name__`)."""
 CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEBUG_VERBOSITY = 4
 """The reference's DEBUG verbosity (pkg/common/observability/logging)."""
@@ -76,10 +83,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line)
 
 
+def named_levels(options: ServeOptions) -> dict[str, int]:
+    """The loggers `--logger-levels` names, with their levels (checked by
+    `ServeOptions.problems`)."""
+    names = logging.getLevelNamesMapping()
+    return {
+        name: names[level.upper()]
+        for name, _, level in (item.partition("=") for item in options.logger_levels)
+        if name and level.upper() in names
+    }
+
+
 def configure(options: ServeOptions) -> None:
     handler = logging.StreamHandler()
     if json_lines(options):
         handler.setFormatter(JsonFormatter(options.zap_time_encoding or "epoch"))
     else:
         handler.setFormatter(logging.Formatter(CONSOLE_FORMAT))
-    logging.basicConfig(level=level_of(options), handlers=[handler], force=True)
+    level = level_of(options)
+    logging.basicConfig(level=max(level, logging.WARNING), handlers=[handler], force=True)
+    logging.getLogger(OWN_LOGGER).setLevel(level)
+    for name, named in named_levels(options).items():
+        logging.getLogger(name).setLevel(named)

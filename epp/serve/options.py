@@ -171,6 +171,7 @@ POOL_GROUP = "inference.networking.k8s.io"
 DEFAULT_NAMESPACE = "default"
 TLS_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
 ZAP_LEVELS = ("debug", "info", "error", "panic")
+LOGGER_LEVELS = ("debug", "info", "warning", "error", "critical")
 ZAP_TIME_ENCODINGS = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
 ENGINE_METRICS_FLAG = (
     "deprecated in the reference (which refuses it); model-server metric names "
@@ -589,6 +590,18 @@ class ServeOptions:
         ),
     )
 
+    logger_levels: tuple[str, ...] = option(
+        (),
+        Flag(
+            _O,
+            "Levels of other loggers by name, NAME=LEVEL,... (e.g. celpy=debug,aiohttp=info): "
+            "the log level and -v set epp's own loggers only, every other library logs "
+            "warnings and above unless named here.",
+            Kind.TEXT_LIST,
+            metavar="NAME=LEVEL,...",
+        ),
+    )
+
     default_model: str | None = option(
         None,
         Flag(
@@ -661,6 +674,13 @@ class ServeOptions:
                 f"--zap-log-level {self.zap_log_level!r}: use debug, info, error, panic "
                 "or a verbosity > 0"
             )
+        for item in self.logger_levels:
+            name, _, level = item.partition("=")
+            if not name or level.lower() not in LOGGER_LEVELS:
+                found.append(
+                    f"--logger-levels {item!r}: write NAME=LEVEL with LEVEL one of "
+                    + ", ".join(LOGGER_LEVELS)
+                )
         if self.enable_cert_reload and self.cert_path is None:
             found.append("--enable-cert-reload needs --cert-path")
         return found
