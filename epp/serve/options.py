@@ -154,6 +154,14 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def format_size(size: int) -> str:
+    """Bytes in the largest binary unit that writes them whole (as the flags take them)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
 def shown(value: Any, kind: Kind) -> str:
     """A value as the flag would be written."""
     if value is None or value == ():
@@ -162,6 +170,8 @@ def shown(value: Any, kind: Kind) -> str:
         return "true" if value else "false"
     if kind is Kind.DURATION:
         return format_duration(value)
+    if kind is Kind.SIZE:
+        return format_size(value)
     if isinstance(value, tuple):
         return ",".join(str(item) for item in value)
     return str(value)
@@ -372,7 +382,13 @@ class ServeOptions:
         ),
     )
     zap_encoder: str | None = option(
-        None, Flag(_D, "Log encoding.", Kind.TEXT, choices=("json", "console"))
+        None,
+        Flag(
+            _D,
+            "Log encoding; default: console with --zap-devel, else json.",
+            Kind.TEXT,
+            choices=("json", "console"),
+        ),
     )
     zap_log_level: str | None = option(
         None,
@@ -579,7 +595,9 @@ class ServeOptions:
     max_body_bytes: int = option(
         16 * 1024 * 1024, Flag(_O, "Larger request bodies get 413.", Kind.SIZE)
     )
-    seed: int | None = option(None, Flag(_O, "Seed of the scheduler's random choices.", Kind.INT))
+    seed: int | None = option(
+        None, Flag(_O, "Seed of the scheduler's random choices; default: a random one.", Kind.INT)
+    )
     log_level: str | None = option(
         None,
         Flag(
@@ -747,8 +765,17 @@ def _add_transport_arguments(group: argparse._ArgumentGroup) -> None:
             default=argparse.SUPPRESS,
             type=PARSERS[kind],
             metavar=METAVARS[kind],
-            help=f"(default {shown(getattr(defaults, name), kind)})",
+            help=with_default(
+                TransportLimits.description(name), shown(getattr(defaults, name), kind)
+            ),
         )
+
+
+def with_default(description: str, default: str) -> str:
+    """A flag's help: its description, then its default unless it has none
+    (the description then says what happens without it)."""
+    text = description if default == "none" else f"{description} (default {default})"
+    return text.replace("%", "%%")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -764,7 +791,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         arguments: dict[str, Any] = {
             "dest": name,
             "default": argparse.SUPPRESS,
-            "help": f"{flag.help} (default {default})".replace("%", "%%"),
+            "help": with_default(flag.help, default),
             "type": PARSERS[flag.kind],
             "metavar": flag.metavar or METAVARS[flag.kind],
         }
