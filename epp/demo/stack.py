@@ -68,7 +68,9 @@ class StackSettings:
     """The servers are split over this many processes (one per server lets a test kill one)."""
     epp_args: tuple[str, ...] = ()
     envoy_template: Path = DEFAULT_TEMPLATE
-    epp_grace_s: float = 2.0
+    epp_grace_s: float = 0.0
+    """The EPP's drain window (`--drain-timeout`): none, since the stack
+    stops Envoy before the EPP, so no gateway is left to drain for."""
     roles: tuple[str, ...] = ()
     """Server i's `llm-d.ai/role` ("" none); empty: no server has a role."""
     kv_transfer: KvTransfer = field(default_factory=KvTransfer)
