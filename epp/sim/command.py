@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -26,11 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class ProgressBars:
-    """One bar per run on stderr, in virtual seconds; shown only once the
+    """One bar per run on `stream`, in virtual seconds; shown only once the
     whole simulation has taken longer than a second of wall-clock time."""
 
-    def __init__(self, total_s: float) -> None:
+    def __init__(self, total_s: float, stream: TextIO) -> None:
         self.total_s = total_s
+        self.stream = stream
         self.started = time.monotonic()
 
     def __call__(self, label: str) -> Progress:
@@ -42,7 +44,7 @@ class ProgressBars:
                 if time.monotonic() - self.started < PROGRESS_AFTER_S:
                     return
                 bar = tqdm(
-                    total=round(self.total_s), desc=label, unit="s", file=sys.stderr, leave=False
+                    total=round(self.total_s), desc=label, unit="s", file=self.stream, leave=False
                 )
             bar.update(max(0, min(round(virtual_s), bar.total) - bar.n))
             if virtual_s >= self.total_s:
@@ -57,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     except ScenarioError as error:
         print(f"epp simulate: {error}", file=sys.stderr)
         return 2
-    result = run_scenario(scenario, ProgressBars(scenario.duration_s))
+    # bars redraw with carriage returns: on a terminal only, not in a file or a pipe
+    bars = ProgressBars(scenario.duration_s, sys.stderr) if sys.stderr.isatty() else None
+    result = run_scenario(scenario, bars)
     report = build_report(result)
     print(render_text(report))
     if args.json:
