@@ -5,15 +5,24 @@ Every `period` seconds the watch reads each model server's own metrics page
 and then the EPP's `/metrics` (its per-pod view: queue, KV use, and the age
 of its latest read of each pod). The summary gives, per pod and overall,
 the peaks each side saw, how often the EPP's queue was within one request
-of the server's, and the age of the EPP's view against the scrape interval:
-the EPP saw the load "within one scrape interval" when its view was never
-older than the interval plus one read's time (`slack_s`).
+of the server's, and the age of the EPP's view against the scrape interval.
+
+The EPP's view of a pod is one interval old just before its next read
+starts, and older by that read's time until it completes: at most the
+interval plus one read. A read's time is measured beside it, as the watch's
+own read of the same pages at that moment (`read_s`: the servers, Envoy,
+the load and the EPP share the machine's cores, so under load a read takes
+tens of milliseconds). The EPP saw the load "within one scrape interval"
+when the 99th percentile of the view's age is at most the interval plus the
+99th percentile of a read's time (`slack_s`); the maximum is shown beside
+it, and a single stall of the machine does not make a healthy run fail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +49,8 @@ class PodSample:
     epp_waiting: float
     epp_kv: float
     epp_age_s: float
+    read_s: float
+    """How long the watch took to read the servers' pages for this sample."""
 
 
 def epp_view(text: str) -> dict[str, dict[str, float]]:
@@ -93,6 +104,7 @@ class LoadWatch:
         pages = await asyncio.gather(
             *(self._get(session, f"http://{pod}{self.names.metrics_path}") for pod in self.pods)
         )
+        read_s = time.monotonic() - at
         view = epp_view(await self._get(session, self.epp_metrics_url))
         for pod, page in zip(self.pods, pages, strict=True):
             truth = self._readers[pod].read(page, self.names, at)
@@ -108,6 +120,7 @@ class LoadWatch:
                     seen.get("waiting", 0.0),
                     seen.get("kv_usage", 0.0),
                     seen["age_s"],
+                    read_s,
                 )
             )
 
@@ -118,13 +131,17 @@ class LoadWatch:
             return await response.text()
 
 
-def summarize(
-    samples: list[PodSample], scrape_interval_s: float, slack_s: float = 0.05
-) -> dict[str, Any]:
+def percentile(ordered: list[float], share: float) -> float:
+    """The value of `ordered` (ascending) at `share` of the way (nearest rank)."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
+
+
+def summarize(samples: list[PodSample], scrape_interval_s: float) -> dict[str, Any]:
     """The watch's numbers for the report (see the module docstring)."""
     if not samples:
         return {"samples": 0}
     ages = sorted(sample.epp_age_s for sample in samples)
+    slack_s = percentile(sorted(sample.read_s for sample in samples), 0.99)
     pods: dict[str, Any] = {}
     for pod in sorted({sample.pod for sample in samples}):
         mine = [sample for sample in samples if sample.pod == pod]
@@ -140,12 +157,13 @@ def summarize(
         "samples": len(samples),
         "scrape_interval_s": scrape_interval_s,
         "slack_s": slack_s,
-        "view_age_p50_s": ages[len(ages) // 2],
+        "view_age_p50_s": percentile(ages, 0.5),
+        "view_age_p99_s": percentile(ages, 0.99),
         "view_age_max_s": ages[-1],
         "queue_within_one_request": sum(abs(s.epp_waiting - s.server_waiting) <= 1 for s in samples)
         / len(samples),
         "kv_within_0.05": sum(abs(s.epp_kv - s.server_kv) <= 0.05 for s in samples) / len(samples),
-        "seen_within_one_interval": ages[-1] <= bound,
+        "seen_within_one_interval": percentile(ages, 0.99) <= bound,
         "saw_load": any(s.epp_waiting > 0 or s.epp_kv > 0 for s in samples),
         "pods": pods,
     }
@@ -158,9 +176,10 @@ def render(summary: dict[str, Any], engine: str) -> list[str]:
     lines = [
         f"EPP's view of the {engine} servers ({summary['samples']} samples, "
         f"scrape every {interval_ms:g} ms): view age p50 "
-        f"{summary['view_age_p50_s'] * 1000:.0f} ms, max {summary['view_age_max_s'] * 1000:.0f} ms"
+        f"{summary['view_age_p50_s'] * 1000:.0f} ms, p99 {summary['view_age_p99_s'] * 1000:.0f} ms"
         f" -> {'within' if summary['seen_within_one_interval'] else 'NOT within'} one interval"
-        f" (+{summary['slack_s'] * 1000:g} ms for a read);"
+        f" and one read (p99 {summary['slack_s'] * 1000:.0f} ms); max"
+        f" {summary['view_age_max_s'] * 1000:.0f} ms;"
         f" queue within 1 request {summary['queue_within_one_request']:.0%},"
         f" KV within 0.05 {summary['kv_within_0.05']:.0%}",
     ]
