@@ -17,6 +17,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("epp.sim.command", "simulate a scenario with ours and the baselines"),
     "serve": ("epp.serve.command", "run the EPP: ext_proc for Envoy, health, metrics"),
     "demo": ("epp.demo.command", "run the EPP live behind Envoy with simulated model servers"),
+    "up": (
+        "epp.demo.up",
+        "start simulated model servers, the EPP and Envoy, and keep them up until Ctrl-C",
+    ),
+    "envoy-config": (
+        "epp.demo.envoy_config",
+        "write config/envoy/envoy.yaml filled in for a local EPP or a pool's",
+    ),
     "sidecar": (
         "epp.demo.sidecar",
         "run the P/D routing sidecar in front of a decode server (x-prefiller-host-port)",

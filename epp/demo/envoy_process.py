@@ -121,6 +121,7 @@ async def running_envoy(
         "ADMIN_PORT": 0,
         "EPP_ADDRESS": LOOPBACK,
         "EPP_PORT": epp_port,
+        "EPP_CLUSTER_TYPE": "STATIC",
         **values,
     }
     config.write_text(render(template, **settings))

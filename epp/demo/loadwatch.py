@@ -12,10 +12,12 @@ starts, and older by that read's time until it completes: at most the
 interval plus one read. A read's time is measured beside it, as the watch's
 own read of the same pages at that moment (`read_s`: the servers, Envoy,
 the load and the EPP share the machine's cores, so under load a read takes
-tens of milliseconds). The EPP saw the load "within one scrape interval"
-when the 99th percentile of the view's age is at most the interval plus the
-99th percentile of a read's time (`slack_s`); the maximum is shown beside
-it, and a single stall of the machine does not make a healthy run fail.
+tens of milliseconds), and taken as at least `READ_FLOOR_S`, since the
+EPP's own reads wait behind the requests it routes. The EPP saw the load
+"within one scrape interval" when the 99th percentile of the view's age is
+at most the interval plus the 99th percentile of a read's time
+(`slack_s`); the maximum is shown beside it, and a single stall of the
+machine does not make a healthy run fail.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.reader import MetricsReader
+
+READ_FLOOR_S = 0.05
+"""The least time a read of a pod's page is taken to need (see the module docstring)."""
 
 EPP_VIEW = {
     "llm_d_epp_per_endpoint_queue_size": "waiting",
@@ -141,7 +146,7 @@ def summarize(samples: list[PodSample], scrape_interval_s: float) -> dict[str, A
     if not samples:
         return {"samples": 0}
     ages = sorted(sample.epp_age_s for sample in samples)
-    slack_s = percentile(sorted(sample.read_s for sample in samples), 0.99)
+    slack_s = max(READ_FLOOR_S, percentile(sorted(sample.read_s for sample in samples), 0.99))
     pods: dict[str, Any] = {}
     for pod in sorted({sample.pod for sample in samples}):
         mine = [sample for sample in samples if sample.pod == pod]

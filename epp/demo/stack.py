@@ -68,6 +68,10 @@ class StackSettings:
     """The servers are split over this many processes (one per server lets a test kill one)."""
     epp_args: tuple[str, ...] = ()
     envoy_template: Path = DEFAULT_TEMPLATE
+    envoy_listen_port: int = 0
+    """Envoy's listener for clients (0: a free port)."""
+    epp_metrics_port: int = 0
+    """The EPP's /metrics port (0: a free port)."""
     epp_grace_s: float = 0.0
     """The EPP's drain window (`--drain-timeout`): none, since the stack
     stops Envoy before the EPP, so no gateway is left to drain for."""
@@ -234,7 +238,7 @@ class LiveStack:
             "--grpc-health-port",
             "0",
             "--metrics-port",
-            "0",
+            str(settings.epp_metrics_port),
             "--bind-address",
             "127.0.0.1",
             "--refresh-metrics-interval",
@@ -297,7 +301,9 @@ async def live_stack(settings: StackSettings) -> AsyncIterator[LiveStack]:
     try:
         await stack.start_servers()
         await stack.start_epp()
-        async with running_envoy(stack.epp_port, template=settings.envoy_template) as envoy:
+        async with running_envoy(
+            stack.epp_port, template=settings.envoy_template, LISTEN_PORT=settings.envoy_listen_port
+        ) as envoy:
             stack.envoy = envoy
             yield stack
     finally:

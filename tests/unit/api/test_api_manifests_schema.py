@@ -18,6 +18,7 @@ import yaml
 from epp.api import crds
 from epp.api.validation import check
 from epp.config.loader import is_config, parse_config
+from epp.demo.envoy_config import EnvoyTarget, envoy_config
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "config"
@@ -29,6 +30,7 @@ SIDECAR_ENVOY = {
     "ADMIN_PORT": "9901",
     "EPP_ADDRESS": "127.0.0.1",
     "EPP_PORT": "9002",
+    "EPP_CLUSTER_TYPE": "STATIC",
 }
 
 
@@ -84,10 +86,11 @@ def test_the_manifests_cover_rbac_deployment_service_and_config_maps():
     assert ("ConfigMap", "vllm-llama3-8b-epp-config") in kinds
 
 
-def test_the_sidecar_envoy_config_is_the_rendered_template():
-    assert data("deploy/envoy-configmap.yaml", "envoy.yaml") == text(
-        CONFIG / "envoy" / "envoy.yaml"
-    ), "re-render config/deploy/envoy-configmap.yaml from config/envoy/envoy.yaml"
+def test_the_sidecar_envoy_config_is_what_epp_envoy_config_writes():
+    sidecar = EnvoyTarget(listen="0.0.0.0:8081", admin="127.0.0.1:9901", epp="127.0.0.1:9002")
+    assert data("deploy/envoy-configmap.yaml", "envoy.yaml") == envoy_config(sidecar), (
+        "re-render config/deploy/envoy-configmap.yaml with epp envoy-config --listen 0.0.0.0:8081"
+    )
 
 
 def test_the_epp_config_map_holds_the_default_configuration():
