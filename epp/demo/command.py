@@ -16,22 +16,14 @@ import sys
 from pathlib import Path
 
 from epp.demo.server_metrics import ENGINES
-from epp.sim.scenario import ScenarioError, load_scenario
+from epp.sim.scenario import Scenario, ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "config" / "scenarios" / "demo.yaml"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "scenario",
-        nargs="?",
-        default=str(DEFAULT_SCENARIO),
-        help="scenario file (default: config/scenarios/demo.yaml, ~30 s of overload)",
-    )
-    parser.add_argument(
-        "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
-    )
-    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+def add_stack_arguments(parser: argparse.ArgumentParser, scenario_help: str) -> None:
+    """The scenario and the engine pose of a live stack (`epp demo`, `epp up`)."""
+    parser.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO), help=scenario_help)
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -40,13 +32,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def live_scenario(path: str) -> Scenario:
+    """The scenario at `path`, if a live stack can run it (ScenarioError otherwise)."""
+    scenario = load_scenario(path)
+    if len(scenario.pool.groups) > 1:
+        raise ScenarioError(
+            [
+                "pool: a pool of several server groups runs only in the simulator "
+                "(epp simulate); the live stack's servers are all alike"
+            ],
+            path,
+        )
+    return scenario
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_stack_arguments(
+        parser, "scenario file (default: config/scenarios/demo.yaml, ~30 s of overload)"
+    )
+    parser.add_argument(
+        "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
+    )
+    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+
+
 def run(args: argparse.Namespace) -> int:
     from epp.demo.demo import run_demo
     from epp.demo.processes import PartFailed
     from epp.demo.report import render_live_text
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = live_scenario(args.scenario)
     except ScenarioError as error:
         print(f"epp demo: {error}", file=sys.stderr)
         return 2
@@ -57,13 +73,6 @@ def run(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, duration_s=args.duration)
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)
-    if len(scenario.pool.groups) > 1:
-        print(
-            "epp demo: a pool of several server groups runs only in the simulator "
-            "(epp simulate); the live demo's servers are all alike",
-            file=sys.stderr,
-        )
-        return 2
     try:
         result = asyncio.run(run_demo(scenario, engine=args.engine))
     except PartFailed as error:

@@ -18,28 +18,19 @@ import signal
 import sys
 import time
 
-from epp.demo.command import DEFAULT_SCENARIO
+from epp.demo.command import add_stack_arguments, live_scenario
 from epp.demo.envoy_config import LISTEN_PORT
-from epp.demo.server_metrics import ENGINES
-from epp.sim.scenario import Scenario, ScenarioError, load_scenario
+from epp.sim.scenario import Scenario, ScenarioError
 
 METRICS_PORT = 9090
 CRASH_CHECK_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "scenario",
-        nargs="?",
-        default=str(DEFAULT_SCENARIO),
-        help="scenario whose pool, objectives and EPP configuration to run "
+    add_stack_arguments(
+        parser,
+        "scenario whose pool, objectives and EPP configuration to run "
         "(default: config/scenarios/demo.yaml); its load is not played",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="vllm",
-        help="the engine the simulated model servers pose as (default vllm)",
     )
     parser.add_argument(
         "--servers", type=int, metavar="N", help="model servers (default: the scenario's)"
@@ -121,12 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from epp.demo.processes import PartFailed
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = live_scenario(args.scenario)
     except ScenarioError as error:
         print(f"epp up: {error}", file=sys.stderr)
-        return 2
-    if len(scenario.pool.groups) > 1:
-        print("epp up: a pool of several server groups runs only in the simulator", file=sys.stderr)
         return 2
     if args.servers is not None and args.servers < 1:
         print("epp up: --servers must be at least 1", file=sys.stderr)
