@@ -13,14 +13,12 @@ with a `refusal` instead of a factory.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from epp.config.fieldreader import FieldReader
-from epp.config.units import parse_byte_size, parse_duration
+from epp.config.fieldreader import Bounds, FieldReader
 
 
 class Kind(StrEnum):
@@ -149,10 +147,6 @@ class PluginType:
         return self.factory(parameters)
 
 
-def _type_error(param: Param, value: Any) -> str:
-    return f"must be {param.type.value}, got {value!r}"
-
-
 def read_parameters(
     reader: FieldReader, schema: tuple[Param, ...], value: Any, path: str
 ) -> dict[str, Any]:
@@ -185,41 +179,19 @@ def _default(param: Param) -> Any:
 
 def _read(reader: FieldReader, param: Param, raw: Any, where: str) -> Any:
     kind = param.type
+    bounds = Bounds(param.minimum, param.maximum, param.exclusive)
     if kind is ParamType.BOOL:
-        if not isinstance(raw, bool):
-            reader.fail(where, _type_error(param, raw))
-            return param.default
-        return raw
-    if kind is ParamType.INT or kind is ParamType.FLOAT:
-        numeric = isinstance(raw, int | float) and not isinstance(raw, bool)
-        if not numeric or (kind is ParamType.INT and not isinstance(raw, int)):
-            reader.fail(where, _type_error(param, raw))
-            return param.default
-        if not math.isfinite(raw):
-            reader.fail(where, f"must be finite, got {raw!r}")
-            return param.default
-        return raw if _in_bounds(reader, param, raw, where) else param.default
+        return reader.boolean(raw, where, param.default)
+    if kind is ParamType.INT:
+        return reader.integer(raw, where, param.default, bounds)
+    if kind is ParamType.FLOAT:
+        return reader.number(raw, where, param.default, bounds)
     if kind is ParamType.STRING:
-        if not isinstance(raw, str):
-            reader.fail(where, _type_error(param, raw))
-            return param.default
-        if param.choices and raw not in param.choices:
-            reader.fail(where, f"must be one of {', '.join(param.choices)}; got {raw!r}")
-            return param.default
-        return raw
+        return reader.string(raw, where, param.default, empty=True, choices=param.choices)
     if kind is ParamType.DURATION:
-        try:
-            seconds = parse_duration(raw)
-        except ValueError as error:
-            reader.fail(where, str(error))
-            return param.default
-        return seconds if _in_bounds(reader, param, seconds, where) else param.default
+        return reader.duration(raw, where, param.default, bounds)
     if kind is ParamType.BYTES:
-        try:
-            return parse_byte_size(raw)
-        except ValueError as error:
-            reader.fail(where, str(error))
-            return param.default
+        return reader.size(raw, where, param.default)
     if kind is ParamType.STRINGS:
         if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
             reader.fail(where, f"must be a list of strings, got {raw!r}")
@@ -244,22 +216,6 @@ def _read(reader: FieldReader, param: Param, raw: Any, where: str) -> Any:
             for index, item in enumerate(reader.sequence(raw, where))
         )
     return raw
-
-
-def _in_bounds(reader: FieldReader, param: Param, value: float, where: str) -> bool:
-    low, high = param.minimum, param.maximum
-    too_low = low is not None and (value <= low if param.exclusive else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high:
-        if low is not None and high is not None:
-            bound = f"in ({low}, {high}]" if param.exclusive else f"in [{low}, {high}]"
-        elif low is not None:
-            bound = f"> {low}" if param.exclusive else f">= {low}"
-        else:
-            bound = f"<= {high}"
-        reader.fail(where, f"must be {bound}, got {value!r}")
-        return False
-    return True
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from epp.config.catalog import datalayer, flowcontrol, requests, scheduling
+from epp.config.catalog import datalayer, flowcontrol, profiles, requests, scheduling
 from epp.config.plugin import Kind, Param, PluginType
 
 
@@ -51,7 +51,13 @@ class Registry:
         return previous
 
 
-REGISTRY = Registry(scheduling.ENTRIES + flowcontrol.ENTRIES + requests.ENTRIES + datalayer.ENTRIES)
+REGISTRY = Registry(
+    scheduling.ENTRIES
+    + profiles.ENTRIES
+    + flowcontrol.ENTRIES
+    + requests.ENTRIES
+    + datalayer.ENTRIES
+)
 
 
 def describe(entry: PluginType) -> dict[str, Any]:

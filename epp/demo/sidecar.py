@@ -50,7 +50,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from epp.config.units import parse_duration
+from epp.api.units import parse_duration
 from epp.demo.processes import serve_until_signalled
 
 PREFILLER_HEADER = "x-prefiller-host-port"

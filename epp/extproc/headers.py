@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epp.config.units import parse_duration
+from epp.api.units import parse_duration
 from epp.scheduling.profiles import DATA_PARALLEL_HEADER, ENCODERS_HEADER, PREFILLER_HEADER
 
 OBJECTIVE = ("x-llm-d-inference-objective", "x-gateway-inference-objective")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from epp.config.units import parse_byte_size, parse_duration
+from epp.api.units import parse_byte_size, parse_duration
 from epp.transport.limits import TransportLimits
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from epp.config.fieldreader import FieldReader
+from epp.config.fieldreader import ANY, NON_NEGATIVE, POSITIVE, REQUIRED, FieldReader
 from epp.config.loader import ConfigError, EppConfig, load_config
 from epp.flowcontrol.config import Fairness
 from epp.sim.server_model import ServerParams
@@ -223,6 +222,8 @@ class Scenario:
 
 
 PARAM_KEYS = {f.name for f in fields(ServerParams)}
+POSITIVE_PARAMS = {"max_num_seqs", "kv_blocks", "block_size", "decode_ms_per_token"}
+"""Server keys that must be above 0 (the others must not be negative)."""
 GROUP_KEYS = {"servers", *PARAM_KEYS}
 POOL_KEYS = {"groups", "roles", "scrape_interval_ms", "scrape_lag_ms", *GROUP_KEYS}
 TENANT_KEYS = {
@@ -260,60 +261,9 @@ class _Reader(FieldReader):
     """Collects errors by path while reading a parsed YAML document; relative
     file names are looked up beside the scenario (`base`)."""
 
-    unknown_field = "unknown key"
-
     def __init__(self, base: Path | None) -> None:
         super().__init__()
         self.base = base
-
-    def number(
-        self, value: Any, path: str, default: float | None = None, positive: bool = False
-    ) -> float:
-        if value is None:
-            if default is None:
-                self.fail(path, "is required")
-                return 1.0
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-            self.fail(path, f"must be a number, got {value!r}")
-            return default if default is not None else 1.0
-        if value < 0 or (positive and value == 0):
-            self.fail(path, f"must be {'positive' if positive else 'non-negative'}, got {value}")
-        return float(value)
-
-    def integer(
-        self, value: Any, path: str, default: int | None = None, positive: bool = False
-    ) -> int:
-        if value is None:
-            if default is None:
-                self.fail(path, "is required")
-                return 1
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"must be an integer, got {value!r}")
-            return default if default is not None else 1
-        if value < 0 or (positive and value == 0):
-            self.fail(path, f"must be {'positive' if positive else 'non-negative'}, got {value}")
-        return value
-
-    def string(self, value: Any, path: str, default: str | None = None) -> str:
-        if value is None:
-            if default is None:
-                self.fail(path, "is required")
-                return ""
-            return default
-        if not isinstance(value, str) or not value:
-            self.fail(path, f"must be a non-empty string, got {value!r}")
-            return default or ""
-        return value
-
-    def boolean(self, value: Any, path: str, default: bool) -> bool:
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.fail(path, f"must be true or false, got {value!r}")
-            return default
-        return value
 
     def path(self, value: Any, path: str) -> Path | None:
         name = self.string(value, path)
@@ -336,13 +286,9 @@ def _params(
     for spec in fields(ServerParams):
         default = getattr(defaults, spec.name)
         where = f"{path}.{spec.name}"
-        if isinstance(default, int):
-            positive = spec.name in {"max_num_seqs", "kv_blocks", "block_size"}
-            params[spec.name] = reader.integer(raw.get(spec.name), where, default, positive)
-        else:
-            params[spec.name] = reader.number(raw.get(spec.name), where, default)
-    if params["decode_ms_per_token"] == 0:
-        reader.fail(f"{path}.decode_ms_per_token", "must be positive, got 0")
+        bounds = POSITIVE if spec.name in POSITIVE_PARAMS else NON_NEGATIVE
+        read = reader.integer if isinstance(default, int) else reader.number
+        params[spec.name] = read(raw.get(spec.name), where, default, bounds)
     return ServerParams(**params)
 
 
@@ -364,17 +310,17 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         for index, item in enumerate(items):
             path = f"pool.groups[{index}]"
             entry = reader.mapping(item, path, GROUP_KEYS)
-            servers = reader.integer(entry.get("servers"), f"{path}.servers", positive=True)
+            servers = reader.integer(entry.get("servers"), f"{path}.servers", bounds=POSITIVE)
             groups.append(ServerGroup(servers, _params(reader, entry, path, shared)))
     else:
-        servers = reader.integer(raw.get("servers"), "pool.servers", positive=True)
+        servers = reader.integer(raw.get("servers"), "pool.servers", bounds=POSITIVE)
         groups.append(ServerGroup(servers, shared))
     total = sum(group.servers for group in groups)
     return Pool(
         groups=tuple(groups),
         roles=_roles(reader, raw.get("roles"), total),
         scrape_interval_s=reader.number(
-            raw.get("scrape_interval_ms"), "pool.scrape_interval_ms", 50.0, positive=True
+            raw.get("scrape_interval_ms"), "pool.scrape_interval_ms", 50.0, bounds=POSITIVE
         )
         / 1000.0,
         scrape_lag_s=reader.number(raw.get("scrape_lag_ms"), "pool.scrape_lag_ms", 10.0) / 1000.0,
@@ -389,7 +335,7 @@ def _roles(reader: _Reader, value: Any, servers: int) -> tuple[str, ...]:
     raw = reader.mapping(value, "pool.roles", set(ROLES))
     roles: list[str] = []
     for role, count in raw.items():
-        roles.extend([role] * reader.integer(count, f"pool.roles.{role}", positive=True))
+        roles.extend([role] * reader.integer(count, f"pool.roles.{role}", bounds=POSITIVE))
     if len(roles) > servers:
         reader.fail("pool.roles", f"gives {len(roles)} roles to {servers} servers")
     return tuple(roles[:servers]) + ("",) * (servers - len(roles))
@@ -404,7 +350,10 @@ def _kv_transfer(reader: _Reader, value: Any) -> KvTransfer:
             raw.get("bytes_per_token"), "kv_transfer.bytes_per_token", default.bytes_per_token
         ),
         reader.number(
-            raw.get("gbytes_per_s"), "kv_transfer.gbytes_per_s", default.gbytes_per_s, positive=True
+            raw.get("gbytes_per_s"),
+            "kv_transfer.gbytes_per_s",
+            default.gbytes_per_s,
+            bounds=POSITIVE,
         ),
     )
 
@@ -426,11 +375,11 @@ def _one_key(reader: _Reader, value: Any, path: str, allowed: tuple[str, ...]) -
 
 def _lengths(reader: _Reader, value: Any, path: str, has_trace: bool) -> Lengths:
     if isinstance(value, int) and not isinstance(value, bool):
-        return Lengths("constant", reader.integer(value, path, positive=True))
+        return Lengths("constant", reader.integer(value, path, bounds=POSITIVE))
     kind, parameters = _one_key(reader, value, path, DISTRIBUTIONS)
     where = f"{path}.{kind}"
     if kind == "constant":
-        return Lengths(kind, reader.integer(parameters, where, positive=True))
+        return Lengths(kind, reader.integer(parameters, where, bounds=POSITIVE))
     if kind == "uniform":
         if (
             not isinstance(parameters, list)
@@ -445,7 +394,7 @@ def _lengths(reader: _Reader, value: Any, path: str, has_trace: bool) -> Lengths
         raw = reader.mapping(parameters, where, {"mean", "sigma"})
         return Lengths(
             kind,
-            reader.number(raw.get("mean"), f"{where}.mean", positive=True),
+            reader.number(raw.get("mean"), f"{where}.mean", bounds=POSITIVE),
             reader.number(raw.get("sigma"), f"{where}.sigma"),
         )
     if not has_trace:
@@ -488,7 +437,7 @@ def _arrival(reader: _Reader, value: Any, path: str) -> tuple[Arrival, Trace | N
         raw = reader.mapping(parameters, where, {"on_s", "off_s"})
         return Arrival(
             kind,
-            on_s=reader.number(raw.get("on_s"), f"{where}.on_s", positive=True),
+            on_s=reader.number(raw.get("on_s"), f"{where}.on_s", bounds=POSITIVE),
             off_s=reader.number(raw.get("off_s"), f"{where}.off_s"),
         ), None
     if kind == "ramp":
@@ -512,7 +461,7 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
     if objective and objective not in objectives:
         reader.fail(f"{path}.objective", f"{objective!r} is not in objectives")
     arrival, trace = _arrival(reader, raw.get("arrival"), f"{path}.arrival")
-    rate_default = 0.0 if arrival.kind in ("trace", "ramp") else None
+    rate_default = 0.0 if arrival.kind in ("trace", "ramp") else REQUIRED
     rate = reader.number(raw.get("rate_rps"), f"{path}.rate_rps", rate_default)
     if arrival.kind in (*ARRIVALS, "bursts") and rate == 0:
         reader.fail(f"{path}.rate_rps", "must be positive")
@@ -531,12 +480,12 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
             reader, raw.get("output_tokens"), f"{path}.output_tokens", trace is not None
         ),
         prefix_group=reader.string(prefix.get("group"), f"{path}.prefix.group") if prefix else None,
-        prefix_tokens=reader.integer(prefix.get("tokens"), f"{path}.prefix.tokens", positive=True)
+        prefix_tokens=reader.integer(prefix.get("tokens"), f"{path}.prefix.tokens", bounds=POSITIVE)
         if prefix
         else 0,
         stream=reader.boolean(raw.get("stream"), f"{path}.stream", True),
         lora=reader.string(raw.get("lora"), f"{path}.lora") if raw.get("lora") else None,
-        ttl_s=reader.number(ttl, f"{path}.ttl_s", positive=True) if ttl is not None else None,
+        ttl_s=reader.number(ttl, f"{path}.ttl_s", bounds=POSITIVE) if ttl is not None else None,
         trace=trace,
     )
 
@@ -619,12 +568,9 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
     for index, item in enumerate(reader.sequence(raw.get("objectives"), "objectives")):
         path = f"objectives[{index}]"
         entry = reader.mapping(item, path, {"name", "priority", "slo_ttft_s", "slo_tpot_s"})
-        priority = entry.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            reader.fail(f"{path}.priority", f"must be an integer, got {priority!r}")
-            priority = 0
+        priority = reader.integer(entry.get("priority"), f"{path}.priority", 0, ANY)
         slos = [
-            reader.number(entry[key], f"{path}.{key}", positive=True)
+            reader.number(entry[key], f"{path}.{key}", bounds=POSITIVE)
             if entry.get(key) is not None
             else None
             for key in ("slo_ttft_s", "slo_tpot_s")
@@ -656,7 +602,7 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
     scenario = Scenario(
         name=reader.string(raw.get("name"), "name"),
         seed=reader.integer(raw.get("seed"), "seed", 0),
-        duration_s=reader.number(raw.get("duration_s"), "duration_s", positive=True),
+        duration_s=reader.number(raw.get("duration_s"), "duration_s", bounds=POSITIVE),
         pool=pool,
         objectives=tuple(objectives),
         tenants=tenants,
@@ -669,7 +615,7 @@ def parse_scenario(document: Any, base: Path | None = None) -> Scenario:
         drain_s=reader.number(raw.get("drain_s"), "drain_s", 120.0),
         isolation=reader.boolean(raw.get("isolation"), "isolation", True),
         model=reader.string(raw.get("model"), "model", "model"),
-        samples=reader.integer(raw.get("samples"), "samples", 200, positive=True),
+        samples=reader.integer(raw.get("samples"), "samples", 200, bounds=POSITIVE),
     )
     if reader.errors:
         raise ScenarioError(reader.errors)

@@ -4,19 +4,16 @@ reference's parameter names, types and defaults
 
 from __future__ import annotations
 
+from epp.config.catalog import ALPHA, T
 from epp.config.datalayer import core_metrics, file_discovery, metrics_source
 from epp.config.plugin import (
     MULTICLUSTER_UNSUPPORTED,
     Kind,
     Param,
-    ParamType,
     PluginType,
-    Stability,
     configured,
 )
 
-T = ParamType
-ALPHA = Stability.ALPHA
 PART3 = "issue #14, data layer"
 
 ENTRIES: tuple[PluginType, ...] = (

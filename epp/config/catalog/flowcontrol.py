@@ -4,16 +4,16 @@ types and defaults (`pkg/epp/framework/plugins/flowcontrol/`)."""
 
 from __future__ import annotations
 
+from epp.config.catalog import ALPHA, T
 from epp.config.plugin import (
     Kind,
     Param,
     ParameterError,
     Parameters,
-    ParamType,
     PluginType,
-    Stability,
     configured,
 )
+from epp.flowcontrol.config import BandConfig, ProgramAwareConfig
 from epp.flowcontrol.eviction import PriorityThenTime, SheddableFilter
 from epp.flowcontrol.usagelimits import (
     Domain,
@@ -25,7 +25,9 @@ from epp.scheduling.detectors import ConcurrencyDetector, ConcurrencyMode, Utili
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
 from epp.scheduling.saturation import SaturationThresholds
 
-T = ParamType
+_BAND = BandConfig(0)
+"""The core's band defaults, which the fairness policies' parameters read."""
+_LAS = ProgramAwareConfig()
 
 
 def _priority_holdback(parameters: Parameters) -> PriorityHoldback:
@@ -58,8 +60,6 @@ def _concurrency_detector(parameters: Parameters) -> ConcurrencyDetector:
     )
 
 
-ALPHA = Stability.ALPHA
-
 ENTRIES: tuple[PluginType, ...] = (
     # -- fairness (between the flows of a band) --------------------------------
     PluginType(
@@ -80,8 +80,8 @@ ENTRIES: tuple[PluginType, ...] = (
         "epp's own: Virtual Token Counter, the least-served flow goes first "
         "(input + 2 x output tokens)",
         (
-            Param("inputTokenWeight", T.FLOAT, 1.0, "charge per input token", 0),
-            Param("outputTokenWeight", T.FLOAT, 2.0, "charge per output token", 0),
+            Param("inputTokenWeight", T.FLOAT, _BAND.input_weight, "charge per input token", 0),
+            Param("outputTokenWeight", T.FLOAT, _BAND.output_weight, "charge per output token", 0),
         ),
         factory=configured("vtc-fairness-policy"),
     ),
@@ -92,13 +92,37 @@ ENTRIES: tuple[PluginType, ...] = (
         "a half-life; the oldest head breaks ties",
         (
             Param("strategy", T.STRING, "las", "scoring strategy", choices=("las",)),
-            Param("lasWeightService", T.FLOAT, 0.8, "weight of inverted attained service", 0),
-            Param("lasWeightHeadWait", T.FLOAT, 0.2, "weight of head-of-queue age", 0),
             Param(
-                "lasHalfLifeSeconds", T.FLOAT, 60.0, "half-life of attained service; 0 = none", 0
+                "lasWeightService",
+                T.FLOAT,
+                _LAS.weight_service,
+                "weight of inverted attained service",
+                0,
             ),
-            Param("evictionTtlSeconds", T.FLOAT, 3600.0, "programs idle this long are dropped", 0),
-            Param("evictionSweepSeconds", T.FLOAT, 300.0, "sweep period", 0, None, True),
+            Param(
+                "lasWeightHeadWait",
+                T.FLOAT,
+                _LAS.weight_head_wait,
+                "weight of head-of-queue age",
+                0,
+            ),
+            Param(
+                "lasHalfLifeSeconds",
+                T.FLOAT,
+                _LAS.half_life,
+                "half-life of attained service; 0 = none",
+                0,
+            ),
+            Param(
+                "evictionTtlSeconds",
+                T.FLOAT,
+                _LAS.eviction_ttl,
+                "programs idle this long are dropped",
+                0,
+            ),
+            Param(
+                "evictionSweepSeconds", T.FLOAT, _LAS.eviction_sweep, "sweep period", 0, None, True
+            ),
         ),
         factory=configured("program-aware-fairness"),
     ),

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from epp.config.catalog import ALPHA, T
 from epp.config.plugin import (
     MULTICLUSTER_UNSUPPORTED,
     NEEDS_LATENCY_PREDICTOR,
@@ -15,9 +16,7 @@ from epp.config.plugin import (
     Kind,
     Param,
     ParameterError,
-    ParamType,
     PluginType,
-    Stability,
     Unsupported,
     configured,
 )
@@ -25,10 +24,6 @@ from epp.extproc import parsers
 from epp.scheduling import sessions
 from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
 from epp.scheduling.spec import PluginSpec
-
-T = ParamType
-ALPHA = Stability.ALPHA
-
 
 _TOKEN_PRODUCER_PARAMETERS = (
     Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),

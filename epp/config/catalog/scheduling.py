@@ -1,31 +1,28 @@
-"""Scheduling plugin types: filters, scorers, pickers, profile handlers and
-deciders, with the reference's parameter names, types and defaults (each
-plugin's README under `pkg/epp/framework/plugins/scheduling/`)."""
+"""Scheduling plugin types: filters, scorers and pickers, with the
+reference's parameter names, types and defaults (each plugin's README
+under `pkg/epp/framework/plugins/scheduling/`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from epp.config.catalog import ALPHA, T, made
+from epp.config.catalog.sessions import SESSION_PARAMETERS, session_factory
 from epp.config.plugin import (
     MULTICLUSTER_UNSUPPORTED,
     NEEDS_LATENCY_PREDICTOR,
-    Configured,
     Kind,
     Param,
     ParameterError,
-    ParamType,
     PluginType,
-    Stability,
     Unsupported,
     configured,
 )
-from epp.scheduling import filters, pickers, profiles, scorers, sessions
+from epp.scheduling import filters, pickers, scorers, sessions
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
-from epp.scheduling.spec import PluginSpec, spec
+from epp.scheduling.spec import PluginSpec
 
-T = ParamType
-ALPHA = Stability.ALPHA
 PART3 = "issue #14, scheduling plugins"
 
 _TOPOLOGY = "needs node topology attributes (topology-extractor), which epp does not collect"
@@ -37,11 +34,6 @@ _PRECISE = (
 )
 
 
-def _made(make: Any, **arguments: Any) -> PluginSpec:
-    """A spec whose name the loader fills in (the plugin's configured name)."""
-    return spec("", make, **arguments)
-
-
 def _selector(parameters: Mapping[str, Any]) -> PluginSpec:
     expressions = []
     for index, requirement in enumerate(parameters["matchExpressions"]):
@@ -51,7 +43,7 @@ def _selector(parameters: Mapping[str, Any]) -> PluginSpec:
         if operator in ("Exists", "DoesNotExist") and values:
             raise ParameterError(f"matchExpressions[{index}].values", f"{operator} takes none")
         expressions.append((requirement["key"], operator, frozenset(values)))
-    return _made(
+    return made(
         filters.label_selector_filter,
         match_labels=tuple(sorted((parameters["matchLabels"] or {}).items())),
         expressions=tuple(expressions),
@@ -61,7 +53,7 @@ def _selector(parameters: Mapping[str, Any]) -> PluginSpec:
 def _by_label(parameters: Mapping[str, Any]) -> PluginSpec:
     if not parameters["validValues"] and not parameters["allowsNoLabel"]:
         raise ParameterError("validValues", "required unless allowsNoLabel is true")
-    return _made(
+    return made(
         filters.by_label_filter,
         label=parameters["label"],
         valid_values=frozenset(parameters["validValues"]),
@@ -72,7 +64,7 @@ def _by_label(parameters: Mapping[str, Any]) -> PluginSpec:
 def _picker(make: Any) -> Any:
     def factory(parameters: Mapping[str, Any]) -> PluginSpec:
         count = parameters["maxNumOfEndpoints"]
-        return _made(make) if count == 1 else _made(make, count=count)
+        return made(make) if count == 1 else made(make, count=count)
 
     return factory
 
@@ -82,7 +74,7 @@ def _prefix_scorer(parameters: Mapping[str, Any]) -> PluginSpec:
     scale = parameters["matchLengthScaleTokens"]
     if weight > 0 and scale <= 0:
         raise ParameterError("matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
-    return _made(
+    return made(
         scorers.prefix_cache_scorer, match_length_weight=weight, match_length_scale_tokens=scale
     )
 
@@ -96,7 +88,7 @@ def _utilization(parameters: Mapping[str, Any]) -> PluginSpec:
             raise ParameterError(
                 f"conditions[{index}].maxValue", "kv-cache-utilization is a fraction: at most 1"
             )
-    return _made(
+    return made(
         filters.utilization_filter,
         conditions=tuple((c["metric"], float(c["maxValue"])) for c in conditions),
         fallback_on_empty=parameters["fallbackOnEmpty"],
@@ -113,7 +105,7 @@ def _prefix_affinity(parameters: Mapping[str, Any]) -> PluginSpec:
         )
     if penalty > 0 and parameters["peakPrefillThroughput"] <= 0:
         raise ParameterError("peakPrefillThroughput", "must be > 0 when maxTTFTPenaltyMs > 0")
-    return _made(
+    return made(
         filters.prefix_cache_affinity_filter,
         threshold=parameters["affinityThreshold"],
         exploration=parameters["explorationProbability"],
@@ -122,158 +114,20 @@ def _prefix_affinity(parameters: Mapping[str, Any]) -> PluginSpec:
     )
 
 
-def _disagg(parameters: Mapping[str, Any]) -> PluginSpec:
-    if parameters["stageOrder"] not in ("", "decode-first"):
-        raise ParameterError("stageOrder", "only decode-first is supported by epp")
-    names = parameters["profiles"]
-    deciders = parameters["deciders"]
-    return _made(
-        profiles.disagg_profile_handler,
-        decode=names["decode"],
-        prefill=names["prefill"],
-        encode=names["encode"],
-        prefill_decider=deciders["prefill"] or None,
-        encode_decider=deciders["encode"] or None,
-    )
-
-
-def _session(kind: type) -> Any:
-    """The factory of the session affinity scorer or filter (`kind`): the
-    reference's defaults and checks, for the strategy chosen only."""
-
-    def factory(parameters: Mapping[str, Any]) -> PluginSpec:
-        strategy = parameters["strategy"]
-        header = sessions.normal_header(parameters["encodedEndpointHeaderConfig"]["header"])
-        if strategy != "session_id":
-            return _made(
-                sessions.session_affinity,
-                kind=kind,
-                strategy=strategy,
-                header=header,
-                profile=parameters["profileName"],
-            )
-        config = parameters["sessionIdConfig"]
-        found = []
-        for index, source in enumerate(config["sources"] or _SESSION_SOURCES):
-            if bool(source["header"]) == bool(source["attribute"]):
-                raise ParameterError(
-                    f"sessionIdConfig.sources[{index}]",
-                    "exactly one of header or attribute must be set",
-                )
-            found.append(
-                sessions.SessionSource(
-                    sessions.normal_header(source["header"]) if source["header"] else "",
-                    source["attribute"],
-                    source["producer"],
-                )
-            )
-        for field, default in (("evictionTtlSeconds", 300.0), ("evictionSweepSeconds", 10.0)):
-            if config[field] < 0:
-                raise ParameterError(
-                    f"sessionIdConfig.{field}", f"must be > 0, got {config[field]}"
-                )
-            if config[field] == 0:
-                config = {**config, field: default}
-        return _made(
-            sessions.session_affinity,
-            kind=kind,
-            strategy=strategy,
-            profile=parameters["profileName"],
-            sources=tuple(found),
-            ttl=float(config["evictionTtlSeconds"]),
-            max_sessions=config["maxSessions"],
-        )
-
-    return factory
-
-
-def _header_profile(parameters: Mapping[str, Any]) -> PluginSpec:
-    return _made(
-        profiles.header_profile_handler,
-        header=parameters["headerName"].strip().lower() or "epp-profile",
-        default=parameters["defaultProfile"].strip() or "decode",
-    )
-
-
 def _header_label(parameters: Mapping[str, Any]) -> PluginSpec:
     for field in ("headerName", "labelKey"):
         if not parameters[field]:
             raise ParameterError(field, "required")
-    return _made(
+    return made(
         scorers.header_label_affinity_scorer,
         header=parameters["headerName"].lower(),
         label_key=parameters["labelKey"],
     )
 
 
-def _pd_profile_handler(parameters: Mapping[str, Any]) -> PluginSpec:
-    """The deprecated P/D handler as the disagg handler it became: decode,
-    then prefill when `deciderPluginName` says so; `primaryPort` sends the
-    decode leg to the pod's primary port (data parallel)."""
-    if not parameters["deciderPluginName"]:
-        raise ParameterError("deciderPluginName", "decider plugin name is not defined")
-    port = parameters["primaryPort"]
-    if port and not 1 <= port <= 65535:
-        raise ParameterError("primaryPort", f"must be between 1 and 65535, got {port}")
-    return _made(
-        profiles.disagg_profile_handler,
-        decode=parameters["decodeProfile"],
-        prefill=parameters["prefillProfile"],
-        encode="",
-        prefill_decider=parameters["deciderPluginName"],
-        encode_decider=None,
-        primary_port=port,
-    )
-
-
-_SESSION_SOURCES = ({"header": "x-session-id", "attribute": "", "producer": ""},)
-
-_SESSION_PARAMETERS = (
-    Param(
-        "strategy",
-        T.STRING,
-        "encoded_endpoint_header",
-        "how the session is carried",
-        choices=("encoded_endpoint_header", "session_id"),
-    ),
-    Param("profileName", T.STRING, "", "the profile whose result this instance pins"),
-    Param(
-        "encodedEndpointHeaderConfig",
-        T.OBJECT,
-        fields=(Param("header", T.STRING, "x-session-token", "header with the pod token"),),
-    ),
-    Param(
-        "sessionIdConfig",
-        T.OBJECT,
-        fields=(
-            Param(
-                "sources",
-                T.LIST,
-                _SESSION_SOURCES,
-                "where the session id is read, first non-empty wins",
-                fields=(
-                    Param("header", T.STRING, ""),
-                    Param("attribute", T.STRING, ""),
-                    Param("producer", T.STRING, ""),
-                ),
-            ),
-            Param("evictionTtlSeconds", T.FLOAT, 300.0, "unused bindings live this long"),
-            Param(
-                "evictionSweepSeconds",
-                T.FLOAT,
-                10.0,
-                "checked only: epp expires each binding exactly at its TTL",
-            ),
-            Param(
-                "maxSessions",
-                T.INT,
-                sessions.DEFAULT_MAX_SESSIONS,
-                "epp's own: bindings kept, least recently used dropped past it",
-                1,
-            ),
-        ),
-    ),
-)
+_LOAD_AWARE_THRESHOLD = 128
+_TOKEN_LOAD_THRESHOLD = 4_194_304
+"""Their scorers' defaults, which a value <= 0 also means."""
 
 _PICKER_PARAMETERS = (
     Param("maxNumOfEndpoints", T.INT, 1, "endpoints returned (first used, rest for retries)", 1),
@@ -306,19 +160,19 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.FILTER,
         "keeps decode-capable pods (llm-d.ai/role decode, prefill-decode, "
         "encode-prefill-decode, both) and unlabelled pods",
-        factory=lambda p: _made(filters.decode_filter),
+        factory=lambda p: made(filters.decode_filter),
     ),
     PluginType(
         "prefill-filter",
         Kind.FILTER,
         "keeps pods whose llm-d.ai/role can prefill (prefill, encode-prefill, ...)",
-        factory=lambda p: _made(filters.prefill_filter),
+        factory=lambda p: made(filters.prefill_filter),
     ),
     PluginType(
         "encode-filter",
         Kind.FILTER,
         "keeps pods whose llm-d.ai/role can encode (encode, encode-prefill, ...)",
-        factory=lambda p: _made(filters.encode_filter),
+        factory=lambda p: made(filters.encode_filter),
     ),
     PluginType(
         "label-selector-filter",
@@ -416,8 +270,8 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.FILTER,
         "keeps only the pod a session is pinned to (all when it is not a candidate); "
         "sets x-session-token on the response",
-        _SESSION_PARAMETERS,
-        factory=_session(sessions.SessionAffinityFilter),
+        SESSION_PARAMETERS,
+        factory=session_factory(sessions.SessionAffinityFilter),
         stability=ALPHA,
     ),
     PluginType(
@@ -491,13 +345,13 @@ ENTRIES: tuple[PluginType, ...] = (
         "queue-scorer",
         Kind.SCORER,
         "shorter waiting queue scores higher (min-max over the candidates)",
-        factory=lambda p: _made(scorers.queue_scorer),
+        factory=lambda p: made(scorers.queue_scorer),
     ),
     PluginType(
         "kv-cache-utilization-scorer",
         Kind.SCORER,
         "more free KV cache scores higher: 1 - usage",
-        factory=lambda p: _made(scorers.kv_cache_scorer),
+        factory=lambda p: made(scorers.kv_cache_scorer),
     ),
     PluginType(
         "prefix-cache-scorer",
@@ -514,21 +368,29 @@ ENTRIES: tuple[PluginType, ...] = (
         "lora-affinity-scorer",
         Kind.SCORER,
         "adapter active 1.0, free slot 0.8, adapter waiting 0.6, else 0",
-        factory=lambda p: _made(scorers.lora_affinity_scorer),
+        factory=lambda p: made(scorers.lora_affinity_scorer),
     ),
     PluginType(
         "running-requests-size-scorer",
         Kind.SCORER,
         "fewer running requests scores higher (min-max over the candidates)",
-        factory=lambda p: _made(scorers.running_requests_scorer),
+        factory=lambda p: made(scorers.running_requests_scorer),
     ),
     PluginType(
         "load-aware-scorer",
         Kind.SCORER,
         "empty queue 0.5, else 0.5 - 0.5 x queue / threshold (down to 0)",
-        (Param("threshold", T.INT, 128, "queue depth at which the score reaches 0"),),
-        factory=lambda p: _made(
-            scorers.load_aware_scorer, threshold=p["threshold"] if p["threshold"] > 0 else 128
+        (
+            Param(
+                "threshold",
+                T.INT,
+                _LOAD_AWARE_THRESHOLD,
+                "queue depth at which the score reaches 0",
+            ),
+        ),
+        factory=lambda p: made(
+            scorers.load_aware_scorer,
+            threshold=p["threshold"] if p["threshold"] > 0 else _LOAD_AWARE_THRESHOLD,
         ),
     ),
     PluginType(
@@ -541,7 +403,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("requestTimeout", T.STRING, "", "deprecated and ignored"),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=lambda p: _made(
+        factory=lambda p: made(
             scorers.active_request_scorer,
             idle_threshold=p["idleThreshold"],
             max_busy_score=p["maxBusyScore"],
@@ -556,14 +418,16 @@ ENTRIES: tuple[PluginType, ...] = (
             Param(
                 "queueThresholdTokens",
                 T.INT,
-                4_194_304,
+                _TOKEN_LOAD_THRESHOLD,
                 "in-flight tokens that score 0; <= 0 means the default",
             ),
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
-        factory=lambda p: _made(
+        factory=lambda p: made(
             scorers.token_load_scorer,
-            threshold=p["queueThresholdTokens"] if p["queueThresholdTokens"] > 0 else 4_194_304,
+            threshold=p["queueThresholdTokens"]
+            if p["queueThresholdTokens"] > 0
+            else _TOKEN_LOAD_THRESHOLD,
         ),
     ),
     PluginType(
@@ -576,14 +440,14 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("prefixMatchInfoProducerName", T.STRING, ""),
             Param("lruSize", T.INT, 1024, "pods tracked", 1),
         ),
-        factory=lambda p: _made(scorers.no_hit_lru_scorer, size=p["lruSize"]),
+        factory=lambda p: made(scorers.no_hit_lru_scorer, size=p["lruSize"]),
     ),
     PluginType(
         "session-affinity-scorer",
         Kind.SCORER,
         "scores the pod a session is pinned to 1, others 0; sets x-session-token on the response",
-        _SESSION_PARAMETERS,
-        factory=_session(sessions.SessionAffinityScorer),
+        SESSION_PARAMETERS,
+        factory=session_factory(sessions.SessionAffinityScorer),
         stability=ALPHA,
     ),
     PluginType(
@@ -594,7 +458,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("label", T.STRING, "llm-d.ai/context-length-range", "pod label with min-max"),
             Param("enableFiltering", T.BOOL, False, "also drop out-of-range pods"),
         ),
-        factory=lambda p: _made(
+        factory=lambda p: made(
             scorers.context_length_scorer, label=p["label"], filtering=p["enableFiltering"]
         ),
     ),
@@ -683,116 +547,5 @@ ENTRIES: tuple[PluginType, ...] = (
         "chance proportional to total score (A-Res sampling)",
         _PICKER_PARAMETERS,
         factory=_picker(pickers.weighted_random_picker),
-    ),
-    # -- profile handlers and deciders ----------------------------------------
-    PluginType(
-        "single-profile-handler",
-        Kind.PROFILE_HANDLER,
-        "runs the one scheduling profile",
-        factory=lambda p: _made(profiles.single_profile_handler),
-    ),
-    PluginType(
-        "disagg-profile-handler",
-        Kind.PROFILE_HANDLER,
-        "decode profile first, then prefill and encode when their deciders say so",
-        (
-            Param(
-                "profiles",
-                T.OBJECT,
-                fields=(
-                    Param("decode", T.STRING, "decode"),
-                    Param("prefill", T.STRING, "prefill"),
-                    Param("encode", T.STRING, "encode"),
-                ),
-            ),
-            Param(
-                "deciders",
-                T.OBJECT,
-                fields=(Param("prefill", T.STRING, ""), Param("encode", T.STRING, "")),
-            ),
-            Param("stageOrder", T.STRING, ""),
-        ),
-        factory=_disagg,
-    ),
-    PluginType(
-        "pd-profile-handler",
-        Kind.PROFILE_HANDLER,
-        "deprecated P/D handler: decode, then prefill when its decider says so",
-        (
-            Param("decodeProfile", T.STRING, "decode"),
-            Param("prefillProfile", T.STRING, "prefill"),
-            Param("prefixPluginType", T.STRING, "", "deprecated and ignored"),
-            Param("prefixPluginName", T.STRING, "", "deprecated and ignored"),
-            Param("deciderPluginName", T.STRING, "prefix-based-pd-decider", "the decider plugin"),
-            Param("primaryPort", T.INT, 0, "data-parallel pods' primary port; 0 = none"),
-            Param("prefixMatchInfoProducerName", T.STRING, ""),
-        ),
-        factory=_pd_profile_handler,
-        deprecated_for="disagg-profile-handler",
-    ),
-    PluginType(
-        "data-parallel-profile-handler",
-        Kind.PROFILE_HANDLER,
-        "one profile; the chosen rank's port becomes the pod's primary port",
-        (Param("primaryPort", T.INT, 8000, "the pod's primary service port", 1, 65535),),
-        factory=lambda p: _made(
-            profiles.data_parallel_profile_handler, primary_port=p["primaryPort"]
-        ),
-    ),
-    PluginType(
-        "header-profile-handler",
-        Kind.PROFILE_HANDLER,
-        "runs the profile a request header names",
-        (
-            Param("headerName", T.STRING, "EPP-Profile", "header naming the profile"),
-            Param("defaultProfile", T.STRING, "decode", "profile run without the header"),
-        ),
-        factory=_header_profile,
-        stability=ALPHA,
-    ),
-    PluginType(
-        "always-disagg-pd-decider",
-        Kind.DECIDER,
-        "always runs the prefill stage",
-        factory=lambda p: _made(profiles.always_disagg_pd_decider),
-    ),
-    PluginType(
-        "prefix-based-pd-decider",
-        Kind.DECIDER,
-        "runs prefill when the uncached prompt tokens reach nonCachedTokens",
-        (
-            Param(
-                "nonCachedTokens", T.INT, 0, "uncached tokens that trigger prefill; 0 = never", 0
-            ),
-            Param("promptTokens", T.INT, 0, "shortest prompt that may disaggregate", 0),
-        ),
-        factory=lambda p: _made(
-            profiles.prefix_based_pd_decider,
-            non_cached_tokens=p["nonCachedTokens"],
-            prompt_tokens=p["promptTokens"],
-        ),
-    ),
-    PluginType(
-        "always-disagg-multimodal-decider",
-        Kind.DECIDER,
-        "runs the encode stage for every request with multimodal content",
-        factory=lambda p: _made(profiles.always_disagg_multimodal_decider),
-    ),
-    PluginType(
-        "disagg-headers-handler",
-        Kind.REQUEST_CONTROL,
-        "deprecated: the disagg profile handler writes x-prefiller-host-port and "
-        "x-encoder-hosts-ports itself",
-        (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=lambda p: Configured("disagg-headers-handler", dict(p)),
-        deprecated_for="disagg-profile-handler",
-    ),
-    PluginType(
-        "prefill-header-handler",
-        Kind.REQUEST_CONTROL,
-        "deprecated name of disagg-headers-handler",
-        (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=lambda p: Configured("prefill-header-handler", dict(p)),
-        deprecated_for="disagg-profile-handler",
     ),
 )

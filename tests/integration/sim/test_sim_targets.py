@@ -95,7 +95,7 @@ def test_simulate_reports_a_bad_scenario_by_path(tmp_path, capsys):
     scenario = tmp_path / "bad.yaml"
     scenario.write_text("name: x\nduration_s: 1\npool: {servers: 1, colour: red}\ntenants: []\n")
     assert main(["simulate", str(scenario)]) == 2
-    assert "pool.colour: unknown key" in capsys.readouterr().err
+    assert "pool.colour: unknown field" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -281,7 +281,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
         ),
         (
             config(flowControl={"defaultRequestTTL": "-1s"}),
-            "flowControl.defaultRequestTTL: must not be negative",
+            "flowControl.defaultRequestTTL: must be >= 0s, got '-1s'",
         ),
         (config(flowControl={"priorityBands": {}}), "flowControl.priorityBands: must be a list"),
         (
@@ -316,7 +316,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
             "plugins[0].parameters.kvCacheUtilThreshold: must be",
         ),
         (config(plugins=[{"type": "nope"}]), "plugins[0].type: unknown plugin type 'nope'"),
-        (config(plugins=[{"name": "x"}]), "plugins[0].type: must be a non-empty string"),
+        (config(plugins=[{"name": "x"}]), "plugins[0].type: required"),
         (
             config(plugins=[{"type": "queue-scorer"}, {"type": "queue-scorer"}]),
             "plugins[1].name: duplicate plugin name",
@@ -337,7 +337,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
             config(
                 plugins=[{"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": "2"}}]
             ),
-            "plugins[0].parameters.maxNumOfEndpoints: must be int",
+            "plugins[0].parameters.maxNumOfEndpoints: must be an integer",
         ),
         (
             config(plugins=[{"type": "mm-embeddings-cache-producer"}]),
@@ -358,7 +358,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
                     {"name": "d", "plugins": [{"pluginRef": "queue-scorer", "weight": -1}]}
                 ],
             ),
-            "schedulingProfiles[0].plugins[0].weight: must be >= 0.0",
+            "schedulingProfiles[0].plugins[0].weight: must be >= 0, got -1",
         ),
         (
             config(

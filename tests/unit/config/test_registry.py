@@ -153,8 +153,8 @@ def test_parameters_are_checked_against_the_schema() -> None:
             }
         )
     assert sorted(raised.value.errors) == [
-        "plugins[0].parameters.autoTune: must be bool, got 'yes'",
-        "plugins[0].parameters.blockSizeTokens: must be int, got 1.5",
+        "plugins[0].parameters.autoTune: must be true or false, got 'yes'",
+        "plugins[0].parameters.blockSizeTokens: must be an integer, got 1.5",
         "plugins[0].parameters.nope: unknown field",
     ]
 

@@ -174,8 +174,8 @@ def test_servers_left_out_of_roles_have_no_role():
     ("roles", "error"),
     [
         ({"prefill": 2, "decode": 1}, "pool.roles: gives 3 roles to 2 servers"),
-        ({"cook": 1}, "pool.roles.cook: unknown key"),
-        ({"decode": 0}, "pool.roles.decode: must be positive, got 0"),
+        ({"cook": 1}, "pool.roles.cook: unknown field"),
+        ({"decode": 0}, "pool.roles.decode: must be > 0, got 0"),
     ],
 )
 def test_bad_roles_are_errors_naming_their_path(roles, error):
@@ -219,4 +219,4 @@ def test_an_objective_takes_a_tpot_slo():
     document["objectives"][0]["slo_tpot_s"] = -1
     with pytest.raises(ScenarioError) as caught:
         parse_scenario(document)
-    assert caught.value.errors == ["objectives[0].slo_tpot_s: must be positive, got -1"]
+    assert caught.value.errors == ["objectives[0].slo_tpot_s: must be > 0, got -1"]

@@ -61,7 +61,7 @@ def test_every_shipped_scenario_parses(path):
 def test_an_unknown_key_is_an_error_naming_its_path():
     document = yaml.safe_load(EXAMPLE)
     document["tenants"][1]["colour"] = "red"
-    assert errors_of(document) == ["tenants[1].colour: unknown key"]
+    assert errors_of(document) == ["tenants[1].colour: unknown field"]
 
 
 def test_a_bad_distribution_is_an_error_naming_its_path():
@@ -127,7 +127,7 @@ def test_servers_beside_groups_is_an_error():
 def test_a_group_with_an_unknown_key_is_an_error_naming_its_path():
     document = yaml.safe_load(HETEROGENEOUS)
     document["pool"]["groups"][1]["colour"] = "red"
-    assert errors_of(document) == ["pool.groups[1].colour: unknown key"]
+    assert errors_of(document) == ["pool.groups[1].colour: unknown field"]
 
 
 def test_a_server_change_needs_params_and_only_it_takes_them():

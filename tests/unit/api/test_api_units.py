@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.config.units import parse_byte_size, parse_duration
+from epp.api.units import parse_byte_size, parse_duration
 
 
 @pytest.mark.parametrize(
