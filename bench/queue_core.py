@@ -24,6 +24,7 @@ from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import OpenGate
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.core import Core
 from epp.serve.admission import AdmissionController
 
 TARGETS = {
@@ -107,7 +108,7 @@ def admit_per_s(count: int = 200_000) -> float:
     ]
 
     async def run() -> float:
-        admission = AdmissionController(core)
+        admission = AdmissionController(Core(core))
         admit, complete = admission.admit, admission.complete
         start = time.perf_counter()
         for request in requests:

@@ -5,7 +5,9 @@ gets an `ExtProcCall`: every message from Envoy goes to its stream machine,
 whose replies are sent in order. `AdmissionNeeded` offers the request to
 flow control; when it must queue, one task awaits its outcome (messages
 arriving meanwhile wait their turn). `Release` calls `admission.complete`
-once the replies of the turn are written.
+(with the streamed response's time per output token), `FirstToken`
+`admission.first_token` and `PrefillDone` `admission.prefill_done`, once
+the replies of the turn are written.
 The EPP's own time on the response (each response message's handling,
 replies included; the waits between them are the model server's) is summed
 per call and reported once when the call ends, if it reached the response
@@ -56,8 +58,16 @@ class Admission(Protocol):
     def withdraw(self, request: FlowRequest) -> None: ...
 
     def complete(
-        self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0
+        self,
+        request: FlowRequest,
+        input_tokens: int | None = None,
+        output_tokens: int = 0,
+        itl: float | None = None,
     ) -> None: ...
+
+    def first_token(self, request: FlowRequest) -> None: ...
+
+    def prefill_done(self, request: FlowRequest) -> None: ...
 
 
 Screen = Callable[[FlowRequest], str | None]
@@ -79,8 +89,6 @@ class ExtProcService:
         clock: Callable[[], float] = time.monotonic,
         listener: StreamListener | None = None,
         screen: Screen | None = None,
-        on_prefill_done: Callable[[FlowRequest], None] | None = None,
-        on_first_token: Callable[[FlowRequest], None] | None = None,
         on_response_processed: Callable[[float], None] | None = None,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -92,10 +100,6 @@ class ExtProcService:
         self.settings = settings or StreamSettings()
         self.clock = clock
         self.listener = listener
-        self.on_prefill_done = on_prefill_done
-        """Told when a disaggregated request's prefill stage is over."""
-        self.on_first_token = on_first_token
-        """Told when a streamed response's first bytes came (its server runs it)."""
         self.on_response_processed = on_response_processed
         """Told, once per call that reached the response, the seconds the EPP spent on it."""
         self.timer = timer
@@ -113,15 +117,18 @@ class ExtProcService:
 
     def settle(self, event: Rejected | Release | PrefillDone | FirstToken) -> None:
         if isinstance(event, FirstToken):
-            if self.on_first_token is not None:
-                self.on_first_token(event.request)
+            self.admission.first_token(event.request)
             return
         if isinstance(event, PrefillDone):
-            if self.on_prefill_done is not None:
-                self.on_prefill_done(event.request)
+            self.admission.prefill_done(event.request)
             return
         if isinstance(event, Release):
-            self.admission.complete(event.request, event.input_tokens, event.output_tokens)
+            self.admission.complete(
+                event.request,
+                event.input_tokens,
+                event.output_tokens,
+                event.time_per_output_token(self.clock()),
+            )
         if self.listener is not None:
             self.listener(event)
 

@@ -1,26 +1,65 @@
-"""The core, wired: the one place that puts gate, scheduler and flow
-controller together, for the live EPP (`epp.serve.server`) and the simulator
-(`epp.sim.policies`) alike.
+"""The core: the one object a shell holds, and the one place that wires
+gate, scheduler and flow controller, for the live EPP (`epp.serve`) and the
+simulator (`epp.sim.policies`) alike.
 
     pool snapshot --> gate (build_gate) --credits--> Scheduler (the placer)
                           \\                            /
                            +---> FlowController <-----+
+                                       ^
+    shell --every signal--> Core ------+  (evictor, prefill deadlines, admitters)
 
 Both shells read the pool through an `EndpointStore`'s `snapshot` and pass
 their own clock (monotonic live, virtual in the simulator) and random source.
+
+Every signal goes in through `Core`: an arrival (`arrive`, after `screen`
+asks the admitters), a completion with its usage and streamed latency
+(`complete`), a first token (`first_token`), the end of a prefill
+(`prefill_done`), a cancel, a reload, and `poke` for anything else that may
+free room (new metrics, new endpoints, the wakeup it asked for). Each
+forwards what the gate and the credits must learn, dispatches as much as
+possible and returns the requests it settled (dispatched with `endpoint`
+set, or ended with `outcome` set); `next_wakeup()` is the one time to call
+`poke` again. No shell tells a gate anything or decides when to dispatch.
+
+Two things live here around the flow controller, both off unless configured:
+
+- eviction (`flowControl.enableEviction`, `epp.flowcontrol.eviction`):
+  after a call that leaves a band waiting, the `Evictor` may name one
+  dispatched sheddable victim, which the core hands to `on_evict`; the
+  shell ends it (429 `evicted`) and completes it as any other request, so
+  its credit returns exactly once;
+- the prefill deadline (`flowControl.gate.prefillTimeout`): a request
+  dispatched through a prefill endpoint gives its prefill credit back at
+  `prefill_done`, or `prefill_timeout` after its dispatch, or when it ends.
+  The requests in their prefill stage are kept in dispatch order, and all
+  share one timeout, so the oldest is the next deadline: O(1) per dispatch,
+  per `prefill_done` and per expiry, at most one entry per prefill credit.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from epp.flowcontrol.adaptive import AdaptiveGate
+from epp.flowcontrol.band import Band
 from epp.flowcontrol.config import FlowControlConfig, GateConfig, GateKind
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import Evictor, PriorityThenTime, SheddableFilter
 from epp.flowcontrol.flow import FlowKey
-from epp.flowcontrol.gate import AllGates, ConcurrencyGate, Credits, Gate, OpenGate, gate_parts
+from epp.flowcontrol.gate import (
+    AllGates,
+    ConcurrencyGate,
+    Credits,
+    Gate,
+    OpenGate,
+    Placer,
+    gate_parts,
+)
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.admitters import ProbabilisticAdmitter
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.detectors import DetectorGate
 from epp.scheduling.endpoint import PoolSnapshot
@@ -35,26 +74,227 @@ from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.spec import PluginTimer
 from epp.scheduling.stages import PrefillCredits, stage_gate
 
+PlacerTimer = Callable[[Placer], Placer]
+"""Wraps the scheduler the flow controller places with (to time each
+`place`); applied again to the scheduler of every reload."""
+
+EMPTY_POOL = PoolSnapshot(())
+
+
+def _no_pool() -> PoolSnapshot:
+    return EMPTY_POOL
+
+
+def _no_clock() -> float:
+    return 0.0
+
 
 @dataclass(slots=True)
 class Core:
-    """The wired core. `credits` is the gate's per-endpoint part (adaptive or
-    concurrency; None when the configured gate has neither), shared with the
-    scheduler."""
+    """The core a shell holds (see the module docstring). `credits` is the
+    gate's per-endpoint part (adaptive or concurrency; None when the
+    configured gate has neither), shared with the scheduler. Built by
+    `build_core`; a test or benchmark may wrap a hand-built controller
+    (`Core(controller)`)."""
 
     controller: FlowController
-    gate: Gate
-    credits: Credits | None
-    scheduler: Scheduler
-    pool: Callable[[], PoolSnapshot]
-    clock: Callable[[], float]
+    credits: Credits | None = None
+    scheduler: Scheduler | None = None
+    pool: Callable[[], PoolSnapshot] = _no_pool
+    clock: Callable[[], float] = _no_clock
     prefill_credits: PrefillCredits | None = None
     """The prefill stage's credits under P/D (`epp.scheduling.stages`)."""
     load: InFlightLoad | None = None
     """What is in flight per endpoint, when a scheduling plugin reads it."""
     plugin_timer: PluginTimer | None = None
+    placer_timer: PlacerTimer | None = None
     max_per_prefill_endpoint: int = 0
     """The prefill credits per prefill endpoint a disaggregating reload gets."""
+    prefill_timeout: float = 60.0
+    """Seconds a request keeps its prefill credit without `prefill_done`."""
+    evictor: Evictor | None = None
+    admitters: Sequence[ProbabilisticAdmitter] = ()
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    """The admitters' draws."""
+    on_evict: Callable[[FlowRequest], None] | None = None
+    """Ends an evicted request's stream; the shell completes it after."""
+    adaptive: AdaptiveGate | None = field(default=None, init=False)
+    """The credits when they are the adaptive gate's (limits, latency, first tokens)."""
+    _prefill_since: dict[FlowRequest, float] = field(default_factory=dict, init=False)
+    """Requests holding a prefill credit, by dispatch time, oldest first."""
+    _watch: bool = field(default=False, init=False)
+    """Whether settled requests need looking at (eviction or prefill timing)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.credits, AdaptiveGate):
+            self.adaptive = self.credits
+        self._rewatch()
+
+    def _rewatch(self) -> None:
+        self._watch = self.evictor is not None or self.prefill_credits is not None
+
+    @property
+    def gate(self) -> Gate:
+        return self.controller.gate
+
+    @property
+    def queued_requests(self) -> int:
+        return self.controller.queued_requests
+
+    @property
+    def in_flight(self) -> int:
+        return self.controller.in_flight
+
+    @property
+    def in_prefill(self) -> int:
+        """Requests holding a prefill credit whose deadline the core keeps."""
+        return len(self._prefill_since)
+
+    # -- the signals -----------------------------------------------------------
+
+    def screen(self, request: FlowRequest, now: float) -> str | None:
+        """The configured admitters' refusal of `request` before it is
+        offered (None: it may `arrive`), in declaration order."""
+        admitters = self.admitters
+        if not admitters:
+            return None
+        pool = self.pool()
+        for admitter in admitters:
+            denial = admitter.deny(request.priority, pool, now, self.rng.random())
+            if denial is not None:
+                return denial
+        return None
+
+    def arrive(self, request: FlowRequest, now: float) -> tuple[Outcome | None, list[FlowRequest]]:
+        """A new request: the outcome that ended it at once (rejected), else
+        None and what the dispatch pass settled (`request` among them when
+        it was dispatched at once)."""
+        outcome, settled = self.controller.enqueue_and_dispatch(request, now)
+        if self._watch:
+            self._after(settled, now)
+        return outcome, settled
+
+    def complete(
+        self,
+        request: FlowRequest,
+        now: float,
+        input_tokens: int | None = None,
+        output_tokens: int = 0,
+        itl: float | None = None,
+    ) -> list[FlowRequest]:
+        """A dispatched request is over: `itl`, its streamed response's
+        seconds per output token after the first (None: not measured), goes
+        to the adaptive gate first; then its credits return and its fairness
+        charge is corrected to the real usage. Nothing when it was not in flight."""
+        if itl is not None and self.adaptive is not None:
+            self.adaptive.observe_latency(request, itl)
+        if self._watch:
+            if self._prefill_since:
+                self._prefill_since.pop(request, None)
+            if self.evictor is not None:
+                self.evictor.on_completed(request)
+            settled = self.controller.complete(request, now, input_tokens, output_tokens)
+            self._after(settled, now)
+            return settled
+        return self.controller.complete(request, now, input_tokens, output_tokens)
+
+    def first_token(self, request: FlowRequest, now: float) -> list[FlowRequest]:
+        """A streamed response's first token reached the EPP: its server runs
+        the request. The room that may make is for queued requests only."""
+        adaptive = self.adaptive
+        if adaptive is None or not adaptive.on_first_token(request):
+            return []
+        return self.poke(now) if self.controller.queued_requests else []
+
+    def prefill_done(self, request: FlowRequest, now: float) -> list[FlowRequest]:
+        """`request`'s prefill is over (its decode response began): its
+        prefill credit returns."""
+        credits = self.prefill_credits
+        if credits is None:
+            return []
+        self._prefill_since.pop(request, None)
+        return self.poke(now) if credits.release(request) else []
+
+    def cancel(self, request: FlowRequest, now: float) -> list[FlowRequest]:
+        """A queued request's client is gone: `request` (cancelled), then
+        what its leaving let through; nothing when it was not queued."""
+        settled = self.controller.cancel(request, now)
+        if self._watch:
+            self._after(settled, now)
+        return settled
+
+    def poke(self, now: float) -> list[FlowRequest]:
+        """Do what is due by `now` (TTL expiries, prefill deadlines, idle
+        flows) and dispatch as much as possible."""
+        if self._prefill_since:
+            self._expire_prefills(now)
+        settled = self.controller.poke(now)
+        if self._watch:
+            self._after(settled, now)
+        return settled
+
+    def next_wakeup(self) -> float | None:
+        """When `poke` next has something to do by itself, or None."""
+        when = self.controller.next_wakeup()
+        if self._prefill_since:
+            deadline = next(iter(self._prefill_since.values())) + self.prefill_timeout
+            if when is None or deadline < when:
+                return deadline
+        return when
+
+    def reload(
+        self,
+        flow_control: FlowControlConfig,
+        now: float,
+        scheduling: SchedulingConfig | None = None,
+        rng: random.Random | None = None,
+        admitters: Sequence[ProbabilisticAdmitter] | None = None,
+    ) -> list[FlowRequest]:
+        """New flow-control limits and policies, the prefill timeout, and
+        when given a new scheduling (placed with a scheduler drawing from
+        `rng`) and new admitters; queued requests stay queued and nothing
+        in flight is lost. The gate's kinds stay. Returns what the dispatch
+        pass that follows settled."""
+        if scheduling is not None:
+            self.reschedule(scheduling, rng or random.Random(0))
+        if admitters is not None:
+            self.admitters = tuple(admitters)
+        self.prefill_timeout = flow_control.gate.prefill_timeout
+        settled = self.controller.reconfigure(flow_control, now)
+        if self._watch:
+            self._after(settled, now)
+        return settled
+
+    # -- state the shells read ---------------------------------------------------
+
+    def ensure_bands(self, priorities: Iterable[int]) -> None:
+        """Make sure these bands exist (the priorities of the known objectives)."""
+        self.controller.ensure_bands(priorities)
+
+    def watch_flows(self, callback: Callable[[list[FlowKey]], None] | None) -> None:
+        """Tell `callback` of the flows `poke` forgets as idle."""
+        self.controller.on_flows_collected = callback
+
+    def bands(self) -> list[Band]:
+        return self.controller.bands()
+
+    def close(self) -> None:
+        """Admit nothing more: every later arrival is rejected-shutting-down."""
+        self.controller.close()
+
+    def drain(self, outcome: Outcome, now: float) -> list[FlowRequest]:
+        """End every queued request with `outcome` (at shutdown)."""
+        return self.controller.drain(outcome, now)
+
+    def saturation(self) -> float:
+        """The pool's saturation as the gate sees it now (the gauge's value)."""
+        return gate_saturation(self.gate, self.pool())
+
+    def limits(self) -> dict[str, int]:
+        """The adaptive gate's learned limit per endpoint ({}: no adaptive gate)."""
+        return self.adaptive.limits() if self.adaptive is not None else {}
+
+    # -- reloading the scheduler ---------------------------------------------------
 
     def reschedule(self, config: SchedulingConfig, rng: random.Random) -> Scheduler:
         """Place later requests with a scheduler built from `config` (a
@@ -63,12 +303,14 @@ class Core:
         that first names a plugin reading the in-flight load counts from
         then on; one that first disaggregates gets the prefill stage's
         credits from then on (they stay if a later reload stops)."""
+        controller = self.controller
         if self.prefill_credits is None:
-            gate, prefill = stage_gate(self.gate, self.max_per_prefill_endpoint, config)
+            gate, prefill = stage_gate(controller.gate, self.max_per_prefill_endpoint, config)
             if prefill is not None:
-                self.gate = self.controller.gate = gate
+                controller.gate = gate
                 self.prefill_credits = prefill
-        self.scheduler = Scheduler(
+                self._rewatch()
+        scheduler = self.scheduler = Scheduler(
             config,
             self.pool,
             self.clock,
@@ -78,18 +320,47 @@ class Core:
             self.load,
             self.plugin_timer,
         )
-        if self.load is None and self.scheduler.load is not None:
-            self.load = self.scheduler.load
-            self.gate = self.controller.gate = with_load(self.gate, self.load)
-        self.controller.placer = self.scheduler
-        for part in gate_parts(self.gate):
+        if self.load is None and scheduler.load is not None:
+            self.load = scheduler.load
+            controller.gate = with_load(controller.gate, self.load)
+        controller.placer = self.placer_timer(scheduler) if self.placer_timer else scheduler
+        for part in gate_parts(controller.gate):
             if isinstance(part, UtilizationGate):
                 part.retune(config.saturation)
-        return self.scheduler
+        return scheduler
 
-    def saturation(self) -> float:
-        """The pool's saturation as the gate sees it now (the gauge's value)."""
-        return gate_saturation(self.gate, self.pool())
+    # -- internals ---------------------------------------------------------------
+
+    def _after(self, settled: list[FlowRequest], now: float) -> None:
+        """Note the dispatched among `settled` (their prefill deadline, the
+        evictor's candidates); then, if a band still waits, evict for it."""
+        evictor = self.evictor
+        timed = self.prefill_credits
+        for request in settled:
+            if request.endpoint is None:
+                continue
+            if evictor is not None:
+                evictor.on_dispatched(request)
+            if timed is not None and timed.holds(request):
+                self._prefill_since[request] = now
+        if evictor is not None and self.controller.queued_requests:
+            waiting = next((band for band in self.controller.bands() if band.count), None)
+            victim = evictor.victim_for(waiting.priority) if waiting is not None else None
+            if victim is not None and self.on_evict is not None:
+                self.on_evict(victim)
+
+    def _expire_prefills(self, now: float) -> None:
+        """Return the prefill credits of requests whose prefill outlived the timeout."""
+        since = self._prefill_since
+        credits = self.prefill_credits
+        timeout = self.prefill_timeout
+        while since:
+            request, at = next(iter(since.items()))
+            if at + timeout > now:
+                return
+            del since[request]
+            if credits is not None:
+                credits.release(request)
 
 
 def build_gate(
@@ -145,18 +416,26 @@ def build_core(
     rng: random.Random,
     on_flows_collected: Callable[[list[FlowKey]], None] | None = None,
     plugin_timer: PluginTimer | None = None,
+    placer_timer: PlacerTimer | None = None,
+    eviction: tuple[SheddableFilter, PriorityThenTime] | None = None,
+    admitters: Sequence[ProbabilisticAdmitter] = (),
+    admission_rng: random.Random | None = None,
 ) -> Core:
-    """Gate, scheduler and flow controller for `flow_control` and
-    `scheduling`, reading the pool from `pool` at the time `clock` gives;
-    `plugin_timer` times the scheduler's plugin calls (`spec`)."""
+    """The core for `flow_control` and `scheduling`, reading the pool from
+    `pool` at the time `clock` gives: gate, scheduler (drawing from `rng`)
+    and flow controller; `plugin_timer` times the scheduler's plugin calls
+    (`spec`), `placer_timer` wraps the scheduler the controller places with
+    (here and after every reload); `eviction` is the configured eviction
+    filter and order (`enableEviction`), `admitters` the admitter plugins, drawing from
+    `admission_rng`."""
     gate, credits = build_gate(flow_control.gate, pool, clock, scheduling.saturation)
     gate, prefill = stage_gate(gate, flow_control.gate.max_per_prefill_endpoint, scheduling)
     scheduler = Scheduler(scheduling, pool, clock, rng, credits, prefill, plugin_timer=plugin_timer)
     gate = with_load(gate, scheduler.load)
-    controller = FlowController(flow_control, gate, scheduler, on_flows_collected)
+    placer = placer_timer(scheduler) if placer_timer is not None else scheduler
+    controller = FlowController(flow_control, gate, placer, on_flows_collected)
     return Core(
         controller,
-        gate,
         credits,
         scheduler,
         pool,
@@ -164,5 +443,10 @@ def build_core(
         prefill,
         scheduler.load,
         plugin_timer,
+        placer_timer,
         flow_control.gate.max_per_prefill_endpoint,
+        flow_control.gate.prefill_timeout,
+        Evictor(*eviction) if eviction is not None else None,
+        tuple(admitters),
+        admission_rng or random.Random(0),
     )

@@ -10,9 +10,9 @@ prefill stage the same way, per prefill endpoint:
   dispatched (`on_dispatch`, as every gate);
 - it gives it back when its prefill is over, which the shell learns when the
   decode server's response begins (the sidecar sends the decode leg only
-  once the prefill has answered) or after a timeout: `release(request)`,
-  after which the shell lets the core dispatch again; at the latest when the
-  request ends (`on_complete`).
+  once the prefill has answered) or after a timeout, both kept by the core
+  (`epp.scheduling.core`: `prefill_done`, the prefill deadline), which then
+  dispatches again; at the latest when the request ends (`on_complete`).
 
 The scheduler's prefill profile picks only prefill endpoints with a credit
 left; a request the decider sends to prefill when none has one waits at the
@@ -121,6 +121,10 @@ class PrefillCredits:
 
     def on_complete(self, request: FlowRequest) -> None:
         self.release(request)
+
+    def holds(self, request: FlowRequest) -> bool:
+        """Whether `request` holds a prefill credit now."""
+        return request in self._holders
 
     def release(self, request: FlowRequest) -> bool:
         """`request`'s prefill is over; whether it held a credit (then the

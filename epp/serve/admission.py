@@ -1,14 +1,14 @@
-"""The live shell's asyncio adapter over the flow-control core: futures for
-the requests that wait, and one timer.
+"""The live shell's asyncio adapter over the core (`epp.scheduling.core`):
+futures for the requests that wait, and one timer.
 
 `admit` queues a request and returns its outcome when it is dispatched or
 ended; it is `offer` (decides at once if it can) then `wait`, for callers
 that would rather not start a task for a request that need not wait.
-The core dispatches by itself (`epp.flowcontrol.controller`): every call
-here hands it one event (an arrival, a completion, a cancellation, `poke`
-for new metrics or endpoints) and resolves the futures of what it settled.
-Nothing here decides when to dispatch, so a backlog drains as fast as the
-pool takes it.
+The core dispatches by itself: every call here hands it one event (an
+arrival, a completion with its usage and latency, a first token, the end of
+a prefill, a cancellation, a reload, `poke` for new metrics or endpoints)
+and resolves the futures of what it settled. Nothing here decides when to
+dispatch or whom to evict, so a backlog drains as fast as the pool takes it.
 
 A request dispatched in the pass that its own `admit` started returns without
 waiting for anything; only requests that really queue create a future.
@@ -16,8 +16,8 @@ Cancelling the task that awaits `admit` (or calling `withdraw`) removes a
 queued request at once, or hands back the endpoint credit of a request
 dispatched a moment earlier.
 
-The timer: the core's `next_wakeup()` (the next TTL deadline or idle-flow
-check) is armed after every event when it is earlier than the armed time;
+The timer: the core's `next_wakeup()` (the next TTL or prefill deadline, or
+idle-flow check) is armed after every event when it is earlier than the armed time;
 when the timer fires it `poke`s the core and arms the next wakeup. A later
 wakeup never re-arms (that would cost a timer per dispatch): the timer may
 fire early, find nothing due and arm again.
@@ -30,12 +30,12 @@ import contextlib
 import time
 from collections.abc import Callable
 from math import inf
+from typing import Any
 
 from epp.flowcontrol.config import FlowControlConfig
-from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.core import Core
 
 OutcomeListener = Callable[[FlowRequest, float], None]
 """Told of every admitted request's outcome, with the time it was decided.
@@ -47,18 +47,13 @@ whichever path completed it, so that the two together count what runs;
 class AdmissionController:
     def __init__(
         self,
-        core: FlowController,
+        core: Core,
         clock: Callable[[], float] = time.monotonic,
         on_outcome: OutcomeListener | None = None,
         on_complete: Callable[[FlowRequest], None] | None = None,
         on_queued: Callable[[FlowRequest], None] | None = None,
-        evictor: Evictor | None = None,
-        on_evict: Callable[[FlowRequest], None] | None = None,
     ) -> None:
         self.core = core
-        self.evictor = evictor
-        self._on_evict = on_evict
-        """Ends an evicted request's stream (which then completes it)."""
         self._clock = clock
         self._on_outcome = on_outcome
         self._on_complete = on_complete
@@ -95,7 +90,7 @@ class AdmissionController:
         (dispatched in the pass the enqueue starts, or rejected), else None
         and the request is queued: `await wait(request)` then."""
         now = self._clock()
-        outcome, done = self.core.enqueue_and_dispatch(request, now)
+        outcome, done = self.core.arrive(request, now)
         if outcome is not None:
             self._report(request, now)
             return outcome
@@ -129,25 +124,43 @@ class AdmissionController:
         self._settle(self.core.cancel(request, now), now)
 
     def complete(
-        self, request: FlowRequest, input_tokens: int | None = None, output_tokens: int = 0
+        self,
+        request: FlowRequest,
+        input_tokens: int | None = None,
+        output_tokens: int = 0,
+        itl: float | None = None,
     ) -> None:
         """A dispatched request is finished (or its stream closed early):
-        release its endpoint credit and correct its fairness charge; the
-        core lets the next requests go."""
+        release its endpoint credit and correct its fairness charge (`itl`:
+        its streamed response's time per output token, None if unknown);
+        the core lets the next requests go."""
         if request.state is not State.DISPATCHED:
             return
         now = self._clock()
-        settled = self.core.complete(request, now, input_tokens, output_tokens)
-        if self.evictor is not None:
-            self.evictor.on_completed(request)
+        settled = self.core.complete(request, now, input_tokens, output_tokens, itl)
         if self._on_complete is not None:
             self._on_complete(request)
         self._settle(settled, now)
 
-    def reconfigure(self, config: FlowControlConfig) -> None:
-        """New flow-control limits and policies; the core dispatches what they let through."""
+    def screen(self, request: FlowRequest) -> str | None:
+        """The configured admitters' refusal of a complete request, if one refuses."""
+        return self.core.screen(request, self._clock())
+
+    def first_token(self, request: FlowRequest) -> None:
+        """A streamed response's first bytes came: its server runs it."""
         now = self._clock()
-        self._settle(self.core.reconfigure(config, now), now)
+        self._settle(self.core.first_token(request, now), now)
+
+    def prefill_done(self, request: FlowRequest) -> None:
+        """A disaggregated request's decode response began: its prefill is over."""
+        now = self._clock()
+        self._settle(self.core.prefill_done(request, now), now)
+
+    def reload(self, config: FlowControlConfig, **changes: Any) -> None:
+        """New flow-control limits and policies (and what `Core.reload`
+        takes besides); the core dispatches what they let through."""
+        now = self._clock()
+        self._settle(self.core.reload(config, now, **changes), now)
 
     def poke(self) -> None:
         """Something outside the core may have freed room (new metrics, new
@@ -180,8 +193,6 @@ class AdmissionController:
             self._resolve(request, now)
         if self._closing and not self.core.queued_requests:
             self._drained.set()
-        if self.evictor is not None and self.core.queued_requests:
-            self._evict_for_waiting()
         when = self.core.next_wakeup()
         if when is not None and when < self._timer_at:
             if self._timer is not None:
@@ -197,20 +208,7 @@ class AdmissionController:
             future.set_result(request.outcome)
         self._report(request, now)
 
-    def _evict_for_waiting(self) -> None:
-        """A band still waits after a pass: the pool is full for it, so a
-        lower sheddable request in flight may give its endpoint back."""
-        assert self.evictor is not None
-        waiting = next((band for band in self.core.bands() if band.count), None)
-        if waiting is None:
-            return
-        victim = self.evictor.victim_for(waiting.priority)
-        if victim is not None and self._on_evict is not None:
-            self._on_evict(victim)
-
     def _report(self, request: FlowRequest, now: float) -> None:
-        if self.evictor is not None and request.outcome is Outcome.DISPATCHED:
-            self.evictor.on_dispatched(request)
         if self._on_outcome is not None:
             self._on_outcome(request, now)
 

@@ -3,9 +3,10 @@
 Builds every piece from the options, serves until told to stop, and shuts
 down gracefully:
 
-    EndpointStore --snapshot--> build_core: gate + Scheduler + FlowController
-        |                                                 ^   (epp.scheduling.core)
-        +--> MetricsScraper --poke--> AdmissionController-+  <-- ObjectiveRegistry
+    EndpointStore --snapshot--> Core (build_core: gate + Scheduler + FlowController,
+        |                            ^  evictor, prefill deadlines, admitters;
+        |                            |  epp.scheduling.core)
+        +--> MetricsScraper --poke--> AdmissionController  <-- ObjectiveRegistry
                                              |                (priorities -> bands)
                                         EppMetrics
                                              |
@@ -78,14 +79,10 @@ from epp.datalayer.endpoints import (
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
-from epp.extproc.events import Rejected, Release
 from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
-from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import FlowControlConfig
-from epp.flowcontrol.eviction import Evictor
-from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
 from epp.scheduling.saturation import pool_saturation
 from epp.scheduling.sessions import bindings_of
@@ -104,7 +101,6 @@ from epp.serve.metrics import (
     serve_metrics,
 )
 from epp.serve.options import ServeOptions
-from epp.serve.prefill_stage import PrefillStage
 from epp.transport import HEALTH_LIMITS, GrpcServer
 
 if TYPE_CHECKING:
@@ -284,27 +280,23 @@ class EppServer:
             plugin_durations=self.plugin_durations,
         )
         self.metrics.watch_core(
-            lambda: self.wired.saturation(),
+            lambda: self.core.saturation(),
             StageView(self._stage_saturation, self._stale_endpoints, self._queued_by_stage),
         )
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
-        if isinstance(self.credits, AdaptiveGate):
-            self.metrics.watch_limits(self.credits)
+        if self.core.adaptive is not None:
+            self.metrics.watch_limits(self.core.adaptive)
         self.metrics.watch_credits(self._credits_in_use)
-        self.metrics.watch_sessions(lambda: bindings_of(self.scheduler.plugins))
+        self.metrics.watch_sessions(lambda: bindings_of(self.core.scheduler.plugins))
         self.metrics.watch_scheduling(self.config.scheduling.handler)
-        self.core.on_flows_collected = self.metrics.on_flows_collected
-        self._metrics_outcome = at_end_of_turn(self.metrics.on_outcome)
-        self.prefill_stage: PrefillStage | None = None
+        self.core.watch_flows(self.metrics.on_flows_collected)
         self.admission = AdmissionController(
             self.core,
-            on_outcome=self._on_outcome,
-            on_complete=self._on_complete,
+            on_outcome=at_end_of_turn(self.metrics.on_outcome),
+            on_complete=self.metrics.on_complete,
             on_queued=self.metrics.on_queued,
-            evictor=Evictor(*eviction) if (eviction := self.config.flow_plugins.eviction) else None,
-            on_evict=lambda request: self.service.evict(request),
         )
-        self._follow_prefill_stage()
+        self.core.on_evict = lambda request: self.service.evict(request)
         self.store.on_membership_change(self.admission.poke)
         self.settings = StreamSettings(
             max_body_bytes=options.max_body_bytes,
@@ -318,10 +310,8 @@ class EppServer:
             self.admission,
             self.priority_of,
             self.settings,
-            listener=self._stream_event,
-            screen=self.screen,
-            on_prefill_done=self._prefill_done,
-            on_first_token=self._first_token if isinstance(self.credits, AdaptiveGate) else None,
+            listener=self.metrics.on_stream_event,
+            screen=self.admission.screen,
             on_response_processed=self.metrics.on_response_processed,
         )
 
@@ -347,56 +337,14 @@ class EppServer:
         scheduler last waited for, else the gate (`effective`)."""
         stages = dict.fromkeys(
             (DECODE, PREFILL, "effective")
-            if self.prefill_credits is not None
+            if self.core.prefill_credits is not None
             else (DECODE, "effective"),
             0,
         )
         queued = self.core.queued_requests
         if queued:
-            stages[self.scheduler.waiting_for or "effective"] = queued
+            stages[self.core.scheduler.waiting_for or "effective"] = queued
         return stages
-
-    def _follow_prefill_stage(self) -> None:
-        """Time the prefill stage once the core has prefill credits: from the
-        start, or from the reload that first disaggregates."""
-        credits = self.prefill_credits = self.wired.prefill_credits
-        if credits is not None and self.prefill_stage is None:
-            self.prefill_stage = PrefillStage(
-                credits, self.admission.poke, self.config.flow_control.gate.prefill_timeout
-            )
-
-    def _on_outcome(self, request: FlowRequest, now: float) -> None:
-        stage = self.prefill_stage
-        if stage is not None:
-            stage.on_outcome(request, now)
-        self._metrics_outcome(request, now)
-
-    def _on_complete(self, request: FlowRequest) -> None:
-        stage = self.prefill_stage
-        if stage is not None:
-            stage.on_complete(request)
-        self.metrics.on_complete(request)
-
-    def _prefill_done(self, request: FlowRequest) -> None:
-        if self.prefill_stage is not None:
-            self.prefill_stage.prefill_done(request)
-
-    def _stream_event(self, event: Rejected | Release) -> None:
-        """A request ended: metrics, and the adaptive gate learns the
-        latency of its endpoint from a streamed response."""
-        credits = self.credits
-        if isinstance(event, Release) and isinstance(credits, AdaptiveGate):
-            tpot = event.time_per_output_token(self.service.clock())
-            if tpot is not None:
-                credits.observe_latency(event.request, tpot)
-        self.metrics.on_stream_event(event)
-
-    def _first_token(self, request: FlowRequest) -> None:
-        """A streamed response began: the adaptive gate learns that its
-        endpoint runs the request, and the core dispatches what that lets go."""
-        credits = self.credits
-        if isinstance(credits, AdaptiveGate) and credits.on_first_token(request):
-            self.admission.poke()
 
     # -- building ------------------------------------------------------------
 
@@ -434,27 +382,27 @@ class EppServer:
 
     def _build_core(self, config: EppConfig) -> None:
         seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)
-        self.wired = build_core(
+        self._rng = random.Random(seed + 1)
+        self.core = build_core(
             config.flow_control,
             config.scheduling,
             self.store.snapshot,
             time.monotonic,
             random.Random(seed),
             plugin_timer=self.plugin_durations.timed,
+            placer_timer=lambda scheduler: TimedPlacer(scheduler, self.scheduler_latency),
+            eviction=config.flow_plugins.eviction,
+            admitters=config.flow_plugins.admitters,
+            admission_rng=self._rng,
         )
-        self.gate, self.credits = self.wired.gate, self.wired.credits
-        self.prefill_credits = self.wired.prefill_credits
-        self.scheduler = self.wired.scheduler
-        self.core = self.wired.controller
-        self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
-        self._rng = random.Random(seed + 1)
 
     def _credits_in_use(self) -> dict[str, int]:
         stages: dict[str, int] = {}
-        if self.credits is not None:
-            stages["decode"] = self.credits.in_flight
-        if self.prefill_credits is not None:
-            stages["prefill"] = self.prefill_credits.in_flight
+        credits, prefill = self.core.credits, self.core.prefill_credits
+        if credits is not None:
+            stages["decode"] = credits.in_flight
+        if prefill is not None:
+            stages["prefill"] = prefill.in_flight
         return stages
 
     def _load_files(self) -> None:
@@ -488,20 +436,6 @@ class EppServer:
             pool.namespace if pool is not None else self.options.namespace,
         )
 
-    def screen(self, request: FlowRequest) -> str | None:
-        """The configured admitters' refusal of `request`, if one refuses
-        (read at call time, so a reload takes effect for the next request)."""
-        admitters = self.config.flow_plugins.admitters
-        if not admitters:
-            return None
-        pool = self.store.snapshot()
-        now = time.monotonic()
-        for admitter in admitters:
-            denial = admitter.deny(request.priority, pool, now, self._rng.random())
-            if denial is not None:
-                return denial
-        return None
-
     def priority_of(self, headers: Mapping[str, str]) -> int:
         """The request's priority from its objective (0 until objectives are known)."""
         registry = self.registry if self._mode is None else self._mode.registry
@@ -526,21 +460,19 @@ class EppServer:
         if new.data_layer != old.data_layer:
             log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
             new = replace(new, data_layer=old.data_layer)
-        if new.scheduling != old.scheduling:
-            self.scheduler = self.wired.reschedule(
-                new.scheduling, random.Random(self._rng.randrange(1 << 63))
-            )
-            self.core.placer = TimedPlacer(self.scheduler, self.scheduler_latency)
-            self.gate = self.wired.gate
-            self.metrics.watch_scheduling(new.scheduling.handler)
+        rescheduled = new.scheduling != old.scheduling
         if new.parsers != old.parsers:
             self.settings = replace(self.settings, parsers=parser_set(new.parsers))
             self.service.settings = self.settings
         self.config = new
-        self._follow_prefill_stage()
-        if self.prefill_stage is not None:
-            self.prefill_stage.timeout_s = gate.prefill_timeout
-        self.admission.reconfigure(new.flow_control)
+        self.admission.reload(
+            new.flow_control,
+            scheduling=new.scheduling if rescheduled else None,
+            rng=random.Random(self._rng.randrange(1 << 63)) if rescheduled else None,
+            admitters=new.flow_plugins.admitters,
+        )
+        if rescheduled:
+            self.metrics.watch_scheduling(new.scheduling.handler)
 
     def any_endpoint(self) -> str | None:
         """A random endpoint of the pool (for requests without a body)."""

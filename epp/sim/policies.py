@@ -1,9 +1,10 @@
 """Who decides where a simulated request goes.
 
-`EppPolicy` is ours: the production core (`build_core`: gate, `Scheduler`,
+`EppPolicy` is ours: the production `Core` (`build_core`: gate, `Scheduler`,
 `FlowController`) wired as `epp serve` wires it, reading the simulation's
 `EndpointStore`, and driven as the live adapter drives it: one core call per
-event (an arrival, a completion with the real usage, a metrics publication
+event (an arrival, a completion with the real usage and the streamed
+latency, a first token, the end of a remote prefill, a metrics publication
 or membership change as `poke`, the wakeup the core asked for as `poke`),
 whose settled requests are sent to their servers or ended. The core decides
 when to dispatch; the policy only asks the simulation to wake it at
@@ -32,7 +33,6 @@ from types import MappingProxyType
 from epp.api.models import InferenceObjective, InferencePool, PoolRef
 from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
 from epp.config.loader import EppConfig
-from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
@@ -132,17 +132,13 @@ class EppPolicy:
     def __init__(self, sim: Simulation, config: EppConfig, seed: int) -> None:
         scenario = sim.scenario
         self.sim = sim
-        wired = build_core(
+        self.core = build_core(
             config.flow_control,
             config.scheduling,
             sim.store.snapshot,
             sim.clock,
             random.Random(seed),
         )
-        self.scheduler = wired.scheduler
-        self.core = wired.controller
-        self.adaptive = wired.credits if isinstance(wired.credits, AdaptiveGate) else None
-        self.prefill_credits = wired.prefill_credits
         pool = InferencePool(POOL_NAME)
         self.registry = ObjectiveRegistry(pool, self.core.ensure_bands)
         self.registry.replace(
@@ -197,22 +193,21 @@ class EppPolicy:
             payload,
         )
         request.owner = flow_request
-        outcome, done = self.core.enqueue_and_dispatch(flow_request, now)
+        outcome, done = self.core.arrive(flow_request, now)
         if outcome is not None:
             self.sim.end(request, outcome.reason, now)
             return
         self._settle(done, now)
 
     def finished(self, request: SimRequest, now: float) -> None:
+        itl = None
         if request.outcome == COMPLETED:
             served = request.output_tokens
-            adaptive = self.adaptive
-            if adaptive is not None and served > 1 and self._stream[request.tenant]:
-                first = request.first_token_at
-                adaptive.observe_latency(request.owner, (now - first) / (served - 1))
+            if served > 1 and self._stream[request.tenant]:
+                itl = (now - request.first_token_at) / (served - 1)
         else:  # the server was lost: one token at most
             served = 0 if request.first_token_at is None else 1
-        settled = self.core.complete(request.owner, now, request.prompt_tokens, served)
+        settled = self.core.complete(request.owner, now, request.prompt_tokens, served, itl)
         request.owner = None  # its FlowRequest is done with: let it go now
         self._settle(settled, now)
 
@@ -223,24 +218,17 @@ class EppPolicy:
         """The decode server took `request` after its remote prefill (or
         instead of it): its response begins, which is how the EPP learns
         that the prefill stage is over."""
-        credits = self.prefill_credits
-        if credits is not None and credits.release(request.owner):
-            self._settle(self.core.poke(now), now)
+        settled = self.core.prefill_done(request.owner, now)
+        if settled:
+            self._settle(settled, now)
 
     def first_token(self, request: SimRequest, now: float) -> None:
         """A streamed response's first token reaches the EPP (a whole
-        response arrives only at its end: `finished`). The room it may make
-        is for queued requests: with none, there is nothing to poke the core
-        for (its timer does whatever else falls due)."""
-        adaptive = self.adaptive
-        if (
-            adaptive is not None
-            and self._stream[request.tenant]
-            and request.owner is not None
-            and adaptive.on_first_token(request.owner)
-            and self.core.queued_requests
-        ):
-            self._settle(self.core.poke(now), now)
+        response arrives only at its end: `finished`)."""
+        if self._stream[request.tenant] and request.owner is not None:
+            settled = self.core.first_token(request.owner, now)
+            if settled:
+                self._settle(settled, now)
 
     def timer(self, now: float) -> None:
         self._settle(self.core.poke(now), now)
@@ -249,7 +237,7 @@ class EppPolicy:
         return {band.priority: band.count for band in self.core.bands()}
 
     def limits(self) -> dict[str, int]:
-        return self.adaptive.limits() if self.adaptive is not None else {}
+        return self.core.limits()
 
     def _settle(self, settled: list[FlowRequest], now: float) -> None:
         """Send the requests the core dispatched, end those it ended, and ask

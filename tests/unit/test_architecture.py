@@ -93,3 +93,70 @@ def test_serve_does_not_import_the_simulator_libraries():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert result.stdout.strip() == "[]"
+
+
+GATE_METHODS = frozenset({"is_open", "on_dispatch", "on_complete"})
+"""A class defining all of these is a gate (`epp.flowcontrol.gate.Gate`)."""
+CREDITS_METHODS = frozenset({"has_room", "with_room"})
+"""A class defining these gives per-endpoint credits (`gate.Credits`)."""
+DECIDERS = ("epp.flowcontrol", "epp.scheduling")
+
+
+def gate_classes() -> set[str]:
+    """The names of the core's gate, credits and evictor classes."""
+    names: set[str] = set()
+    for path in core_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            methods = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+            if methods >= GATE_METHODS or methods >= CREDITS_METHODS or "victim_for" in methods:
+                names.add(node.name)
+    return names
+
+
+def class_tests(path: Path, forbidden: set[str]) -> list[str]:
+    """`isinstance(..., C)` in `path` with C (alone or in a tuple) in `forbidden`,
+    as "line: C"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            continue
+        kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        for kind in kinds:
+            name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", None)
+            if name in forbidden:
+                found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_the_gate_classes_are_found():
+    assert {"AdaptiveGate", "ConcurrencyGate", "PrefillCredits", "DetectorGate", "Evictor"} <= (
+        gate_classes()
+    )
+
+
+def test_no_shell_tests_for_a_gate_credits_or_evictor_class():
+    forbidden = gate_classes()
+    deciders = tuple(ROOT / package.replace(".", "/") for package in DECIDERS)
+    offences = [
+        offence
+        for path in sorted((ROOT / "epp").rglob("*.py"))
+        if not any(path.is_relative_to(root) for root in deciders)
+        for offence in (f"{path.relative_to(ROOT)}:{o}" for o in class_tests(path, forbidden))
+    ]
+    assert offences == []
+
+
+def test_the_rule_sees_a_gate_class_test(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from epp.flowcontrol import adaptive\n"
+        "def f(gate):\n    return isinstance(gate, (int, adaptive.AdaptiveGate))\n"
+    )
+    assert class_tests(planted, gate_classes()) == ["3: AdaptiveGate"]

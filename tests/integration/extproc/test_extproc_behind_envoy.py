@@ -55,8 +55,14 @@ class FixedAdmission:
     def withdraw(self, request: FlowRequest) -> None:
         self.withdrawn += 1
 
-    def complete(self, request: FlowRequest, input_tokens=None, output_tokens=0) -> None:
+    def complete(self, request: FlowRequest, input_tokens=None, output_tokens=0, itl=None) -> None:
         self.completed.append((request, input_tokens, output_tokens))
+
+    def first_token(self, request: FlowRequest) -> None:
+        pass
+
+    def prefill_done(self, request: FlowRequest) -> None:
+        pass
 
 
 @dataclass

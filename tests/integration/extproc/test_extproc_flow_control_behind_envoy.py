@@ -1,4 +1,4 @@
-"""Envoy -> ext_proc adapter -> the real AdmissionController and FlowController -> upstream.
+"""Envoy -> ext_proc adapter -> the real AdmissionController, Core and FlowController -> upstream.
 
 One upstream endpoint with one in-flight credit: a request the upstream holds
 saturates the pool, so everything sent after it queues in flow control.
@@ -18,6 +18,7 @@ from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import ConcurrencyGate
+from epp.scheduling.core import Core
 from epp.serve.admission import AdmissionController
 from epp.serve.tls import server_ssl_context
 from epp.transport import GrpcServer
@@ -58,7 +59,7 @@ async def stack():
 
     gate = ConcurrencyGate(max_per_endpoint=1)
     core = FlowController(FlowControlConfig(), gate, LeastLoadedPlacer(lambda: [endpoint], gate))
-    admission = AdmissionController(core)
+    admission = AdmissionController(Core(core))
 
     def priority_of(headers):
         return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)

@@ -16,8 +16,9 @@ from epp.datalayer.engines import ENGINE_LABEL
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.demo.model_server import SimulatedServer
-from epp.extproc.events import Release
+from epp.extproc.events import FirstToken, Release
 from epp.flowcontrol.adaptive import AdaptiveGate
+from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.serve.server import EppServer
 from epp.sim.server_model import ServerParams
@@ -28,27 +29,29 @@ ENDPOINT = "127.0.0.1:1"
 
 
 def sent(live: EppServer) -> FlowRequest:
-    """A request the gate saw dispatched to ENDPOINT (pending there)."""
-    request = FlowRequest("r", "f", 0, 0.0)
-    request.endpoint, request.seq, request.state = ENDPOINT, 1, State.DISPATCHED
-    live.credits.on_dispatch(request)
+    """A request the core dispatched to ENDPOINT (pending there)."""
+    request = FlowRequest("r", "f", 0, live.service.clock())
+    assert live.admission.offer(request) is Outcome.DISPATCHED
+    assert request.endpoint == ENDPOINT
     return request
 
 
 async def test_the_first_bytes_of_a_streamed_response_take_its_request_off_the_budget():
     live = EppServer(loopback_options(endpoints=ENDPOINT))
-    assert isinstance(live.credits, AdaptiveGate)  # the default configuration's gate
+    assert isinstance(live.core.credits, AdaptiveGate)  # the default configuration's gate
     request = sent(live)
-    live.service.on_first_token(request)
-    assert request.running and live.credits._estimators[ENDPOINT].pending == 0
+    assert live.core.credits._estimators[ENDPOINT].pending == 1
+    live.service.settle(FirstToken(request))
+    assert request.running and live.core.credits._estimators[ENDPOINT].pending == 0
 
 
 async def test_a_streamed_response_tells_its_endpoint_latency():
     live = EppServer(loopback_options(endpoints=ENDPOINT))
     request = sent(live)
     first = live.service.clock() - 0.4
-    live.service.listener(Release(request, 10, 5, 100, first_byte_at=first, streaming=True))
-    assert live.credits._estimators[ENDPOINT].latency.itl == pytest.approx(0.1, rel=0.05)
+    live.service.settle(Release(request, 10, 5, 100, first_byte_at=first, streaming=True))
+    assert request.state is State.COMPLETED
+    assert live.core.credits._estimators[ENDPOINT].latency.itl == pytest.approx(0.1, rel=0.05)
 
 
 def test_a_whole_response_tells_no_latency():

@@ -22,16 +22,20 @@ def server(config_text: str) -> EppServer:
 
 def test_the_admitter_sample_sheds_sheddable_requests_on_a_saturated_pool() -> None:
     live = server(SAMPLE.read_text())
-    assert live.service.screen == live.screen
+    assert live.service.screen == live.admission.screen
     sheddable = FlowRequest("r1", "f", -1, 0.0)
-    assert live.screen(sheddable) == "probabilistic-admitter: rejected, saturation=1.000 prob=1.00"
-    assert live.screen(FlowRequest("r2", "f", 0, 0.0)) is None
+    assert (
+        live.admission.screen(sheddable)
+        == "probabilistic-admitter: rejected, saturation=1.000 prob=1.00"
+    )
+    assert live.admission.screen(FlowRequest("r2", "f", 0, 0.0)) is None
 
 
 def test_the_admitter_sample_neuters_the_utilization_detector_gate() -> None:
     live = server(SAMPLE.read_text())
-    assert isinstance(live.gate, DetectorGate)
-    assert live.gate.detector == UtilizationDetector(SaturationThresholds(999999999, 1.0, 0.2), 0.0)
+    assert isinstance(live.core.gate, DetectorGate)
+    thresholds = SaturationThresholds(999999999, 1.0, 0.2)
+    assert live.core.gate.detector == UtilizationDetector(thresholds, 0.0)
 
 
 def test_a_concurrency_detector_is_the_gate_and_the_saturation_gauge() -> None:
@@ -40,12 +44,12 @@ def test_a_concurrency_detector_is_the_gate_and_the_saturation_gauge() -> None:
         "plugins:\n- type: concurrency-detector\n  parameters: {maxConcurrency: 2}\n"
         "flowControl:\n  saturationDetector: {pluginRef: concurrency-detector}\n"
     )
-    assert isinstance(live.gate, DetectorGate) and live.credits is live.gate
-    assert live.gate.detector == ConcurrencyDetector(max_concurrency=2)
+    assert isinstance(live.core.gate, DetectorGate) and live.core.credits is live.core.gate
+    assert live.core.gate.detector == ConcurrencyDetector(max_concurrency=2)
     request = FlowRequest("r", "f", 0, 0.0)
     request.endpoint = "127.0.0.1:1"
-    live.gate.on_dispatch(request)
-    assert live.wired.saturation() == 0.25
+    live.core.gate.on_dispatch(request)
+    assert live.core.saturation() == 0.25
 
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
@@ -55,10 +59,10 @@ def test_a_reload_applies_admitters_at_once_and_eviction_at_the_next_restart(tmp
     path = tmp_path / "epp.yaml"
     path.write_text(HEAD)
     live = EppServer(loopback_options(config_file=str(path), endpoints="127.0.0.1:1"))
-    assert live.admission.evictor is None
+    assert live.core.evictor is None
     path.write_text(
         HEAD + "plugins: [{type: probabilistic-admitter}]\nflowControl: {enableEviction: true}\n"
     )
     live.reload_config()
-    assert live.config.flow_plugins.eviction is None and live.admission.evictor is None
-    assert live.screen(FlowRequest("r", "f", -1, 0.0)) is not None
+    assert live.config.flow_plugins.eviction is None and live.core.evictor is None
+    assert live.admission.screen(FlowRequest("r", "f", -1, 0.0)) is not None

@@ -12,6 +12,7 @@ import pytest
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.request import InferenceRequest
 from epp.serve.server import EppServer, ServeOptions, StartupError, read_endpoints
+from tests.support.disagg import disagg_config
 
 CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1
@@ -65,7 +66,7 @@ def server(files):
 
 def queue_one(server: EppServer, name: str) -> FlowRequest:
     request = FlowRequest(name, "tenant", server.priority_of(GOLD), arrival=0.0, byte_size=10)
-    assert server.core.enqueue(request, 0.0) is None
+    assert server.core.controller.enqueue(request, 0.0) is None
     return request
 
 
@@ -108,7 +109,7 @@ async def test_config_change_keeps_queued_requests_and_applies_new_limits(server
     server.watcher.check()
     assert server.watcher.reloads == 1
     assert [r.state for r in requests] == [State.DISPATCHED] + [State.QUEUED] * 3
-    assert server.core.enqueue(FlowRequest("r5", "tenant", 5, 0.0), 0.0) is not None
+    assert server.core.controller.enqueue(FlowRequest("r5", "tenant", 5, 0.0), 0.0) is not None
 
 
 def test_invalid_config_is_refused_and_the_old_one_stays(server, files, caplog):
@@ -191,26 +192,9 @@ def test_an_endpoint_file_may_be_an_endpoints_document_with_labels(tmp_path):
     assert spec.labels == {"llm-d.ai/engine-type": "trtllm-serve"}
 
 
-PD_CONFIG = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-flowControl:
-  gate: {kinds: [concurrency], maxPerEndpoint: 4, maxPerPrefillEndpoint: 2, prefillTimeout: 7s}
-plugins:
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: always-disagg-pd-decider
-- type: disagg-profile-handler
-  name: pd
-  parameters:
-    deciders: {prefill: always-disagg-pd-decider}
-schedulingProfiles:
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}]
-"""
+PD_CONFIG = disagg_config(
+    "{kinds: [concurrency], maxPerEndpoint: 4, maxPerPrefillEndpoint: 2, prefillTimeout: 7s}"
+)
 SINGLE_CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
@@ -237,13 +221,13 @@ async def test_a_reload_that_turns_disaggregation_on_bounds_and_times_the_prefil
     server = EppServer(
         ServeOptions(config_file=str(config), pool_name="pd-pool", endpoints=f"@{endpoints}")
     )
-    assert server.prefill_credits is None and server.prefill_stage is None
+    assert server.core.prefill_credits is None
     server.watch_files()
     write(config, PD_CONFIG)
     server.watcher.check()
-    assert server.prefill_stage is not None and server.prefill_stage.timeout_s == 7.0
+    assert server.core.prefill_timeout == 7.0
     outcomes = [server.admission.offer(pd_request(str(n))) for n in range(3)]
     assert [o is not None and o.is_dispatched for o in outcomes] == [True, True, False]
-    assert server.prefill_credits is not None
-    assert server.prefill_credits.in_flight_at("10.0.0.2:8000") == 2  # its two credits
-    assert server.prefill_stage.timed == 2
+    assert server.core.prefill_credits is not None
+    assert server.core.prefill_credits.in_flight_at("10.0.0.2:8000") == 2  # its two credits
+    assert server.core.in_prefill == 2

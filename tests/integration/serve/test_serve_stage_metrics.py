@@ -8,26 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.request import InferenceRequest
 from epp.serve.server import EppServer, ServeOptions
+from tests.support.disagg import disagg_config
 
-CONFIG = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-flowControl:
-  gate: {kinds: [concurrency], maxPerEndpoint: 8, maxPerPrefillEndpoint: 1}
-plugins:
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: always-disagg-pd-decider
-- type: disagg-profile-handler
-  parameters:
-    deciders: {prefill: always-disagg-pd-decider}
-schedulingProfiles:
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}]
-"""
+CONFIG = disagg_config("{kinds: [concurrency], maxPerEndpoint: 8, maxPerPrefillEndpoint: 1}")
 ENDPOINTS = """\
 endpoints:
 - {name: d, address: 10.0.0.1, port: '8000', labels: {llm-d.ai/role: decode}}

@@ -47,8 +47,14 @@ class Admission:
     def withdraw(self, request):
         self.withdrawn.append(request)
 
-    def complete(self, request, input_tokens=None, output_tokens=0):
+    def complete(self, request, input_tokens=None, output_tokens=0, itl=None):
         self.completed.append((input_tokens, output_tokens))
+
+    def first_token(self, request):
+        pass
+
+    def prefill_done(self, request):
+        pass
 
 
 class Served(NamedTuple):
@@ -201,7 +207,7 @@ class RecordingCall:
 async def test_release_is_settled_after_the_last_reply_is_sent_in_the_same_turn():
     log: list[str] = []
     admission = Admission()
-    admission.complete = lambda request, input_tokens=None, output_tokens=0: log.append("complete")
+    admission.complete = lambda request, *usage: log.append("complete")
     service = ExtProcService(admission, lambda headers: 0)
     call = service.open(RecordingCall(log))
     for message in (

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from epp.config.loader import parse_config
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
@@ -11,7 +9,7 @@ from epp.flowcontrol.eviction import Evictor, PriorityThenTime, SheddableFilter
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
-from epp.serve.admission import AdmissionController
+from epp.scheduling.core import Core
 from tests.support.placers import LeastLoadedPlacer
 
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -70,52 +68,49 @@ def test_a_completed_request_is_no_longer_a_candidate() -> None:
 
 
 class OneSlotPool:
-    """One endpoint, one credit, eviction on; `evicted` lists what the
-    admission asked the shell to end."""
+    """One endpoint, one credit, eviction on; `evicted` lists what the core
+    asked the shell to end."""
 
     def __init__(self) -> None:
         self.gate = ConcurrencyGate(max_in_flight=1)
-        self.core = FlowController(
+        self.controller = FlowController(
             FlowControlConfig(), self.gate, LeastLoadedPlacer(lambda: ["e:1"], self.gate)
         )
         self.evicted: list[FlowRequest] = []
-        self.admission = AdmissionController(
-            self.core, evictor=evictor(), on_evict=self.evicted.append
-        )
+        self.core = Core(self.controller, evictor=evictor(), on_evict=self.evicted.append)
 
 
-async def test_a_waiting_higher_band_evicts_the_sheddable_request_in_flight() -> None:
+def test_a_waiting_higher_band_evicts_the_sheddable_request_in_flight() -> None:
     pool = OneSlotPool()
     sheddable, urgent = request("s", -1), request("u", 5)
-    assert pool.admission.offer(sheddable) is Outcome.DISPATCHED
-    assert pool.admission.offer(urgent) is None
+    assert pool.core.arrive(sheddable, 0.0) == (None, [sheddable])
+    assert pool.core.arrive(urgent, 0.0) == (None, [])
     assert pool.evicted == [sheddable]
 
 
-async def test_the_evicted_requests_credit_goes_to_the_waiting_request_once() -> None:
+def test_the_evicted_requests_credit_goes_to_the_waiting_request_once() -> None:
     pool = OneSlotPool()
     sheddable, urgent = request("s", -1), request("u", 5)
-    pool.admission.offer(sheddable)
-    waiting = asyncio.ensure_future(pool.admission.admit(urgent))
-    await asyncio.sleep(0)
-    pool.admission.complete(sheddable)  # the evicted stream ended
-    assert await waiting is Outcome.DISPATCHED
-    pool.admission.complete(sheddable)  # a second end changes nothing
-    assert pool.gate.in_flight == 1 and pool.core.in_flight == 1
+    pool.core.arrive(sheddable, 0.0)
+    pool.core.arrive(urgent, 0.0)
+    assert pool.core.complete(sheddable, 1.0) == [urgent]  # the evicted stream ended
+    assert urgent.outcome is Outcome.DISPATCHED
+    assert pool.core.complete(sheddable, 1.0) == []  # a second end changes nothing
+    assert pool.gate.in_flight == 1 and pool.controller.in_flight == 1
 
 
-async def test_a_waiting_band_of_the_same_priority_evicts_nothing() -> None:
+def test_a_waiting_band_of_the_same_priority_evicts_nothing() -> None:
     pool = OneSlotPool()
-    pool.admission.offer(request("a", -1))
-    pool.admission.offer(request("b", -1))
+    pool.core.arrive(request("a", -1), 0.0)
+    pool.core.arrive(request("b", -1), 0.0)
     assert pool.evicted == []
 
 
-async def test_without_an_evictor_nothing_is_evicted() -> None:
+def test_without_an_evictor_nothing_is_evicted() -> None:
     gate = ConcurrencyGate(max_in_flight=1)
-    core = FlowController(FlowControlConfig(), gate, LeastLoadedPlacer(lambda: ["e:1"], gate))
+    controller = FlowController(FlowControlConfig(), gate, LeastLoadedPlacer(lambda: ["e:1"], gate))
     evicted: list[FlowRequest] = []
-    admission = AdmissionController(core, on_evict=evicted.append)
-    admission.offer(request("s", -1))
-    admission.offer(request("u", 5))
+    core = Core(controller, on_evict=evicted.append)
+    core.arrive(request("s", -1), 0.0)
+    core.arrive(request("u", 5), 0.0)
     assert evicted == []

@@ -1,4 +1,4 @@
-"""The asyncio adapter over the flow-control core: admit, complete, cancel,
+"""The asyncio adapter over the core: admit, complete, cancel,
 TTL and idle timers, poke, graceful shutdown."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.core import Core
 from epp.serve.admission import AdmissionController
 from tests.support.placers import LeastLoadedPlacer
 
@@ -28,7 +29,7 @@ class Pool:
 
     def __init__(self, max_in_flight: int = 1, clock=time.monotonic, **config) -> None:
         self.gate = ConcurrencyGate(max_in_flight=max_in_flight)
-        self.core = FlowController(
+        self.controller = FlowController(
             FlowControlConfig(**config),
             self.gate,
             LeastLoadedPlacer(lambda: [ENDPOINT], self.gate),
@@ -40,7 +41,7 @@ class Pool:
         self.completed: list[FlowRequest] = []
         self.clock = clock
         self.admission = AdmissionController(
-            self.core, clock, on_outcome=self.report, on_complete=self.completed.append
+            Core(self.controller), clock, on_outcome=self.report, on_complete=self.completed.append
         )
 
     def report(self, request: FlowRequest, now: float) -> None:
@@ -138,7 +139,7 @@ async def test_cancelling_the_awaiting_task_removes_the_request_and_reports_canc
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (pool.admission.queued, pool.core.queued_bytes) == (0, 0)
+    assert (pool.admission.queued, pool.controller.queued_bytes) == (0, 0)
     assert pool.outcomes(waiting) == [Outcome.CANCELLED]
 
 
@@ -191,7 +192,8 @@ async def test_withdraw_removes_a_queued_request_and_repeating_it_changes_nothin
     assert pool.admission.offer(waiting) is None
     pool.admission.withdraw(waiting)
     pool.admission.withdraw(waiting)
-    assert (pool.admission.queued, pool.core.queued_bytes, pool.admission.in_flight) == (0, 0, 1)
+    counts = (pool.admission.queued, pool.controller.queued_bytes, pool.admission.in_flight)
+    assert counts == (0, 0, 1)
     assert pool.outcomes(waiting) == [Outcome.CANCELLED]
 
 
@@ -310,11 +312,11 @@ async def test_idle_flows_are_collected_by_the_timer_and_reported():
     pool.admission.complete(r)
     await asyncio.wait_for(pool.collected_event.wait(), 1.0)
     assert pool.collected == [[FlowKey("tenant-x", 0)]]
-    assert pool.core.band(0) is None or pool.core.band(0).flows == {}
+    assert pool.controller.band(0) is None or pool.controller.band(0).flows == {}
 
 
 async def test_on_complete_is_told_of_a_request_dispatched_just_before_its_client_left():
     pool = Pool(max_in_flight=1)
     holder, waiting = await cancel_just_after_dispatch(pool)
     assert pool.completed == [holder, waiting]
-    assert pool.core.in_flight == 0
+    assert pool.controller.in_flight == 0
