@@ -9,11 +9,12 @@ dispatch pass that left a band waiting, names one victim of a strictly lower
 priority. Like the reference's reclamation controller it acts again only
 once every eviction it asked for is confirmed (the victim's stream ended and
 its credit came back), so it never acts twice on a pool that has not yet
-absorbed the first. The shell ends the victim (429, dropped reason
-`evicted`); its completion is an ordinary one, so the credit is returned
-exactly once. Cost: O(1) per dispatch and completion, O(in flight) per
-eviction decision, which runs only while a band waits and nothing is
-outstanding.
+absorbed the first. The core (`epp.scheduling.core.Core`) holds it and
+hands the victim to the shell, which ends it (live: 429, dropped reason
+`evicted`; the simulator: outcome `evicted`); its completion is an ordinary
+one, so the credit is returned exactly once. Cost: O(1) per dispatch and
+completion, O(in flight) per eviction decision, which runs only while a
+band waits and nothing is outstanding.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ endpoint without metrics counts 1.0, and metrics are never stale to it, as
 in the reference). An empty pool admits. The caller draws the random number so that
 the plugin stays a plain value and a test can choose the draw.
 
-The live shell runs the configured admitters in declaration order when a
-request is complete, before flow control; a refusal ends the request with
-500 (the reference's `Internal` code) and no dropped-reason header. Cost: one
+The core runs the configured admitters in declaration order (`Core.screen`)
+when a request is complete, before flow control, live and in the simulator;
+a refusal ends the request with 500 (the reference's `Internal` code) and no
+dropped-reason header (the simulator: outcome `admission-denied`). Cost: one
 pass over the pool's endpoints per sheddable request.
 """
 

@@ -23,6 +23,11 @@ runs elsewhere ends `server-failed` when its KV would have arrived.
 A simulation built `aggregated` labels no server with a role: the same
 servers, each serving both stages.
 
+Eviction: `evict(request, now)` ends a dispatched request where it is (its
+remote prefill, its KV transfer, or its decode server's queue or batch),
+frees what it held there, ends it `evicted` and tells the policy it is over,
+as a live stream that the EPP ended would.
+
 Endpoints: the live path's `EndpointStore` holds the pool, so the policy
 reads the same snapshots a live EPP reads. Every `scrape_interval` each live
 server's metrics are sampled and written to the store `scrape_lag` later, so
@@ -55,6 +60,7 @@ SERVER_REJECTED = "server-rejected"
 SERVER_FAILED = "server-failed"
 UNFINISHED = "unfinished"
 NO_ENDPOINTS = "rejected-no-endpoints"
+EVICTED = "evicted"
 
 
 @dataclass(slots=True, eq=False)
@@ -74,6 +80,8 @@ class SimRequest(ServerRequest):
     """When its remote prefill finished."""
     fallback: bool = False
     """Its remote prefill failed and it was prefilled on its decode server."""
+    leg: PrefillLeg | None = None
+    """Its remote prefill, once a prefill server took it."""
 
 
 @dataclass(slots=True, eq=False)
@@ -235,6 +243,7 @@ class Simulation:
                 parent=request,
             )
             if self.up[prefill_index] and self._admit(leg, prefill_index, now):
+                request.leg = leg
                 return
             request.fallback = True
         if not self._admit(request, server_index, now):
@@ -242,16 +251,19 @@ class Simulation:
             self.policy.finished(request, now)
 
     def _admit(self, request: ServerRequest, server_index: int, now: float) -> bool:
-        server = self.servers[server_index]
-        if not server.admit(request, now):
+        if not self.servers[server_index].admit(request, now):
             return False
-        when = server.next_event_time()
+        self._reschedule(server_index)
+        return True
+
+    def _reschedule(self, server_index: int) -> None:
+        """Keep the server's one heap entry at its next event time."""
+        when = self.servers[server_index].next_event_time()
         if when != self._scheduled[server_index]:
             self._scheduled[server_index] = when
             if when != inf:
                 self._seq += 1
                 heappush(self._heap, (when, self._seq, SERVER, server_index))
-        return True
 
     def _prefilled(self, leg: PrefillLeg, now: float) -> None:
         """A remote prefill finished: its KV cache moves to the decode server."""
@@ -262,6 +274,8 @@ class Simulation:
 
     def _transferred(self, request: SimRequest, now: float) -> None:
         self._transfers -= 1
+        if request.outcome is not None:  # evicted on its way
+            return
         self.policy.prefill_done(request, now)
         if not self.up[request.server]:
             self.end(request, SERVER_FAILED, now)
@@ -290,6 +304,44 @@ class Simulation:
         if request.batched_at is None:
             self.waiting_by_tenant[request.tenant] -= 1
         request.finished_at = now
+
+    def evict(self, request: SimRequest, now: float) -> None:
+        """Flow control evicted the dispatched `request` (see the module
+        docstring); nothing when it is over already."""
+        if request.outcome is not None or request.finished_at is not None:
+            return
+        if request.leg is not None:
+            self._abort(request.leg, request.prefill_server, now)
+        self._abort(request, request.server, now)
+        self.end(request, EVICTED, now)
+        self.policy.finished(request, now)
+
+    def _abort(self, request: ServerRequest, server_index: int, now: float) -> None:
+        """Take `request` off its server if it still holds it."""
+        if not self.up[server_index] or not self.servers[server_index].abort(request, now):
+            return
+        self._reschedule(server_index)
+        if self._finished or self._first_tokens:  # the abort advanced the server to `now`
+            self._report(now)
+
+    def _report(self, when: float) -> None:
+        """Tell the policy what the servers' last steps reported: first
+        tokens, then completions (a finished prefill leg moves its KV)."""
+        policy = self.policy
+        first_tokens = self._first_tokens
+        while first_tokens:
+            policy.first_token(first_tokens.pop(0), when)
+        finished = self._finished
+        service = self.service_by_tenant
+        weights = self._weights
+        while finished:
+            done = finished.pop()
+            if type(done) is PrefillLeg:
+                self._prefilled(done, when)
+                continue
+            done.outcome = COMPLETED
+            service[done.tenant] += weights[done.tenant][1] * done.output_tokens
+            policy.finished(done, when)
 
     def want_timer(self, when: float | None) -> None:
         """Make sure the policy's timer fires at `when` (None: no need)."""
@@ -351,8 +403,6 @@ class Simulation:
         end_time = self.end_time
         progress = self._progress
         progress_step = max(1, count // 100)
-        service = self.service_by_tenant
-        weights = self._weights
         waiting_by_tenant = self.waiting_by_tenant
         arrival_time = requests[0].arrival if count else inf
         while True:
@@ -370,18 +420,8 @@ class Simulation:
                     if following != inf:
                         self._seq += 1
                         heappush(heap, (following, self._seq, SERVER, index))
-                    if first_tokens:
-                        for started in first_tokens:
-                            policy.first_token(started, when)
-                        first_tokens.clear()
-                    while finished:
-                        done = finished.pop()
-                        if type(done) is PrefillLeg:
-                            self._prefilled(done, when)
-                            continue
-                        done.outcome = COMPLETED
-                        service[done.tenant] += weights[done.tenant][1] * done.output_tokens
-                        policy.finished(done, when)
+                    if first_tokens or finished:
+                        self._report(when)
                 elif kind == TIMER:
                     if when != self.timer_at:
                         continue

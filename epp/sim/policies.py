@@ -14,6 +14,12 @@ A request the scheduler disaggregates (a prefill endpoint in the
 `x-prefiller-host-port` routing header) goes to its decode server by way of
 its prefill server (`Simulation.send`).
 
+Everything the configuration turns on runs as live: the admitters screen
+each arrival first (a refusal ends it `admission-denied`, the live 500); a
+request the core evicts is ended where it runs (`Simulation.evict`, outcome
+`evicted`) and then completed like any other, once the settling under way
+is done, so its credit returns once; the prefill deadline is the core's.
+
 The baselines run on the same servers, each serving both stages.
 `aggregated` is ours with the scenario's flow control and the default
 scheduling profile (`without_disaggregation`). The others keep no queue:
@@ -42,6 +48,8 @@ from epp.scheduling.request import InferenceRequest
 from epp.sim.engine import COMPLETED, NO_ENDPOINTS, SimRequest, Simulation
 from epp.sim.scenario import Scenario
 
+ADMISSION_DENIED = "admission-denied"
+"""A request an admitter refused (live: 500, no dropped reason)."""
 CHARS_PER_TOKEN = 4
 POOL_NAME = "sim-pool"
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -138,7 +146,15 @@ class EppPolicy:
             sim.store.snapshot,
             sim.clock,
             random.Random(seed),
+            eviction=config.flow_plugins.eviction,
+            admitters=config.flow_plugins.admitters,
+            admission_rng=random.Random(seed + 1),
         )
+        self._evicted: list[FlowRequest] = []
+        """What the core asked to evict, ended once the settling under way is done."""
+        self._evicting = False
+        self.core.on_evict = self._evicted.append
+        self._screens = bool(self.core.admitters)
         pool = InferencePool(POOL_NAME)
         self.registry = ObjectiveRegistry(pool, self.core.ensure_bands)
         self.registry.replace(
@@ -192,6 +208,9 @@ class EppPolicy:
             None,  # ttft_slo
             payload,
         )
+        if self._screens and self.core.screen(flow_request, now) is not None:
+            self.sim.end(request, ADMISSION_DENIED, now)
+            return
         request.owner = flow_request
         outcome, done = self.core.arrive(flow_request, now)
         if outcome is not None:
@@ -262,6 +281,19 @@ class EppPolicy:
         wakeup = self.core.next_wakeup()
         if wakeup is not None and wakeup < sim.timer_at:  # spares the call (bench.instructions)
             sim.want_timer(wakeup)
+        if self._evicted and not self._evicting:
+            self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        """End the requests the core evicted, each completing as it ends
+        (which may evict the next: handled here, not deeper)."""
+        self._evicting = True
+        evicted = self._evicted
+        while evicted:
+            victim = evicted.pop(0)
+            if victim.payload.sim.owner is victim:
+                self.sim.evict(victim.payload.sim, now)
+        self._evicting = False
 
 
 class RoundRobinPolicy:

@@ -536,11 +536,6 @@ def _epp(reader: _Reader, value: Any) -> tuple[EppConfig, str | None, tuple[Vari
             except ConfigError as error:
                 for problem in error.errors:
                     reader.fail("epp.config", problem)
-            # The live shell runs these around the core; the simulator does not.
-            if config.flow_plugins.admitters:
-                reader.fail("epp.config", "the simulator does not run admitter plugins")
-            if config.flow_plugins.eviction:
-                reader.fail("epp.config", "the simulator does not run flowControl.enableEviction")
     variants = []
     for index, item in enumerate(reader.sequence(raw.get("variants"), "epp.variants")):
         path = f"epp.variants[{index}]"

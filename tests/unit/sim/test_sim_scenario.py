@@ -25,6 +25,8 @@ SCENARIOS = [
         "pd-long-prompts",
         "pd-short-prompts",
         "pd-prefix-heavy",
+        "eviction",
+        "pd-prefill-timeout",
     )
 ]
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)
@@ -140,18 +142,3 @@ def test_a_server_change_needs_params_and_only_it_takes_them():
         "events[0].params: needs at least one server key",
         "events[1].params: only a server_change takes params",
     ]
-
-
-@pytest.mark.parametrize(
-    ("config", "refused"),
-    [
-        ("plugins: [{type: probabilistic-admitter}]\n", "admitter plugins"),
-        ("flowControl: {enableEviction: true}\n", "flowControl.enableEviction"),
-    ],
-)
-def test_flow_plugins_the_simulator_does_not_run_are_refused(tmp_path, config, refused):
-    path = tmp_path / "epp.yaml"
-    path.write_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n" + config)
-    document = yaml.safe_load(EXAMPLE)
-    document["epp"] = {"config": str(path)}
-    assert errors_of(document) == [f"epp.config: the simulator does not run {refused}"]
