@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from epp.demo.demo import DRAIN_TIMEOUT_S, stack_settings
+from epp.demo.demo import client_timeout, stack_settings
 from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
 from epp.demo.stack import live_stack
 from epp.sim.engine import SERVER_REJECTED, SimRequest
@@ -177,7 +177,7 @@ async def play_live(scenario: Scenario, arrivals: list[Arrived]) -> tuple[list[L
         gc.disable()
         try:
             requests = await LoadGenerator(
-                stack.envoy.url, scenario, arrivals, timeout=DRAIN_TIMEOUT_S
+                stack.envoy.url, scenario, arrivals, timeout=client_timeout(scenario, arrivals)
             ).run()
         finally:
             gc.enable()

@@ -14,6 +14,7 @@ the remote prefills the servers ran (from theirs), which must agree.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +25,47 @@ from epp.demo.loadgen import LoadGenerator
 from epp.demo.loadwatch import LoadWatch, summarize
 from epp.demo.report import live_report
 from epp.demo.stack import LiveStack, StackSettings, live_stack
+from epp.flowcontrol.config import effective_ttl
 from epp.sim.scenario import Scenario
+from epp.sim.workload import Arrived, workload
 
 DRAIN_TIMEOUT_S = 60.0
-"""Every request is given up this long after it was sent."""
+"""Room in the client's timeout beyond the longest queue wait and service:
+for a request's wait at its server's own queue."""
+
+
+def client_timeout(scenario: Scenario, arrivals: Sequence[Arrived]) -> float:
+    """When the load generator gives a request up: after the longest the EPP
+    may keep it queued (its effective TTL: its tenant's, its band's, the
+    default; none: the simulator's horizon, the run and its drain), plus
+    the longest service on the slowest server with a full batch (the
+    longest prompt and the longest output), plus
+    `DRAIN_TIMEOUT_S`. So a request the EPP keeps waiting ends with the
+    EPP's outcome (an expiry) live, as in the simulator, not as a client
+    timeout."""
+    flow = scenario.epp_config.flow_control
+    waits = [
+        effective_ttl(
+            tenant.ttl_s, flow.default_ttl, flow.band(scenario.priority_of(tenant.objective)).ttl
+        )
+        for tenant in scenario.tenants
+    ]
+    horizon = scenario.duration_s + scenario.drain_s
+    wait = max(horizon if ttl is None else ttl for ttl in waits) if waits else 0.0
+    prompt = max((arrived.prompt_tokens for arrived in arrivals), default=0)
+    output = max((arrived.output_tokens for arrived in arrivals), default=0)
+    service = max(
+        (
+            params.prefill_overhead_ms
+            + params.prefill_ms_per_token * prompt
+            + params.decode_ms_per_token
+            * (1 + params.decode_batch_growth * params.max_num_seqs)
+            * output
+        )
+        / 1000
+        for params in scenario.pool.server_params
+    )
+    return wait + service + DRAIN_TIMEOUT_S
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,8 +109,12 @@ async def run_demo(scenario: Scenario, say=print, engine: str = "vllm") -> DemoR
         say(f"playing {scenario.name!r} for {scenario.duration_s:g} s through Envoy ...")
         started = time.monotonic()
         async with LoadWatch(stack.endpoints, engine, stack.epp_metrics_url) as watch:
+            arrivals = workload(scenario)
             requests = await LoadGenerator(
-                stack.envoy.url if stack.envoy else "", scenario, timeout=DRAIN_TIMEOUT_S
+                stack.envoy.url if stack.envoy else "",
+                scenario,
+                arrivals,
+                timeout=client_timeout(scenario, arrivals),
             ).run()
         wall = time.monotonic() - started
         crashed = stack.epp_crashed()
