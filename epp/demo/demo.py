@@ -27,7 +27,7 @@ from epp.demo.report import live_report
 from epp.demo.stack import LiveStack, StackSettings, live_stack
 from epp.flowcontrol.config import effective_ttl
 from epp.sim.scenario import Scenario
-from epp.sim.workload import Arrived, workload
+from epp.sim.workload import Arrived
 
 DRAIN_TIMEOUT_S = 60.0
 """Room in the client's timeout beyond the longest queue wait and service:
@@ -109,12 +109,8 @@ async def run_demo(scenario: Scenario, say=print, engine: str = "vllm") -> DemoR
         say(f"playing {scenario.name!r} for {scenario.duration_s:g} s through Envoy ...")
         started = time.monotonic()
         async with LoadWatch(stack.endpoints, engine, stack.epp_metrics_url) as watch:
-            arrivals = workload(scenario)
             requests = await LoadGenerator(
-                stack.envoy.url if stack.envoy else "",
-                scenario,
-                arrivals,
-                timeout=client_timeout(scenario, arrivals),
+                stack.envoy.url if stack.envoy else "", scenario, timeout=DRAIN_TIMEOUT_S
             ).run()
         wall = time.monotonic() - started
         crashed = stack.epp_crashed()
