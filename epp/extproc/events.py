@@ -29,7 +29,7 @@ class Release:
     then keeps its estimate); `output_tokens` is 0 then. The response's size,
     when its first body bytes came (None: no body) and whether it streamed
     (SSE) are for metrics only, as are the prompt tokens the server read
-    from its cache (None: not reported).
+    from its cache (None: not reported) and the server's HTTP status.
     """
 
     request: FlowRequest
@@ -39,6 +39,8 @@ class Release:
     first_byte_at: float | None = field(default=None, compare=False)
     streaming: bool = field(default=False, compare=False)
     cached_tokens: int | None = field(default=None, compare=False)
+    upstream_status: int | None = field(default=None, compare=False)
+    """The model server's HTTP status (None: no response headers came)."""
 
     def time_per_output_token(self, now: float) -> float | None:
         """The streamed response's mean time per output token after the

@@ -38,14 +38,21 @@ def read_request_headers(headers: pb.HttpHeaders) -> tuple[dict[str, str], int, 
     return values, len(fields), size
 
 
-def header_value(headers: pb.HttpHeaders, name: str) -> str | None:
-    """The value of header `name` (the last one if repeated), or None."""
-    found = None
+def response_status_and_type(headers: pb.HttpHeaders) -> tuple[int | None, str]:
+    """The upstream's `:status` (None: absent or not a number) and content
+    type ("" if none) of a response's headers, in one pass over them."""
+    status = None
+    content_type = ""
     for field in headers.headers.headers:
-        if field.key == name:
+        key = field.key
+        if key == ":status" or key == "content-type":
             raw = field.raw_value
-            found = raw.decode("utf-8", "replace") if raw else field.value
-    return found
+            value = raw.decode("utf-8", "replace") if raw else field.value
+            if key == "content-type":
+                content_type = value
+            else:
+                status = int(value) if value.isdigit() else None
+    return status, content_type
 
 
 def _set_headers(mutation: pb.HeaderMutation, values: Iterable[tuple[str, str]]) -> None:

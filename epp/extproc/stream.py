@@ -151,6 +151,7 @@ class ExtProcStream:
         "_ttft_slo",
         "_ttl",
         "_upstream_body",
+        "_upstream_status",
         "headers",
         "phase",
         "request",
@@ -177,6 +178,7 @@ class ExtProcStream:
         self._body_size = 0
         self._request_trailers = False
         self._upstream_body = b""
+        self._upstream_status: int | None = None
         self._released = False
         self._sse: SseUsageReader | None = None
         self._restorer: ModelNameRestorer | None = None
@@ -376,6 +378,7 @@ class ExtProcStream:
             endpoint = ",".join((endpoint, *payload.fallbacks))
         body = self._upstream_body
         self._upstream_body = b""
+        self._upstream_status: int | None = None
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]
         if h.REQUEST_ID not in self.headers:
             set_headers.append((h.REQUEST_ID, request.request_id))
@@ -399,7 +402,8 @@ class ExtProcStream:
     # ---- response path -----------------------------------------------------
 
     def _on_response_headers(self, http_headers: messages.HttpHeaders) -> list[Event]:
-        if h.EVENT_STREAM in (messages.header_value(http_headers, h.CONTENT_TYPE) or ""):
+        self._upstream_status, content_type = messages.response_status_and_type(http_headers)
+        if h.EVENT_STREAM in content_type:
             self._sse = SseUsageReader()
             self._response_copy = None
         elif self._restorer is not None:
@@ -519,6 +523,7 @@ class ExtProcStream:
                 self._first_byte_at,
                 self._sse is not None,
                 usage.cached_tokens if usage is not None else None,
+                self._upstream_status,
             )
         ]
 

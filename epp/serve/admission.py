@@ -16,6 +16,11 @@ Cancelling the task that awaits `admit` (or calling `withdraw`) removes a
 queued request at once, or hands back the endpoint credit of a request
 dispatched a moment earlier.
 
+Each call into the core is what the reference calls a dispatch cycle: one
+pass that dispatches as much as it can. `on_cycle` is told how long each
+took (perf-counter seconds), and `on_enqueued` how long an arrival's call
+took, for the reference's dispatch-cycle and enqueue-duration histograms.
+
 The timer: the core's `next_wakeup()` (the next TTL or prefill deadline, or
 idle-flow check) is armed after every event when it is earlier than the armed time;
 when the timer fires it `poke`s the core and arms the next wakeup. A later
@@ -30,7 +35,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from math import inf
-from typing import Any
+from time import perf_counter
+from typing import Any, TypeVar
 
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.outcome import Outcome
@@ -43,6 +49,8 @@ OutcomeListener = Callable[[FlowRequest, float], None]
 whichever path completed it, so that the two together count what runs;
 `on_queued` when `offer` leaves a request waiting in a queue.)"""
 
+T = TypeVar("T")
+
 
 class AdmissionController:
     def __init__(
@@ -52,12 +60,16 @@ class AdmissionController:
         on_outcome: OutcomeListener | None = None,
         on_complete: Callable[[FlowRequest], None] | None = None,
         on_queued: Callable[[FlowRequest], None] | None = None,
+        on_cycle: Callable[[float], None] | None = None,
+        on_enqueued: Callable[[FlowRequest, float], None] | None = None,
     ) -> None:
         self.core = core
         self._clock = clock
         self._on_outcome = on_outcome
         self._on_complete = on_complete
         self._on_queued = on_queued
+        self._on_cycle = on_cycle
+        self._on_enqueued = on_enqueued
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = inf
@@ -90,7 +102,13 @@ class AdmissionController:
         (dispatched in the pass the enqueue starts, or rejected), else None
         and the request is queued: `await wait(request)` then."""
         now = self._clock()
+        start = perf_counter()
         outcome, done = self.core.arrive(request, now)
+        took = perf_counter() - start
+        if self._on_cycle is not None:
+            self._on_cycle(took)
+        if self._on_enqueued is not None:
+            self._on_enqueued(request, took)
         if outcome is not None:
             self._report(request, now)
             return outcome
@@ -121,7 +139,7 @@ class AdmissionController:
             self.complete(request)
             return
         now = self._clock()
-        self._settle(self.core.cancel(request, now), now)
+        self._settle(self._cycle(self.core.cancel, request, now), now)
 
     def complete(
         self,
@@ -137,7 +155,7 @@ class AdmissionController:
         if request.state is not State.DISPATCHED:
             return
         now = self._clock()
-        settled = self.core.complete(request, now, input_tokens, output_tokens, itl)
+        settled = self._cycle(self.core.complete, request, now, input_tokens, output_tokens, itl)
         if self._on_complete is not None:
             self._on_complete(request)
         self._settle(settled, now)
@@ -149,24 +167,24 @@ class AdmissionController:
     def first_token(self, request: FlowRequest) -> None:
         """A streamed response's first bytes came: its server runs it."""
         now = self._clock()
-        self._settle(self.core.first_token(request, now), now)
+        self._settle(self._cycle(self.core.first_token, request, now), now)
 
     def prefill_done(self, request: FlowRequest) -> None:
         """A disaggregated request's decode response began: its prefill is over."""
         now = self._clock()
-        self._settle(self.core.prefill_done(request, now), now)
+        self._settle(self._cycle(self.core.prefill_done, request, now), now)
 
     def reload(self, config: FlowControlConfig, **changes: Any) -> None:
         """New flow-control limits and policies (and what `Core.reload`
         takes besides); the core dispatches what they let through."""
         now = self._clock()
-        self._settle(self.core.reload(config, now, **changes), now)
+        self._settle(self._cycle(self.core.reload, config, now, **changes), now)
 
     def poke(self) -> None:
         """Something outside the core may have freed room (new metrics, new
         endpoints): let the core do what it can now."""
         now = self._clock()
-        self._settle(self.core.poke(now), now)
+        self._settle(self._cycle(self.core.poke, now), now)
 
     async def shutdown(self, grace: float) -> None:
         """Admit nothing more; let the queue drain for up to `grace` seconds,
@@ -186,6 +204,15 @@ class AdmissionController:
         self._timer_at = -inf  # nothing arms the timer again
 
     # -- internals -------------------------------------------------------------
+
+    def _cycle(self, call: Callable[..., T], *args: object, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)`, one call into the core, timed for `on_cycle`."""
+        if self._on_cycle is None:
+            return call(*args, **kwargs)
+        start = perf_counter()
+        result = call(*args, **kwargs)
+        self._on_cycle(perf_counter() - start)
+        return result
 
     def _settle(self, settled: list[FlowRequest], now: float) -> None:
         """Deliver the outcomes the core settled, then arm the timer."""

@@ -295,6 +295,8 @@ class EppServer:
             on_outcome=at_end_of_turn(self.metrics.on_outcome),
             on_complete=self.metrics.on_complete,
             on_queued=self.metrics.on_queued,
+            on_cycle=self.metrics.on_dispatch_cycle,
+            on_enqueued=self.metrics.on_enqueued,
         )
         self.core.on_evict = lambda request: self.service.evict(request)
         self.store.on_membership_change(self.admission.poke)

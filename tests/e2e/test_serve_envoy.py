@@ -231,7 +231,7 @@ async def test_metrics_port_serves_the_reference_names(stack, session):
     model = {"model_name": "m", "target_model_name": "m"}
     request = {**model, "fairness_id": "default-flow", "priority": "10"}
     flow = {"fairness_id": "default-flow", "priority": "10", "inference_pool": "e2e-pool"}
-    unparsed = {"model_name": "", "target_model_name": "", "error_code": "bad-request"}
+    unparsed = {"model_name": "", "target_model_name": "", "error_code": "BadRequest"}
     dispatched = {**flow, **model, "outcome": "Dispatched"}
     expected = [
         ("llm_d_epp_request_total", request),

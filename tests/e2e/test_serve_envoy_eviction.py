@@ -68,7 +68,8 @@ async def test_a_sheddable_request_in_flight_is_evicted_for_a_waiting_higher_ban
         errors = [
             line
             for line in metrics.splitlines()
-            if line.startswith("llm_d_epp_request_error_total{") and 'error_code="evicted"' in line
+            if line.startswith("llm_d_epp_request_error_total{")
+            and 'error_code="ResourceExhausted"' in line
         ]
         assert len(errors) == 1 and errors[0].endswith(" 1.0"), errors
         running = [

@@ -107,6 +107,8 @@ RESPONSE_PROCESSING_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
 )  # fmt: skip
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+CYCLE_BUCKETS = SCHEDULER_BUCKETS
+"""The reference's buckets for the enqueue and dispatch-cycle durations (the same list)."""
 QUEUE_BUCKETS = (
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0,
@@ -259,6 +261,24 @@ CATALOGUE: tuple[Spec, ...] = (
         ("fairness_id", "priority", "outcome", "inference_pool", *MODEL),
         QUEUE_BUCKETS,
         Twin(EXTENSION + "flow_control_request_queue_duration_seconds"),
+    ),
+    Spec(
+        P + "flow_control_request_enqueue_duration_seconds",
+        H,
+        "Time of the call into the core that enqueued a request (the dispatch pass it "
+        "starts included), by the request's outcome when it returned (NotYetFinalized: "
+        "it waits in a queue).",
+        ("fairness_id", "priority", "outcome"),
+        CYCLE_BUCKETS,
+        Twin(EXTENSION + "flow_control_request_enqueue_duration_seconds"),
+    ),
+    Spec(
+        P + "flow_control_dispatch_cycle_duration_seconds",
+        H,
+        "Time of each dispatch cycle: one call into the core (an arrival, a completion, a "
+        "cancellation, a reload, a poke) that dispatches as much as it can.",
+        buckets=CYCLE_BUCKETS,
+        twin=Twin(EXTENSION + "flow_control_dispatch_cycle_duration_seconds"),
     ),
     Spec(
         P + "flow_control_requests_total",

@@ -5,7 +5,10 @@ scheduler's placer and plugins run in (`TimedPlacer`, `PluginDurations`).
 When each is written:
 - `request_total` and `request_size_bytes` when a request reaches its
   flow-control outcome; `request_error_total{error_code}` when it is
-  answered with an error (labels are empty when the body was never parsed);
+  answered with an error, with the reference's code for the status
+  (`BadRequest`, `ResourceExhausted`, `ServiceUnavailable`, `Internal`;
+  labels are empty when the body was never parsed), and with
+  `ModelServerError` when the model server answered with a non-2xx status;
   `request_duration_seconds`, the token and size histograms,
   `request_ntpot_seconds` at its end; `request_ttft_seconds{streaming}` to
   the first response body bytes and `request_streaming_tpot_seconds`;
@@ -15,8 +18,10 @@ When each is written:
   flow-control outcome, queue wait included, as the reference measures;
   `response_processing_duration_seconds`: the EPP's own time on one
   response, summed over its messages;
-- flow control: `flow_control_request_queue_duration_seconds` and
-  `flow_control_requests_total` when its stay ends, with the reference's
+- flow control: `flow_control_request_enqueue_duration_seconds` per arrival
+  and `flow_control_dispatch_cycle_duration_seconds` per call into the core
+  (the admission controller times them); `flow_control_request_queue_duration_seconds`
+  and `flow_control_requests_total` when its stay ends, with the reference's
   outcome names; `flow_control_queue_size` and `_queue_bytes` up while it
   waits in a queue, down when it leaves;
 - scheduler: `scheduler_attempts_total` per dispatch (success) or per
@@ -135,6 +140,35 @@ def decision_type(routing: dict[str, str] | None) -> str:
     return "prefill-decode" if prefill else "decode-only"
 
 
+ERROR_CODES = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    412: "PreconditionFailed",
+    429: "ResourceExhausted",
+    500: "Internal",
+    503: "ServiceUnavailable",
+}
+"""The reference's error codes by the HTTP status it answers each with
+(llm-d-router `pkg/common/error/error.go`, `BuildErrResponse`)."""
+MODEL_SERVER_ERROR = "ModelServerError"
+"""The reference's code for a response the model server sent with a non-2xx status."""
+
+
+def error_code(status: int) -> str:
+    """The reference's `error_code` for a request epp answered with `status`;
+    a 4xx it has no code for (413, 431) is the client's: BadRequest."""
+    code = ERROR_CODES.get(status)
+    if code is not None:
+        return code
+    return "BadRequest" if 400 <= status < 500 else "Unknown"
+
+
+NOT_FINALIZED = "NotYetFinalized"
+"""The reference's enqueue outcome of a request left waiting in a queue."""
+
+
 def flow_control_outcome(outcome: Outcome, queued: bool) -> str:
     """The reference's name for how a request left flow control: Rejected*
     at the door, Evicted* after waiting in a queue."""
@@ -194,6 +228,9 @@ class RequestMetrics:
         self.response_processing = Family(P + "response_processing_duration_seconds")
         self.queue_duration = Family(P + "flow_control_request_queue_duration_seconds")
         self.flow_control_total = Family(P + "flow_control_requests_total")
+        self.enqueue_duration = Family(P + "flow_control_request_enqueue_duration_seconds")
+        self.dispatch_cycle = Family(P + "flow_control_dispatch_cycle_duration_seconds")
+        self.cycles = self.dispatch_cycle.tally(())
         self.queue_size = Family(P + "flow_control_queue_size")
         self.queue_bytes = Family(P + "flow_control_queue_bytes")
         self.attempts = Family(P + "scheduler_attempts_total")
@@ -214,7 +251,8 @@ class RequestMetrics:
             self.request_size, self.input_tokens, self.output_tokens, self.cached_tokens,
             self.ntpot, self.response_size, self.ttft, self.streaming_tpot,
             self.streaming_itl, self.running, self.processing, self.response_processing,
-            self.queue_duration, self.flow_control_total, self.queue_size,
+            self.queue_duration, self.enqueue_duration, self.dispatch_cycle,
+            self.flow_control_total, self.queue_size,
             self.queue_bytes, self.attempts, self.scheduler_e2e,
             self.plugin_durations.family, self.disagg_decisions, info,
         ]))  # fmt: skip
@@ -240,6 +278,24 @@ class RequestMetrics:
         series = self._flow_series[FlowKey(request.fairness_id, request.priority)]
         series.add((self.queue_size, labels))
         series.add((self.queue_bytes, labels))
+
+    def on_enqueued(self, request: FlowRequest, seconds: float) -> None:
+        """The core's call that enqueued `request` took `seconds`."""
+        outcome = request.outcome
+        fairness_id = self.fairness_id(request.fairness_id)
+        labels = (
+            fairness_id,
+            str(request.priority),
+            NOT_FINALIZED if outcome is None else flow_control_outcome(outcome, queued=False),
+        )
+        self.enqueue_duration.observe(labels, seconds)
+        self._flow_series[FlowKey(request.fairness_id, request.priority)].add(
+            (self.enqueue_duration, labels)
+        )
+
+    def on_dispatch_cycle(self, seconds: float) -> None:
+        """One call into the core (a dispatch cycle) took `seconds`."""
+        self.cycles.add(seconds)
 
     def on_outcome(self, request: FlowRequest, now: float) -> None:
         outcome = request.outcome
@@ -289,8 +345,11 @@ class RequestMetrics:
     def on_stream_event(self, event: Rejected | Release) -> None:
         labels = self._request_labels(event.request)
         if isinstance(event, Rejected):
-            self.request_errors.add((*labels, event.reason))
+            self.request_errors.add((*labels, error_code(event.http_status)))
             return
+        status = event.upstream_status
+        if status is not None and not 200 <= status < 300:
+            self.request_errors.add((*labels, MODEL_SERVER_ERROR))
         now = self._clock()
         arrival = event.request.arrival
         duration = max(0.0, now - arrival)

@@ -31,12 +31,18 @@ def test_request_header_raw_values_that_are_not_utf8_are_read_with_replacement()
     assert messages.read_request_headers(headers)[0] == {"a": "\ufffd", "b": "v"}
 
 
-def test_header_value_is_the_last_of_its_name_or_none():
+def test_a_responses_status_and_content_type_are_the_last_of_their_name():
     headers = http_headers(
-        ("content-type", "", b"text/plain"), ("content-type", "text/event-stream", b"")
+        (":status", "", b"200"),
+        ("content-type", "", b"text/plain"),
+        ("content-type", "text/event-stream", b""),
+        (":status", "404", b""),
     )
-    assert messages.header_value(headers, "content-type") == "text/event-stream"
-    assert messages.header_value(headers, "content-length") is None
+    assert messages.response_status_and_type(headers) == (404, "text/event-stream")
+
+
+def test_a_response_without_a_numeric_status_or_a_type_reads_none_and_empty():
+    assert messages.response_status_and_type(http_headers((":status", "", b"ok"))) == (None, "")
 
 
 def test_routed_reply_sets_destination_metadata_and_the_other_headers():

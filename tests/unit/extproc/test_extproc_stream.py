@@ -459,6 +459,14 @@ def test_response_headers_with_end_of_stream_release_at_once():
     assert stream.close() == []
 
 
+def test_the_release_carries_the_model_servers_status():
+    stream = machine()
+    dispatch(stream)
+    stream.receive(response_headers({":status": "404", "content-type": "application/json"}), 0.0)
+    (release,) = stream.receive(response_body(b"{}", end_of_stream=True), 0.0)[-1:]
+    assert isinstance(release, Release) and release.upstream_status == 404
+
+
 def test_close_after_dispatch_releases_once_with_usage_seen_so_far():
     stream = machine()
     dispatch(stream)

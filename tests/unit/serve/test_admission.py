@@ -320,3 +320,23 @@ async def test_on_complete_is_told_of_a_request_dispatched_just_before_its_clien
     holder, waiting = await cancel_just_after_dispatch(pool)
     assert pool.completed == [holder, waiting]
     assert pool.controller.in_flight == 0
+
+
+async def test_each_call_into_the_core_is_one_timed_dispatch_cycle():
+    cycles: list[float] = []
+    enqueued: list[tuple[FlowRequest, Outcome | None]] = []
+    pool = Pool(max_in_flight=1)
+    pool.admission = AdmissionController(
+        Core(pool.controller),
+        on_cycle=cycles.append,
+        on_enqueued=lambda request, seconds: enqueued.append((request, request.outcome)),
+    )
+    holder = await pool.occupy()
+    waiting = new_request()
+    task = await pool.queue(waiting)
+    pool.admission.poke()
+    pool.admission.complete(holder)
+    await task
+    assert len(cycles) == 4  # two arrivals, the poke, the completion
+    assert all(0.0 <= seconds < 1.0 for seconds in cycles)
+    assert enqueued == [(holder, Outcome.DISPATCHED), (waiting, None)]

@@ -23,6 +23,7 @@ from epp.serve.metrics import (
     TimedPlacer,
     flow_control_outcome,
 )
+from epp.serve.metrics.recorder import error_code
 
 POOL = "pool"
 
@@ -161,20 +162,78 @@ def test_running_requests_go_down_at_completion(metrics):
     assert value(metrics, "inference_objective_running_requests", model_name="m") == 0
 
 
-def test_errors_are_counted_by_reason_under_both_names(metrics):
+def test_errors_are_counted_with_the_references_code_under_both_names(metrics):
     metrics.on_stream_event(
         Rejected(429, "rejected-saturated", ended(request(), Outcome.REJECTED_SATURATED))
     )
-    assert value(metrics, "llm_d_epp_request_error_total", **R, error_code="rejected-saturated")
+    assert value(metrics, "llm_d_epp_request_error_total", **R, error_code="ResourceExhausted")
     assert value(
-        metrics, "inference_objective_request_error_total", **M, error_code="rejected-saturated"
+        metrics, "inference_objective_request_error_total", **M, error_code="ResourceExhausted"
     )
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, "BadRequest"),
+        (413, "BadRequest"),
+        (431, "BadRequest"),
+        (429, "ResourceExhausted"),
+        (500, "Internal"),
+        (503, "ServiceUnavailable"),
+    ],
+)
+def test_an_answered_error_reads_the_references_code_for_its_status(status, code):
+    assert error_code(status) == code
 
 
 def test_an_error_before_parsing_has_empty_labels(metrics):
     metrics.on_stream_event(Rejected(400, "bad-request", None))
     labels = {"model_name": "", "target_model_name": "", "fairness_id": "", "priority": ""}
-    assert value(metrics, "llm_d_epp_request_error_total", **labels, error_code="bad-request")
+    assert value(metrics, "llm_d_epp_request_error_total", **labels, error_code="BadRequest")
+
+
+def test_a_model_servers_non_2xx_answer_is_a_model_server_error(metrics):
+    dispatched = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
+    metrics.on_stream_event(Release(dispatched, None, 0, upstream_status=404))
+    assert value(metrics, "llm_d_epp_request_error_total", **R, error_code="ModelServerError")
+    assert value(metrics, "llm_d_epp_request_duration_seconds_count", **R) == 1
+
+
+def test_a_model_servers_2xx_answer_is_no_error(metrics):
+    dispatched = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
+    metrics.on_stream_event(Release(dispatched, 1, 1, upstream_status=201))
+    metrics.on_stream_event(Release(dispatched, 1, 1))
+    assert label_values(metrics, "llm_d_epp_request_error_total", "error_code") == set()
+
+
+def test_an_enqueue_is_timed_by_the_outcome_its_call_left_it_with(metrics):
+    metrics.on_enqueued(ended(request(), Outcome.DISPATCHED), 0.0003)
+    metrics.on_enqueued(ended(request(), Outcome.REJECTED_SATURATED), 0.0001)
+    metrics.on_enqueued(request(), 0.002)
+    flow = {"fairness_id": "tenant", "priority": "3"}
+    for outcome in ("Dispatched", "RejectedCapacity", "NotYetFinalized"):
+        name = "llm_d_epp_flow_control_request_enqueue_duration_seconds_count"
+        assert value(metrics, name, **flow, outcome=outcome) == 1
+        twin = "inference_extension_flow_control_request_enqueue_duration_seconds_count"
+        assert value(metrics, twin, **flow, outcome=outcome) == 1
+
+
+def test_a_dispatch_cycle_is_tallied_once_per_call(metrics):
+    for seconds in (0.00005, 0.0004, 0.03):
+        metrics.on_dispatch_cycle(seconds)
+    name = "llm_d_epp_flow_control_dispatch_cycle_duration_seconds"
+    assert value(metrics, name + "_count") == 3
+    assert value(metrics, name + "_bucket", le="0.0005") == 2
+    twin = "inference_extension_flow_control_dispatch_cycle_duration_seconds_count"
+    assert value(metrics, twin) == 3
+
+
+def test_a_collected_flow_loses_its_enqueue_series(metrics):
+    metrics.on_enqueued(request(), 0.001)
+    metrics.on_flows_collected([FlowKey("tenant", 3)])
+    name = "llm_d_epp_flow_control_request_enqueue_duration_seconds_count"
+    assert label_values(metrics, name, "fairness_id") == set()
 
 
 def test_queued_requests_carry_model_labels_and_leave_the_gauges(metrics):
