@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import aiohttp
 import pytest
 from grpc_health.v1 import health_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.dashboards import read_page, unmet
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import RunningEpp, running_epp
 from tests.support.fake_vllm import running_fake_vllm
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, pod, pool
+from tests.support.promql import reads
 
 pytestmark = pytest.mark.envoy
 
@@ -99,7 +99,6 @@ DASHBOARD_QUERIES = {
 }
 """Queries of llm-d's PromQL query reference (its monitoring docs), which its
 Grafana dashboards are built on."""
-SELECTOR = re.compile(r"(llm_d_epp_[a-z0-9_]+)(?:\{([^}]*)\})?")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -153,18 +152,9 @@ def cluster(kube: KubeEmulator, tmp_path, upstream_port: int) -> dict[str, str]:
 
 
 def selected(exposition: str, query: str) -> list[str]:
-    """The vector selectors of `query` that match no series of `exposition`."""
-    series = [
-        (sample.name, sample.labels)
-        for family in text_string_to_metric_families(exposition)
-        for sample in family.samples
-    ]
-    missing = []
-    for name, matchers in SELECTOR.findall(query):
-        wanted = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
-        if not any(n == name and wanted.items() <= labels.items() for n, labels in series):
-            missing.append(f"{name}{{{matchers}}}")
-    return missing
+    """What `exposition` lacks for the EPP series `query` reads."""
+    page = read_page(exposition)
+    return [missing for selector in reads(query) for missing in unmet(selector, page)]
 
 
 def json_log_lines(log: str) -> list[dict]:
