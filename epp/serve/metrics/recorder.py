@@ -288,10 +288,16 @@ class RequestMetrics:
             str(request.priority),
             NOT_FINALIZED if outcome is None else flow_control_outcome(outcome, queued=False),
         )
-        self.enqueue_duration.observe(labels, seconds)
-        self._flow_series[FlowKey(request.fairness_id, request.priority)].add(
-            (self.enqueue_duration, labels)
-        )
+        self._flow_tally(self.enqueue_duration, labels, request).add(seconds)
+
+    def _flow_tally(self, family: Family, labels: tuple[str, ...], request: FlowRequest) -> Tally:
+        """The tally of a flow-control histogram series of `request`'s flow,
+        noted as that flow's when new (so collecting the flow removes it)."""
+        tally = family.values.get(labels)
+        if tally is None:
+            tally = family.tally(labels)
+            self._flow_series[FlowKey(request.fairness_id, request.priority)].add((family, labels))
+        return tally
 
     def on_dispatch_cycle(self, seconds: float) -> None:
         """One call into the core (a dispatch cycle) took `seconds`."""
@@ -313,10 +319,7 @@ class RequestMetrics:
         self.processing.observe((), waited)
         reference_outcome = flow_control_outcome(outcome, queued_labels is not None)
         flow = (fairness_id, priority, reference_outcome, self.pool_name, model, target)
-        self.queue_duration.observe(flow, waited)
-        self._flow_series[FlowKey(request.fairness_id, request.priority)].add(
-            (self.queue_duration, flow)
-        )
+        self._flow_tally(self.queue_duration, flow, request).add(waited)
         self.flow_control_total.add((reference_outcome, priority, self.pool_name))
         if outcome.is_dispatched:
             if model:
