@@ -68,6 +68,23 @@ def parse_duration(text: str) -> float:
     return (-nanoseconds if negative else nanoseconds) / 1e9
 
 
+def format_duration(seconds: float) -> str:
+    """`seconds` as a Go duration string that `parse_duration` reads back
+    to the nanosecond ("200ms", "1.5s", "90s"): what a configuration or a
+    flag is written in."""
+    nanoseconds = round(seconds * 1e9)
+    if nanoseconds == 0:
+        return "0s"
+    sign, size = ("-" if nanoseconds < 0 else ""), abs(nanoseconds)
+    scale, unit = next(
+        (scale, unit)
+        for scale, unit in ((10**9, "s"), (10**6, "ms"), (10**3, "us"), (1, "ns"))
+        if size >= scale
+    )
+    amount = (Decimal(size) / scale).normalize()
+    return f"{sign}{amount:f}{unit}"
+
+
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
 _DECIMAL = {
     "n": Decimal("1e-9"),

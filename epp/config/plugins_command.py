@@ -1,5 +1,8 @@
 """`epp plugins [--json]`: list every plugin type of the registry: kind,
-whether epp runs it (and if not, why), what it does and its parameters."""
+stability (the reference's alpha or beta: alpha types need
+`--allow-experimental-plugins`), whether epp runs it (and if not, why), what
+it does and its parameters with their defaults written as a configuration
+writes them (durations as Go durations, "200ms")."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import argparse
 import json
 import sys
 
-from epp.config.registry import REGISTRY, describe
+from epp.config.plugin import Stability
+from epp.config.registry import REGISTRY, describe, written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +27,29 @@ def run(args: argparse.Namespace) -> int:
     for entry in REGISTRY:
         reason = entry.reason
         mark = "  " if reason is None else "- "
-        line = f"{mark}{entry.name:<{width}}  {entry.kind.value:<19}  {entry.summary}"
+        line = (
+            f"{mark}{entry.name:<{width}}  {entry.kind.value:<19}  "
+            f"{entry.stability.value:<5}  {entry.summary}"
+        )
         if reason is not None:
             line += f"  [not supported: {reason}]"
         print(line)
         for param in entry.parameters:
-            default = "" if param.default in (None, "", ()) else f" = {param.default!r}"
+            default = (
+                ""
+                if param.default in (None, "", ())
+                else f" = {_yaml(written(param.default, param.type))}"
+            )
             print(f"      {param.name}: {param.type.value}{default}")
     supported = sum(entry.supported for entry in REGISTRY)
-    print(f"{len(REGISTRY)} plugin types, {supported} supported ('-' marks the others)")
+    alpha = sum(entry.stability is Stability.ALPHA for entry in REGISTRY)
+    print(
+        f"{len(REGISTRY)} plugin types, {supported} supported ('-' marks the others), "
+        f"{alpha} alpha (they need --allow-experimental-plugins)"
+    )
     return 0
+
+
+def _yaml(value: object) -> str:
+    """A default as it is written in the configuration's YAML."""
+    return value if isinstance(value, str) and value.strip() == value else json.dumps(value)

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from epp.api.units import format_duration
 from epp.config.catalog import datalayer, flowcontrol, profiles, requests, scheduling
-from epp.config.plugin import Kind, Param, PluginType
+from epp.config.plugin import Kind, Param, ParamType, PluginType
 
 
 class Registry:
@@ -78,7 +79,7 @@ def _describe_param(param: Param) -> dict[str, Any]:
     described: dict[str, Any] = {
         "name": param.name,
         "type": param.type.value,
-        "default": list(param.default) if isinstance(param.default, tuple) else param.default,
+        "default": written(param.default, param.type),
     }
     if param.summary:
         described["summary"] = param.summary
@@ -97,9 +98,22 @@ def _describe_param(param: Param) -> dict[str, Any]:
     return described
 
 
+def written(value: Any, kind: ParamType) -> Any:
+    """A parameter's value as a configuration writes it: a duration as a Go
+    duration string ("200ms"), a tuple as a list, the rest as it is."""
+    if kind is ParamType.DURATION and isinstance(value, int | float):
+        return format_duration(value)
+    if isinstance(value, tuple):
+        return [written(item, kind) for item in value]
+    return value
+
+
 def markdown_table(registry: Registry = REGISTRY) -> str:
     """The docs' plugin catalogue: one row per type, by kind."""
-    lines = ["| type | kind | what it does | parameters (default) |", "|---|---|---|---|"]
+    lines = [
+        "| type | kind | stability | what it does | parameters (default) |",
+        "|---|---|---|---|---|",
+    ]
     for kind in Kind:
         for entry in registry.of_kind(kind):
             parameters = ", ".join(
@@ -112,7 +126,10 @@ def markdown_table(registry: Registry = REGISTRY) -> str:
                 summary = f"**not supported**: {entry.reason}"
             elif entry.deprecated_for:
                 summary += f" (deprecated, use `{entry.deprecated_for}`)"
-            lines.append(f"| `{entry.name}` | {kind.value} | {summary} | {parameters} |")
+            lines.append(
+                f"| `{entry.name}` | {kind.value} | {entry.stability.value} | {summary} "
+                f"| {parameters} |"
+            )
     return "\n".join(lines)
 
 
@@ -120,8 +137,8 @@ def _show(param: Param) -> str:
     value = param.default
     if isinstance(value, bool):
         return "true" if value else "false"
-    if param.type.value == "duration":
-        return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+    if param.type is ParamType.DURATION:
+        return written(value, param.type)
     if isinstance(value, tuple | dict):
         return "see README of the reference"
     return str(value)

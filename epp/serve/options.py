@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from epp.api.units import parse_byte_size, parse_duration
+from epp.api.units import format_duration, parse_byte_size, parse_duration
 from epp.transport.limits import TransportLimits
 
 
@@ -146,12 +146,6 @@ PARSERS: dict[Kind, Callable[[str], Any]] = {
     Kind.PATHS: str,
     Kind.FLOAT: float,
 }
-
-
-def format_duration(seconds: float) -> str:
-    if seconds and seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    return f"{seconds:g}s"
 
 
 def format_size(size: int) -> str:

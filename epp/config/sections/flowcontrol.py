@@ -80,7 +80,7 @@ def _policy(
             parameters = read_parameters(reader, registered.parameters, None, where)
             plugin = Declared(registered.name, registered.kind, parameters, None)
     if plugin is None:
-        if ref not in reader.refused:
+        if ref not in reader.broken:
             reader.fail(where, f"no plugin named {ref!r} and no such policy")
         return None
     if plugin.type not in known:

@@ -2,8 +2,8 @@
 and the lookups the other sections resolve their `pluginRef`s with.
 
 `ConfigReader` is the field reader of the whole file: it also gathers the
-warnings and remembers the declared plugins it refused, so a reference to
-one is not reported a second time.
+warnings and remembers the declared plugins it could not build, so a
+reference to one is not reported a second time.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ class ConfigReader(FieldReader):
         super().__init__()
         self.unsupported = False
         self.warnings: list[str] = []
-        self.refused: set[str] = set()
-        """Names of declared plugins refused as unsupported: references to
-        them are not reported again."""
+        self.broken: set[str] = set()
+        """Names of declared plugins that were not built (an unknown or
+        unsupported type, bad parameters): their declaration's error says
+        why, so a reference to one is not reported a second time."""
 
     def missing(self, path: str, name: str) -> None:
-        """A reference to an undeclared plugin (quiet when it was refused)."""
-        if name not in self.refused:
+        """A reference to an undeclared plugin (quiet when it is broken)."""
+        if name not in self.broken:
             self.fail(path, f"no plugin named {name!r} in plugins")
 
     def warn(self, path: str, message: str) -> None:
@@ -61,17 +62,17 @@ def read_plugins(reader: ConfigReader, value: Any) -> dict[str, Declared]:
         if plugin_type is None:
             continue
         registered = REGISTRY.get(plugin_type)
-        if registered is None:
-            reader.fail(
-                f"{path}.type",
-                f"unknown plugin type {plugin_type!r}; `epp plugins` lists the known ones",
-            )
-            continue
-        if registered.reason is not None:
-            reader.unsupported = True
-            reader.fail(f"{path}.type", str(Unsupported(plugin_type, registered.reason)))
+        if registered is None or registered.reason is not None:
+            if registered is None:
+                reader.fail(
+                    f"{path}.type",
+                    f"unknown plugin type {plugin_type!r}; `epp plugins` lists the known ones",
+                )
+            else:
+                reader.unsupported = True
+                reader.fail(f"{path}.type", str(Unsupported(plugin_type, registered.reason)))
             name = fields.get("name", plugin_type)
-            reader.refused.add(name if isinstance(name, str) else plugin_type)
+            reader.broken.add(name if isinstance(name, str) else plugin_type)
             continue
         name = reader.string(fields.get("name", plugin_type), f"{path}.name")
         where = f"{path}.parameters"
@@ -83,16 +84,18 @@ def read_plugins(reader: ConfigReader, value: Any) -> dict[str, Declared]:
             reader.fail(f"{path}.name", f"duplicate plugin name {name!r}")
             continue
         if len(reader.errors) > errors_before:
+            reader.broken.add(name)
             continue
         try:
             built = registered.build(parameters)
         except Unsupported as refusal:
             reader.unsupported = True
             reader.fail(f"{path}.type", str(refusal))
-            reader.refused.add(name)
+            reader.broken.add(name)
             continue
         except ParameterError as error:
             reader.fail(f"{where}.{error.field}" if error.field else where, str(error))
+            reader.broken.add(name)
             continue
         if isinstance(built, PluginSpec):
             built = replace(named(built, name), type=plugin_type)
@@ -118,7 +121,7 @@ def plugin_of_kind(
     or a registered type used with its defaults, as the reference allows for
     its default plugins); None after reporting why it cannot be used."""
     name = reader.string(ref, path)
-    if name is None or name in reader.refused:
+    if name is None or name in reader.broken:
         return None
     plugin = plugins.get(name)
     if plugin is None:

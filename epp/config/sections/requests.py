@@ -32,7 +32,7 @@ def read_parsers(
     for path, entry in entries:
         ref = reader.mapping(entry, path, {"pluginRef"}).get("pluginRef")
         name = reader.string(ref, f"{path}.pluginRef")
-        if name is None:
+        if name is None or name in reader.broken:
             continue
         plugin = plugins.get(name)
         if plugin is None and name in REGISTRY:

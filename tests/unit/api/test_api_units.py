@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.api.units import parse_byte_size, parse_duration
+from epp.api.units import format_duration, parse_byte_size, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,21 @@ def test_a_duration_is_a_string(value: Any) -> None:
 def test_whole_units_scale_exactly(count: int, unit: str) -> None:
     scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
     assert parse_duration(f"{count}{unit}") == pytest.approx(count * scale)
+
+
+@given(st.integers(min_value=-(10**15), max_value=10**15))
+def test_a_written_duration_reads_back_to_the_nanosecond(nanoseconds: int) -> None:
+    seconds = nanoseconds / 1e9
+    assert abs(parse_duration(format_duration(seconds)) - seconds) <= 1e-9 + abs(seconds) * 1e-9
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0.2, "200ms"), (1.5, "1.5s"), (60.0, "60s"), (0.0, "0s")]
+)
+def test_a_duration_is_written_in_its_largest_unit_below_a_minute(
+    seconds: float, text: str
+) -> None:
+    assert format_duration(seconds) == text
 
 
 @given(st.integers(min_value=0, max_value=10**4), st.integers(min_value=0, max_value=59))

@@ -481,3 +481,22 @@ def test_the_prefill_timeout_is_a_gate_field_read_as_a_go_duration() -> None:
 def test_a_prefill_timeout_that_is_no_positive_duration_is_refused(value: str) -> None:
     errors = errors_of(config(flowControl={"gate": {"prefillTimeout": value}}))
     assert any("flowControl.gate.prefillTimeout" in error for error in errors)
+
+
+def test_a_plugin_with_a_bad_parameter_is_reported_once_not_again_where_referenced() -> None:
+    document = config(
+        plugins=[
+            {"type": "saturation-filter", "parameters": {"metricsStalenessThreshold": 0.2}},
+            {"type": "queue-scorer"},
+        ],
+        schedulingProfiles=[
+            {
+                "name": "d",
+                "plugins": [{"pluginRef": "saturation-filter"}, {"pluginRef": "queue-scorer"}],
+            }
+        ],
+    )
+    assert errors_of(document) == [
+        "plugins[0].parameters.metricsStalenessThreshold: "
+        'must be a duration string such as "60s", got 0.2'
+    ]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from epp import docgen
+from epp.api.units import parse_duration
 from epp.cli import main
 from epp.config.loader import ConfigError, parse_config
 from epp.config.plugin import Kind, Param, ParamType, PluginType, Unsupported, configured
@@ -202,3 +203,38 @@ def test_epp_plugins_json_describes_kind_parameters_and_support(capsys) -> None:
     }
     assert not listed["dcgm-extractor"]["supported"]
     assert listed["dcgm-extractor"]["reason"]
+
+
+def test_epp_plugins_writes_durations_as_the_configuration_must(capsys) -> None:
+    assert main(["plugins"]) == 0
+    durations = [
+        line.split(" = ", 1)[1]
+        for line in capsys.readouterr().out.splitlines()
+        if ": duration = " in line
+    ]
+    assert "200ms" in durations
+    for text in durations:
+        parse_duration(text)
+    document = {
+        **HEAD,
+        "plugins": [
+            {"type": "saturation-filter", "parameters": {"metricsStalenessThreshold": "200ms"}}
+        ],
+    }
+    assert parse_config(document).scheduling.saturation.staleness == 0.2
+
+
+def test_epp_plugins_shows_each_types_stability(capsys) -> None:
+    assert main(["plugins"]) == 0
+    rows = {
+        line.split()[0]: line.split()[2]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("  ") and not line.startswith("      ")
+    }
+    assert rows["session-affinity-scorer"] == "alpha"
+    assert rows["queue-scorer"] == "beta"
+
+
+def test_the_plugin_table_shows_each_types_stability() -> None:
+    rows = [line.split(" | ") for line in markdown_table().splitlines()[2:]]
+    assert {row[0]: row[2] for row in rows}["| `session-affinity-scorer`"] == "alpha"
