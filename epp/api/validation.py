@@ -101,12 +101,16 @@ def _type_meta_errors(api_version: Any, kind: Any) -> list[FieldError]:
     if errors:
         return errors
     supported = ", ".join(f"{v} {k}" for v, k in sorted(crds.bundled()))
+    served = sorted(v for v, k in crds.bundled() if k == kind)
+    # An object written for a group the kind has left (GIE's
+    # inference.networking.x-k8s.io InferenceObjective) is told where it went.
+    moved = f"; {kind} is served as {' and '.join(served)}: change apiVersion" if served else ""
     return [
         FieldError(
             "kind",
             "Invalid value",
             render(kind),
-            f"no kind {render(kind)} is known in version {render(api_version)}; "
+            f"no kind {render(kind)} is known in version {render(api_version)}{moved}; "
             f"known: {supported}, and EndpointPickerConfig",
         )
     ]

@@ -29,6 +29,8 @@ from typing import Any
 import yaml
 
 from epp.config.datalayer import DataLayerConfig
+from epp.config.plugin import Stability
+from epp.config.registry import REGISTRY
 from epp.config.sections.datalayer import read_data_layer
 from epp.config.sections.flowcontrol import (
     FlowPlugins,
@@ -191,6 +193,20 @@ def parse_config(document: Any) -> EppConfig:
             [error.removeprefix(".") for error in reader.errors], unsupported=reader.unsupported
         )
     return config
+
+
+def experimental_errors(config: EppConfig) -> list[str]:
+    """What `epp serve` refuses without `--allow-experimental-plugins`, as
+    the reference words it: each declared plugin of Alpha stability."""
+    errors = []
+    for name, plugin_type in config.plugins:
+        entry = REGISTRY.get(plugin_type)
+        if entry is not None and entry.stability is Stability.ALPHA:
+            errors.append(
+                f"plugin {name!r} (type: {plugin_type!r}) has Alpha stability level, but "
+                "command line flag --allow-experimental-plugins is not set"
+            )
+    return errors
 
 
 def load_config(path: str | Path) -> EppConfig:

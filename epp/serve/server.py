@@ -68,9 +68,13 @@ from epp.config.datalayer import (
     FileDiscovery,
     MetricsSourceSettings,
 )
-from epp.config.loader import ConfigError, EppConfig, load_config, parse_config
-from epp.config.plugin import Stability
-from epp.config.registry import REGISTRY
+from epp.config.loader import (
+    ConfigError,
+    EppConfig,
+    experimental_errors,
+    load_config,
+    parse_config,
+)
 from epp.datalayer.endpoints import (
     EndpointSpec,
     parse_endpoints_document,
@@ -203,17 +207,6 @@ def initial_pool(options: ServeOptions) -> InferencePool:
     if options.pool_name is None and not options.objectives:
         return load_pool(defaults.POOL)
     return synthesized_pool(options.pool_name or "default", options.namespace)
-
-
-def experimental_plugins(config: EppConfig) -> list[tuple[str, str]]:
-    """(name, type) of the declared plugins of Alpha stability, which the
-    reference loads only with --allow-experimental-plugins."""
-    found = []
-    for name, plugin_type in config.plugins:
-        entry = REGISTRY.get(plugin_type)
-        if entry is not None and entry.stability is Stability.ALPHA:
-            found.append((name, plugin_type))
-    return found
 
 
 def at_end_of_turn(callback: Callable[..., None]) -> Callable[..., None]:
@@ -353,16 +346,9 @@ class EppServer:
     def _load_config(self) -> EppConfig:
         config = self._read_config()
         if not self.options.allow_experimental_plugins:
-            experimental = experimental_plugins(config)
+            experimental = experimental_errors(config)
             if experimental:
-                raise ConfigError(
-                    [
-                        f"plugin {name!r} (type: {kind!r}) has Alpha stability level, but "
-                        "command line flag --allow-experimental-plugins is not set"
-                        for name, kind in experimental
-                    ],
-                    self.options.config_file or "--config-text",
-                )
+                raise ConfigError(experimental, self.options.config_file or "--config-text")
         return config
 
     def _read_config(self) -> EppConfig:
