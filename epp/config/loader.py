@@ -30,6 +30,7 @@ import yaml
 
 from epp.config.datalayer import DataLayerConfig
 from epp.config.plugin import Stability
+from epp.config.precise import KVEventsSettings, TokenizerSettings
 from epp.config.registry import REGISTRY
 from epp.config.sections.datalayer import read_data_layer
 from epp.config.sections.flowcontrol import (
@@ -39,6 +40,7 @@ from epp.config.sections.flowcontrol import (
     read_gate_thresholds,
 )
 from epp.config.sections.plugins import ConfigReader, read_plugins
+from epp.config.sections.precise import read_precise
 from epp.config.sections.profiles import read_scheduling
 from epp.config.sections.requests import read_parsers
 from epp.extproc.parsers import DEFAULT_PARSERS, Parser
@@ -100,6 +102,10 @@ class EppConfig:
     parsers: tuple[Parser, ...] = DEFAULT_PARSERS
     """The parsers, in the order they are registered (see `extproc.parsers`)."""
     flow_plugins: FlowPlugins = field(default_factory=FlowPlugins)
+    tokenizer: TokenizerSettings | None = None
+    """The declared token-producer, if any (`epp.config.precise`)."""
+    kv_events: KVEventsSettings | None = None
+    """Where the precise-prefix-cache-producer reads KV-cache events, if declared."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """What loading noticed without refusing (logged by `epp serve`, printed
     by `epp validate`)."""
@@ -177,6 +183,8 @@ def parse_config(document: Any) -> EppConfig:
         reader, fields.get("flowControl"), plugins, template, flow_plugins
     )
     scheduling = read_scheduling(reader, fields.get("schedulingProfiles"), plugins)
+    precise = read_precise(reader, plugins)
+    scheduling = replace(scheduling, precise=precise.precise)
     read_gate_thresholds(reader, flow_fields, scheduling.saturation)
     config = EppConfig(
         flow_control=flow_control,
@@ -186,6 +194,8 @@ def parse_config(document: Any) -> EppConfig:
         data_layer=read_data_layer(reader, fields.get("dataLayer"), plugins),
         parsers=read_parsers(reader, fields.get("requestHandler"), fields.get("parser"), plugins),
         flow_plugins=flow_plugins,
+        tokenizer=precise.tokenizer,
+        kv_events=precise.kv_events,
         warnings=tuple(reader.warnings),
     )
     if reader.errors:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.scheduling.kvblocks import PreciseConfig
 from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.profiles import single_profile_handler
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds
@@ -83,3 +84,5 @@ class SchedulingConfig:
     """`maxPrefixTokensToMatch`: with an auto-tuned block size, the blocks
     per prompt are these tokens over the block size (0: `prefix_max_blocks`)."""
     saturation: SaturationThresholds = DEFAULT_THRESHOLDS
+    precise: PreciseConfig | None = None
+    """The precise-prefix-cache-producer, when configured (`kvblocks`)."""

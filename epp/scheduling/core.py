@@ -20,6 +20,9 @@ forwards what the gate and the credits must learn, dispatches as much as
 possible and returns the requests it settled (dispatched with `endpoint`
 set, or ended with `outcome` set); `next_wakeup()` is the one time to call
 `poke` again. No shell tells a gate anything or decides when to dispatch.
+The servers' KV-cache events (`kv_events`, `kv_endpoint_reset`) go in
+through it too, to the precise prefix index the scorers read; they free no
+room and dispatch nothing.
 
 Two things live here around the flow controller, both off unless configured:
 
@@ -64,6 +67,7 @@ from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.detectors import DetectorGate
 from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
+from epp.scheduling.kvblocks import KVBlockIndex, KVEvent
 from epp.scheduling.saturation import (
     DEFAULT_THRESHOLDS,
     SaturationThresholds,
@@ -118,6 +122,9 @@ class Core:
     """The admitters' draws."""
     on_evict: Callable[[FlowRequest], None] | None = None
     """Ends an evicted request's stream; the shell completes it after."""
+    kv_index: KVBlockIndex | None = None
+    """The precise prefix index, when a scorer reads it: kept across reloads,
+    fed with the servers' KV-cache events (`kv_events`)."""
     adaptive: AdaptiveGate | None = field(default=None, init=False)
     """The credits when they are the adaptive gate's (limits, latency, first tokens)."""
     _prefill_since: dict[FlowRequest, float] = field(default_factory=dict, init=False)
@@ -223,6 +230,18 @@ class Core:
             self._after(settled, now)
         return settled
 
+    def kv_events(self, address: str, events: Iterable[KVEvent]) -> None:
+        """The endpoint at `address` published `events` (in its order); without
+        a precise index they are dropped."""
+        if self.kv_index is not None:
+            self.kv_index.apply(address, events)
+
+    def kv_endpoint_reset(self, address: str) -> None:
+        """The endpoint at `address` restarted or lost events it cannot
+        replay: what the index knew of it is dropped."""
+        if self.kv_index is not None:
+            self.kv_index.remove_endpoint(address)
+
     def poke(self, now: float) -> list[FlowRequest]:
         """Do what is due by `now` (TTL expiries, prefill deadlines, idle
         flows) and dispatch as much as possible."""
@@ -310,6 +329,8 @@ class Core:
                 controller.gate = gate
                 self.prefill_credits = prefill
                 self._rewatch()
+        if config.precise is not None and self.kv_index is not None:
+            config.precise.retune(self.kv_index)
         scheduler = self.scheduler = Scheduler(
             config,
             self.pool,
@@ -319,7 +340,10 @@ class Core:
             self.prefill_credits,
             self.load,
             self.plugin_timer,
+            self.kv_index,
         )
+        if self.kv_index is None:
+            self.kv_index = scheduler.kv_index
         if self.load is None and scheduler.load is not None:
             self.load = scheduler.load
             controller.gate = with_load(controller.gate, self.load)
@@ -449,4 +473,5 @@ def build_core(
         Evictor(*eviction) if eviction is not None else None,
         tuple(admitters),
         admission_rng or random.Random(0),
+        kv_index=scheduler.kv_index,
     )

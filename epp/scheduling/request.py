@@ -41,6 +41,11 @@ class InferenceRequest:
     (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
     A caller that models prompts at block level (the simulator) fills it
     instead of `prompt`; the hashes must be chained as `prefix` describes.
+
+    `token_ids` are the prompt's tokens as the model server will see them,
+    when a token producer tokenized it (None otherwise: the precise prefix
+    cache then matches nothing); `cache_salt` is the body's `cache_salt`.
+    `kv_block_keys` caches their vLLM block keys (`kvblocks`).
     """
 
     model: str
@@ -60,3 +65,6 @@ class InferenceRequest:
     attributes: dict[str, str] | None = None
     response_headers: dict[str, str] | None = None
     fallbacks: tuple[str, ...] = ()
+    token_ids: Sequence[int] | None = field(default=None, repr=False, compare=False)
+    cache_salt: str | None = None
+    kv_block_keys: tuple[int, ...] | None = field(default=None, repr=False, compare=False)

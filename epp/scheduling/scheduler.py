@@ -48,6 +48,7 @@ from epp.scheduling.config import ProfileConfig, SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import in_subset, reachable, with_room
 from epp.scheduling.inflight import InFlightLoad
+from epp.scheduling.kvblocks import KVBlockIndex
 from epp.scheduling.profiles import DisaggProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import unsaturated
@@ -84,6 +85,7 @@ class Scheduler:
         "_single",
         "endpoints_now",
         "healthy_now",
+        "kv_index",
         "load",
         "picks",
         "priority_now",
@@ -101,12 +103,20 @@ class Scheduler:
         prefill_credits: PrefillCredits | None = None,
         load: InFlightLoad | None = None,
         plugin_timer: PluginTimer | None = None,
+        kv_index: KVBlockIndex | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
         self._clock = clock
         context = BuildContext(
-            config, rng, concurrency, clock=clock, load=load, timer=plugin_timer, pool=pool
+            config,
+            rng,
+            concurrency,
+            clock=clock,
+            load=load,
+            timer=plugin_timer,
+            pool=pool,
+            kv_index=kv_index,
         )
         self._producers = tuple(
             context.timed("DataProducer", producer, context.build(producer).produce)
@@ -134,6 +144,8 @@ class Scheduler:
         self._placed = tuple(
             plugin.placed for plugin in self._plugins if callable(getattr(plugin, "placed", None))
         )
+        self.kv_index: KVBlockIndex | None = context.kv_index
+        """The precise prefix index the scorers read (given, or made for them)."""
         self.load = context.load
         """The in-flight load a plugin reads (given, or made for it), else None;
         the core must tell it of every dispatch and completion."""

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
+from epp.scheduling.kvblocks import KVBlockIndex, PreciseConfig
 from epp.scheduling.prefix import PrefixIndex, block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.spec import BuildContext
@@ -403,6 +404,59 @@ class PrefixCacheScorer:
         self._index.remove_endpoint(address)
 
 
+class PrecisePrefixCacheScorer(PrefixCacheScorer):
+    """The prefix-cache scorer over the precise index (`kvblocks`): the
+    prompt's tokens hashed into the servers' own block keys, matched against
+    the blocks the servers reported holding. Scores, match lengths and
+    cached tokens mean what they mean for the approximate index; a request
+    without tokens matches nothing. A pick is recorded only as a
+    speculative guess (when speculation is on); the events are the truth."""
+
+    __slots__ = ("_config",)
+
+    def __init__(
+        self,
+        index: KVBlockIndex,
+        config: PreciseConfig,
+        match_length_weight: float = 0.0,
+        match_length_scale_tokens: int = 8192,
+    ) -> None:
+        size = config.hasher.block_size
+        super().__init__(
+            size * CHARS_PER_TOKEN,
+            config.max_blocks,
+            1,
+            match_length_weight,
+            match_length_scale_tokens,
+        )
+        self._index = index  # type: ignore[assignment]
+        self._config = config
+
+    def hashes(self, request: InferenceRequest) -> Sequence[int]:
+        keys = request.kv_block_keys
+        if keys is None:
+            tokens = request.token_ids
+            keys = (
+                self._config.hasher.keys(tokens, self._config.max_blocks, None, request.cache_salt)
+                if tokens
+                else ()
+            )
+            request.kv_block_keys = keys
+        return keys
+
+    def block_chars_of(self, request: InferenceRequest) -> int:
+        return self.block_chars
+
+    def share_index(self, other: PrefixCacheScorer) -> None:
+        """The precise index is the core's, already shared."""
+
+    def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        self._index.record(endpoint.address, self.hashes(request))
+
+    def forget(self, address: str) -> None:
+        self._index.remove_endpoint(address)
+
+
 class LoadAwareScorer(StatelessScorer):
     """An empty waiting queue scores 0.5; a queue of q scores
     0.5 x (1 - q / threshold), 0 from `threshold` on (the reference's
@@ -620,12 +674,31 @@ def lora_affinity_scorer(context: BuildContext) -> LoraAffinityScorer:
 
 
 def prefix_cache_scorer(
-    context: BuildContext, match_length_weight: float = 0.0, match_length_scale_tokens: int = 8192
+    context: BuildContext,
+    match_length_weight: float = 0.0,
+    match_length_scale_tokens: int = 8192,
+    producer: str = "",
 ) -> PrefixCacheScorer:
     """One prefix index per scheduler: every prefix-cache scorer of the
-    configuration reads the same one (the reference's producer)."""
-    existing = context.first(PrefixCacheScorer)
+    configuration reads the same one (the reference's producer). A scorer
+    whose `producer` is the configured precise-prefix-cache-producer reads
+    the precise index instead (the core's, fed by the servers' events)."""
     config = context.config
+    precise = config.precise
+    if producer and precise is not None and producer == precise.name:
+        if context.kv_index is None:
+            context.kv_index = precise.index(context.clock)
+        return PrecisePrefixCacheScorer(
+            context.kv_index, precise, match_length_weight, match_length_scale_tokens
+        )
+    existing = next(
+        (
+            p
+            for p in context.built.values()
+            if isinstance(p, PrefixCacheScorer) and not isinstance(p, PrecisePrefixCacheScorer)
+        ),
+        None,
+    )
     scorer = PrefixCacheScorer(
         config.prefix_block_chars,
         config.prefix_max_blocks,

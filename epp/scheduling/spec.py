@@ -75,6 +75,9 @@ class BuildContext:
     pool: Callable[[], Any] | None = None
     """The scheduler's pool snapshots (what the prefix index auto-tunes from)."""
     load: InFlightLoad | None = None
+    kv_index: Any = None
+    """The precise prefix index (`kvblocks.KVBlockIndex`), the core's when it
+    has one, else made by the first scorer that reads it."""
 
     def in_flight_load(self) -> InFlightLoad:
         """The in-flight load the scheduler's plugins share."""

@@ -17,42 +17,18 @@ from epp.config.plugin import (
     Param,
     ParameterError,
     PluginType,
-    Unsupported,
     configured,
+)
+from epp.config.precise import (
+    PRECISE_PRODUCER_PARAMETERS,
+    TOKEN_PRODUCER_PARAMETERS,
+    precise_producer,
+    token_producer,
 )
 from epp.extproc import parsers
 from epp.scheduling import sessions
 from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
 from epp.scheduling.spec import PluginSpec
-
-_TOKEN_PRODUCER_PARAMETERS = (
-    Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
-    Param(
-        "vllm",
-        T.OBJECT,
-        None,
-        "the vLLM /render backend",
-        fields=(
-            Param("url", T.STRING, "http://localhost:8000"),
-            Param("timeout", T.DURATION, 5.0),
-            Param("mmTimeout", T.DURATION, 30.0),
-        ),
-        nullable=True,
-    ),
-    Param("estimate", T.ANY, None, "tokenizer-free estimate (the default backend)"),
-    Param("udsTokenizerConfig", T.ANY, None, "deprecated tokenizer sidecar"),
-)
-
-
-def _token_producer(parameters: Mapping[str, Any]) -> Configured:
-    if parameters["vllm"] is not None or parameters["udsTokenizerConfig"] is not None:
-        raise Unsupported(
-            "token-producer",
-            "its vllm (and udsTokenizerConfig) backend tokenizes through a model server's "
-            "/render endpoint, which epp does not call; without one it estimates tokens as "
-            "epp always does",
-        )
-    return Configured("token-producer", dict(parameters))
 
 
 def _inflight_load(parameters: Mapping[str, Any]) -> Configured:
@@ -144,17 +120,18 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "token-producer",
         Kind.PRODUCER,
-        "counts the prompt's tokens: epp always estimates them (characters / 4), the "
-        "reference's estimate backend; a vllm backend is refused",
-        _TOKEN_PRODUCER_PARAMETERS,
-        factory=_token_producer,
+        "tokenizes the prompt before scheduling: the model server's /render (vllm), the "
+        "tokenizer sidecar (udsTokenizerConfig), a local tokenizer.json, or the estimate; "
+        "a tokenizer down or slow past its timeout falls back to the estimate",
+        TOKEN_PRODUCER_PARAMETERS,
+        factory=token_producer,
     ),
     PluginType(
         "tokenizer",
         Kind.PRODUCER,
         "deprecated name of token-producer",
-        _TOKEN_PRODUCER_PARAMETERS,
-        factory=_token_producer,
+        TOKEN_PRODUCER_PARAMETERS,
+        factory=token_producer,
         deprecated_for="token-producer",
     ),
     PluginType(
@@ -184,9 +161,10 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "precise-prefix-cache-producer",
         Kind.PRODUCER,
-        "prefix-cache index from vLLM KV-cache events",
-        refusal="needs vLLM KV-cache events over ZMQ and a real tokenizer; planned in a "
-        "later issue",
+        "the precise prefix-cache index: vLLM's own block keys of the tokenized prompt, "
+        "matched against the blocks the servers report over ZMQ (KV-cache events)",
+        PRECISE_PRODUCER_PARAMETERS,
+        factory=precise_producer,
     ),
     PluginType(
         "burst-prefix-cache-producer",

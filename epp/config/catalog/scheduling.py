@@ -74,6 +74,14 @@ def _prefix_scorer(parameters: Mapping[str, Any]) -> PluginSpec:
     scale = parameters["matchLengthScaleTokens"]
     if weight > 0 and scale <= 0:
         raise ParameterError("matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
+    producer = parameters["prefixMatchInfoProducerName"]
+    if producer:
+        return made(
+            scorers.prefix_cache_scorer,
+            match_length_weight=weight,
+            match_length_scale_tokens=scale,
+            producer=producer,
+        )
     return made(
         scorers.prefix_cache_scorer, match_length_weight=weight, match_length_scale_tokens=scale
     )

@@ -21,6 +21,7 @@ LOADING = {
     "sim-e-p-d-epp-config.yaml",
     "sim-e-pd-epp-config.yaml",
     "sim-epp-config.yaml",
+    "sim-epp-no-hit-lru.yaml",
     "sim-pd-epp-config.yaml",
     "sim-program-aware-config.yaml",
     "soft-reflective-ceiling-epp-config.yaml",

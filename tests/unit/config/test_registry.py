@@ -61,6 +61,7 @@ def test_an_entry_has_a_factory_or_a_refusal() -> None:
         "always-disagg-multimodal-decider",
         "data-parallel-profile-handler",
         "approx-prefix-cache-producer",
+        "precise-prefix-cache-producer",
         "token-producer",
         "inflight-load-producer",
         "session-id-producer",
@@ -94,7 +95,6 @@ def test_every_reference_type_of_the_issue_is_registered(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        "precise-prefix-cache-producer",
         "mm-embeddings-cache-producer",
         "mm-embeddings-cache-scorer",
         "dcgm-data-source",

@@ -1,0 +1,293 @@
+"""The precise prefix-cache pipeline's plugins as configured: `token-producer`
+(which tokenizer, how long to wait for it) and `precise-prefix-cache-producer`
+(the servers' block hashing, the index's bounds, where the KV-cache events
+come from), with the reference's parameter names
+(`pkg/epp/framework/plugins/requestcontrol/dataproducer/tokenizer/` and
+`.../preciseprefixcache/`, `pkg/kvevents/pool.go`, `pkg/kvcache/kvblock/`).
+
+The factories return plain values; `epp.config.sections.precise` puts the
+producer's core part into `SchedulingConfig.precise` and the shell parts
+(`TokenizerSettings`, `KVEventsSettings`) into `EppConfig`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from epp.config.plugin import Param, ParameterError, ParamType, Unsupported
+from epp.scheduling.kvblocks import BlockHasher, HashAlgorithm, PreciseConfig
+
+T = ParamType
+
+
+class TokenizerBackend(enum.Enum):
+    ESTIMATE = "estimate"
+    VLLM = "vllm"
+    """The model server's `/v1/completions/render` and `/v1/chat/completions/render`."""
+    UDS = "uds"
+    """The reference's deprecated tokenizer sidecar over a Unix socket."""
+    LOCAL = "local"
+    """A Hugging Face `tokenizer.json` from a model directory, in process."""
+
+
+@dataclass(slots=True, frozen=True)
+class TokenizerSettings:
+    """A `token-producer`: the backend, the model named in render requests,
+    and how long a request waits for its tokens before it is scheduled with
+    the estimate instead (`timeout`, `mm_timeout` for multimodal bodies)."""
+
+    backend: TokenizerBackend = TokenizerBackend.ESTIMATE
+    model_name: str = ""
+    url: str = "http://localhost:8000"
+    timeout: float = 5.0
+    mm_timeout: float = 30.0
+    socket_file: str = ""
+    model_dir: str = ""
+    max_concurrency: int = 64
+    """Tokenizations in flight at once (past it a request takes the estimate)."""
+
+
+TOKEN_PRODUCER_PARAMETERS = (
+    Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
+    Param(
+        "vllm",
+        T.OBJECT,
+        None,
+        "the vLLM /render backend",
+        fields=(
+            Param("url", T.STRING, "http://localhost:8000"),
+            Param("timeout", T.DURATION, 5.0),
+            Param("mmTimeout", T.DURATION, 30.0),
+        ),
+        nullable=True,
+    ),
+    Param("estimate", T.ANY, None, "tokenizer-free estimate (the default backend)"),
+    Param(
+        "udsTokenizerConfig",
+        T.OBJECT,
+        None,
+        "deprecated tokenizer sidecar on a Unix socket",
+        fields=(
+            Param("socketFile", T.STRING, "/tmp/tokenizer/tokenizer-uds.socket"),
+            Param("timeout", T.DURATION, 5.0),
+        ),
+        nullable=True,
+    ),
+    Param(
+        "local",
+        T.OBJECT,
+        None,
+        "epp's own: a Hugging Face tokenizer.json from a model directory, in process",
+        fields=(
+            Param("modelDir", T.STRING, "", required=True),
+            Param("timeout", T.DURATION, 5.0),
+        ),
+        nullable=True,
+    ),
+    Param("maxConcurrency", T.INT, 64, "epp's own: tokenizations in flight at once", 1),
+)
+
+
+def token_producer(parameters: Mapping[str, Any]) -> TokenizerSettings:
+    chosen = [key for key in ("vllm", "udsTokenizerConfig", "local") if parameters[key] is not None]
+    if len(chosen) > 1:
+        raise ParameterError("", f"at most one backend may be set, got {', '.join(chosen)}")
+    model = parameters["modelName"]
+    concurrency = parameters["maxConcurrency"]
+    if chosen:
+        raise Unsupported(
+            "token-producer",
+            f"its {chosen[0]} backend is not wired into epp serve yet (issue #28); without "
+            "one it estimates tokens as epp always does",
+        )
+    if not chosen:
+        return TokenizerSettings(model_name=model, max_concurrency=concurrency)
+    if chosen[0] == "vllm":
+        vllm = parameters["vllm"]
+        if not model:
+            raise ParameterError("modelName", "required with the vllm backend")
+        url = vllm["url"].rstrip("/")
+        if not url.startswith("http://"):
+            raise ParameterError("vllm.url", f"must be a plain http:// URL, got {url!r}")
+        return TokenizerSettings(
+            TokenizerBackend.VLLM,
+            model,
+            url,
+            vllm["timeout"],
+            vllm["mmTimeout"],
+            max_concurrency=concurrency,
+        )
+    if chosen[0] == "udsTokenizerConfig":
+        uds = parameters["udsTokenizerConfig"]
+        return TokenizerSettings(
+            TokenizerBackend.UDS,
+            model,
+            timeout=uds["timeout"],
+            socket_file=uds["socketFile"],
+            max_concurrency=concurrency,
+        )
+    local = parameters["local"]
+    return TokenizerSettings(
+        TokenizerBackend.LOCAL,
+        model,
+        timeout=local["timeout"],
+        model_dir=local["modelDir"],
+        max_concurrency=concurrency,
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class KVEventsSettings:
+    """Where the servers' KV-cache events come from (`kvEventsConfig`): with
+    `discover_pods`, a SUB socket per endpoint on its address at
+    `socket_port` (+ its data-parallel rank), with the replay socket at
+    `replay_port` when that is positive; with `zmq_endpoint`, one SUB socket
+    bound there that the servers connect to, each known by its topic
+    (`kv@<pod address>@<model>`). Only topics starting with `topic_filter`
+    are read."""
+
+    zmq_endpoint: str = ""
+    topic_filter: str = "kv@"
+    discover_pods: bool = True
+    socket_port: int = 5557
+    replay_port: int = -1
+
+
+PRECISE_PRODUCER_PARAMETERS = (
+    Param(
+        "tokenProcessorConfig",
+        T.OBJECT,
+        None,
+        "the servers' block hashing",
+        fields=(
+            Param("blockSize", T.INT, 0, "deprecated: use blockSizeTokens", 0),
+            Param("blockSizeTokens", T.INT, 0, "tokens per block (vLLM --block-size; 0: 16)", 0),
+            Param("hashSeed", T.STRING, "", "the servers' PYTHONHASHSEED"),
+            Param(
+                "hashAlgorithm",
+                T.STRING,
+                "",
+                "the servers' --prefix-caching-hash-algo (default sha256_cbor); the "
+                "reference's own key schemes cbor-fnv and xxh64 mean the default",
+                choices=("", "cbor-fnv", "xxh64", *(a.value for a in HashAlgorithm)),
+            ),
+        ),
+    ),
+    Param(
+        "indexerConfig",
+        T.OBJECT,
+        None,
+        "the block index",
+        fields=(
+            Param(
+                "kvBlockIndexConfig",
+                T.OBJECT,
+                None,
+                fields=(
+                    Param(
+                        "inMemoryConfig",
+                        T.OBJECT,
+                        None,
+                        fields=(
+                            Param("size", T.INT, 100_000_000, "block keys kept", 1),
+                            Param("podCacheSize", T.INT, 10, "endpoints kept per key", 1),
+                        ),
+                    ),
+                    Param("redisConfig", T.ANY, None, "a shared index in Redis (refused)"),
+                    Param("costAwareMemoryConfig", T.ANY, None, "(refused)"),
+                    Param("enableMetrics", T.BOOL, False, "epp always exports the metrics"),
+                    Param("metricsLoggingInterval", T.ANY, None, "not used by epp"),
+                ),
+            ),
+            Param("kvCacheBackendConfigs", T.ANY, None, "device-tier weights (not used)"),
+            Param("tokenizersPoolConfig", T.ANY, None, "refused: use a token-producer"),
+        ),
+    ),
+    Param(
+        "kvEventsConfig",
+        T.OBJECT,
+        None,
+        "where the KV-cache events come from",
+        fields=(
+            Param("zmqEndpoint", T.STRING, "", "a SUB socket to bind, servers connect to it"),
+            Param("topicFilter", T.STRING, "kv@"),
+            Param("concurrency", T.INT, 4, "event workers (epp applies events on its loop)", 1),
+            Param("engineType", T.STRING, "vllm", choices=("vllm", "sglang")),
+            Param("discoverPods", T.BOOL, True, "a subscriber per endpoint"),
+            Param(
+                "podDiscoveryConfig",
+                T.OBJECT,
+                None,
+                fields=(
+                    Param("podLabelSelector", T.STRING, ""),
+                    Param("podNamespace", T.STRING, ""),
+                    Param("socketPort", T.INT, 5557, "the servers' KV-events PUB port", 1, 65535),
+                    Param("replaySocketPort", T.INT, 0, "their replay ROUTER port (0: none)"),
+                ),
+            ),
+        ),
+    ),
+    Param("speculativeIndexing", T.BOOL, False, "count a pick as cached until its event"),
+    Param("speculativeTTL", T.DURATION, 2.0, "how long a speculative entry lives"),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class PreciseProducer:
+    """What a `precise-prefix-cache-producer` configures: the core's part
+    (its `name` set by the loader) and the event subscribers'."""
+
+    precise: PreciseConfig
+    events: KVEventsSettings
+
+
+def precise_producer(parameters: Mapping[str, Any]) -> PreciseProducer:
+    name = "precise-prefix-cache-producer"
+    tokens = parameters["tokenProcessorConfig"]
+    size = tokens["blockSizeTokens"] or tokens["blockSize"] or 16
+    algorithm = tokens["hashAlgorithm"]
+    hasher = BlockHasher(
+        size,
+        tokens["hashSeed"],
+        HashAlgorithm(algorithm)
+        if algorithm not in ("", "cbor-fnv", "xxh64")
+        else HashAlgorithm.SHA256_CBOR,
+    )
+    indexer = parameters["indexerConfig"]
+    if indexer["tokenizersPoolConfig"] is not None:
+        raise ParameterError(
+            "indexerConfig.tokenizersPoolConfig",
+            "not supported; configure a token-producer plugin instead",
+        )
+    block_index = indexer["kvBlockIndexConfig"]
+    for backend in ("redisConfig", "costAwareMemoryConfig"):
+        if block_index[backend] is not None:
+            raise Unsupported(
+                name, f"indexerConfig.kvBlockIndexConfig.{backend}: epp keeps the index in memory"
+            )
+    memory = block_index["inMemoryConfig"]
+    events = parameters["kvEventsConfig"]
+    if events["engineType"] != "vllm":
+        raise Unsupported(name, "engineType sglang: epp decodes vLLM's KV-cache events")
+    discovery = events["podDiscoveryConfig"]
+    return PreciseProducer(
+        PreciseConfig(
+            name,
+            hasher,
+            index_size=memory["size"],
+            pods_per_key=memory["podCacheSize"],
+            speculative_ttl=parameters["speculativeTTL"]
+            if parameters["speculativeIndexing"]
+            else None,
+        ),
+        KVEventsSettings(
+            events["zmqEndpoint"],
+            events["topicFilter"],
+            events["discoverPods"],
+            discovery["socketPort"],
+            discovery["replaySocketPort"] if discovery["replaySocketPort"] > 0 else -1,
+        ),
+    )

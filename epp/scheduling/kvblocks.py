@@ -1,0 +1,452 @@
+"""The precise prefix cache: vLLM's own block keys, and which endpoint holds
+which according to the endpoints' KV-cache events.
+
+Block keys (`BlockHasher`) are computed as vLLM computes them
+(`vllm/v1/core/kv_cache_utils.py`, `hash_block_tokens`, and
+`vllm/utils/hashing.py`): tokens are cut into full blocks of `block_size`;
+
+    NONE_HASH = H(hash_seed)                  (vLLM: H(os.environ["PYTHONHASHSEED"]))
+    h_i       = H((h_i-1 or NONE_HASH, tuple(block_i tokens), extra_keys_i))
+
+where H serializes its argument (pickle at the highest protocol, canonical
+CBOR, or MessagePack) and digests it (SHA-256, or xxh3-128), and
+`extra_keys_i` is None or a tuple: the LoRA adapter's name on every block,
+then the cache salt on block 0. The hashes chain over their full digests; the
+key an event carries, and the one this index stores, is the digest's last 8
+bytes as a big-endian integer (`maybe_convert_block_hash`, vLLM's default
+`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`). So a lookup matches what the
+server reports exactly when `block_size`, `hash_seed` and the algorithm are
+the server's (`--block-size`, `PYTHONHASHSEED`, `--prefix-caching-hash-algo`).
+
+`KVBlockIndex` maps each key to the endpoints that reported storing it and
+each endpoint to its keys, applied event by event (`apply`): BlockStored
+adds, BlockRemoved removes (per storage medium: a block offloaded to CPU and
+still on GPU stays), AllBlocksCleared drops the endpoint's keys. It holds at
+most `size` keys; past that the least recently stored key is evicted, from
+every endpoint (the reference's in-memory index: an LRU of keys, each with
+at most `pods_per_key` endpoints). An endpoint that leaves the pool takes its
+keys with it (`remove_endpoint`). An endpoint that publishes nothing holds
+nothing, so it matches nothing.
+
+With speculation on, `record` marks the blocks of a prompt just sent to an
+endpoint as held there for `speculative_ttl` seconds (the reference's
+`speculativeIndexing`), covering the time until the server's event arrives;
+a stored event for the same key makes it confirmed, so the guess's expiry
+leaves it.
+
+Matching walks the prompt's keys in order; an endpoint's match is its
+leading run of held keys (it stops at its first miss, as vLLM's own prefix
+lookup does), so it costs one dict lookup per key plus one membership test
+per endpoint still matching.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+import msgspec
+import xxhash
+
+KEY_MASK = (1 << 64) - 1
+
+_MSGPACK = msgspec.msgpack.Encoder()
+
+
+class HashAlgorithm(enum.Enum):
+    """vLLM's `--prefix-caching-hash-algo` values."""
+
+    SHA256 = "sha256"
+    SHA256_CBOR = "sha256_cbor"
+    SHA256_MSGPACK = "sha256_msgpack"
+    XXHASH = "xxhash"
+    XXHASH_CBOR = "xxhash_cbor"
+    XXHASH_MSGPACK = "xxhash_msgpack"
+
+
+def _pickled(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _cbor(value: Any) -> bytes:
+    return cbor2.dumps(value, canonical=True)
+
+
+_SERIALIZE: dict[HashAlgorithm, Callable[[Any], bytes]] = {
+    HashAlgorithm.SHA256: _pickled,
+    HashAlgorithm.SHA256_CBOR: _cbor,
+    HashAlgorithm.SHA256_MSGPACK: _MSGPACK.encode,
+    HashAlgorithm.XXHASH: _pickled,
+    HashAlgorithm.XXHASH_CBOR: _cbor,
+    HashAlgorithm.XXHASH_MSGPACK: _MSGPACK.encode,
+}
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+_DIGEST: dict[HashAlgorithm, Callable[[bytes], bytes]] = {
+    algorithm: (_sha256 if algorithm.value.startswith("sha256") else xxhash.xxh3_128_digest)
+    for algorithm in HashAlgorithm
+}
+
+
+def vllm_hash(algorithm: HashAlgorithm, value: Any) -> bytes:
+    """vLLM's hash function `algorithm` of `value` (`get_hash_fn_by_name`)."""
+    return _DIGEST[algorithm](_SERIALIZE[algorithm](value))
+
+
+def external_key(digest: bytes) -> int:
+    """The 64-bit key an event carries for a block's digest."""
+    return int.from_bytes(digest, "big") & KEY_MASK
+
+
+@dataclass(slots=True, frozen=True)
+class BlockHasher:
+    """Tokens to vLLM block keys for one server configuration."""
+
+    block_size: int = 16
+    hash_seed: str = ""
+    algorithm: HashAlgorithm = HashAlgorithm.SHA256_CBOR
+    none_hash: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block size must be positive, got {self.block_size}")
+        object.__setattr__(self, "none_hash", vllm_hash(self.algorithm, self.hash_seed))
+
+    def digests(
+        self,
+        tokens: Sequence[int],
+        max_blocks: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> list[bytes]:
+        """The full digests of the full blocks of `tokens`, in order."""
+        size = self.block_size
+        count = len(tokens) // size
+        if max_blocks is not None:
+            count = min(count, max_blocks)
+        serialize = _SERIALIZE[self.algorithm]
+        digest = _DIGEST[self.algorithm]
+        lora = (lora_name,) if lora_name else ()
+        first = (*lora, cache_salt) if cache_salt else lora
+        extra_first = first or None
+        extra_rest = lora or None
+        parent = self.none_hash
+        out = []
+        for index in range(count):
+            start = index * size
+            block = tuple(tokens[start : start + size])
+            extra = extra_first if index == 0 else extra_rest
+            parent = digest(serialize((parent, block, extra)))
+            out.append(parent)
+        return out
+
+    def keys(
+        self,
+        tokens: Sequence[int],
+        max_blocks: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> tuple[int, ...]:
+        """The 64-bit keys of the full blocks of `tokens` (what events carry)."""
+        return tuple(map(external_key, self.digests(tokens, max_blocks, lora_name, cache_salt)))
+
+
+# -- events (decoded by the shell from the servers' msgpack batches) ---------
+
+
+@dataclass(slots=True, frozen=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+    lora_name: str | None = None
+    medium: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+    medium: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+GPU = 1
+"""Medium bits of a held key: GPU (also an event without a medium), any
+other medium (CPU offload, disk), and a speculative guess."""
+OFFLOADED = 2
+GUESSED = 4
+
+
+def medium_bit(medium: str | None) -> int:
+    return GPU if medium is None or medium.upper() == "GPU" else OFFLOADED
+
+
+@dataclass(slots=True)
+class IndexCounters:
+    """What the index did since it was made (the shell exports them)."""
+
+    admissions: int = 0
+    evictions: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
+    """Blocks matched by the best endpoint, summed over lookups."""
+    max_pod_hits: int = 0
+    """The longest per-endpoint run observed per lookup, summed (the reference's
+    `max_pod_hit_count_total`)."""
+    removed_unknown: int = 0
+    """Removals of keys the endpoint was not known to hold."""
+
+
+class KVBlockIndex:
+    """Engine block keys to the endpoints holding them (module docstring).
+
+    Invariants: a key is in `_holders` iff some endpoint holds it with a
+    non-zero medium mask; `_held[e]` has key k iff `_holders[k]` has e;
+    `len(_holders) <= size`; no key has more than `pods_per_key` holders.
+    `_holders` is in storing order (the oldest first), which is the
+    eviction order."""
+
+    __slots__ = (
+        "_clock",
+        "_guesses",
+        "_held",
+        "_holders",
+        "counters",
+        "pods_per_key",
+        "size",
+        "speculative_ttl",
+    )
+
+    def __init__(
+        self,
+        size: int = 100_000_000,
+        pods_per_key: int = 10,
+        speculative_ttl: float | None = None,
+        clock: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        if size <= 0 or pods_per_key <= 0:
+            raise ValueError(
+                f"index size and pods per key must be positive, got {size}, {pods_per_key}"
+            )
+        self.size = size
+        self.pods_per_key = pods_per_key
+        self.speculative_ttl = speculative_ttl
+        self._clock = clock
+        self._holders: dict[int, dict[str, int]] = {}
+        self._held: dict[str, dict[int, None]] = {}
+        self._guesses: deque[tuple[float, str, tuple[int, ...]]] = deque()
+        self.counters = IndexCounters()
+
+    # -- size ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Keys held by some endpoint."""
+        return len(self._holders)
+
+    def entries(self) -> int:
+        """(key, endpoint) pairs held."""
+        return sum(len(keys) for keys in self._held.values())
+
+    def endpoints(self) -> set[str]:
+        return set(self._held)
+
+    def held_by(self, endpoint: str) -> int:
+        """How many keys `endpoint` holds."""
+        return len(self._held.get(endpoint, ()))
+
+    def holds(self, endpoint: str, key: int) -> bool:
+        return key in self._held.get(endpoint, ())
+
+    # -- events --------------------------------------------------------------
+
+    def apply(self, endpoint: str, events: Iterable[KVEvent]) -> None:
+        """`endpoint`'s events, in the order it published them."""
+        for event in events:
+            if isinstance(event, BlockStored):
+                self.store(endpoint, event.block_hashes, medium_bit(event.medium))
+            elif isinstance(event, BlockRemoved):
+                self.remove(endpoint, event.block_hashes, medium_bit(event.medium))
+            else:
+                self.remove_endpoint(endpoint)
+                self._held[endpoint] = {}
+
+    def store(self, endpoint: str, keys: Iterable[int], bit: int = GPU) -> None:
+        holders_of = self._holders
+        held = self._held.get(endpoint)
+        if held is None:
+            held = self._held[endpoint] = {}
+        for key in keys:
+            holders = holders_of.pop(key, None)
+            if holders is None:
+                holders = {}
+                self.counters.admissions += 1
+            holders_of[key] = holders  # now the most recently stored
+            mask = holders.pop(endpoint, 0)
+            holders[endpoint] = mask | bit
+            if not mask:
+                held[key] = None
+                if len(holders) > self.pods_per_key:
+                    oldest = next(iter(holders))
+                    del holders[oldest]
+                    del self._held[oldest][key]
+        self.trim()
+
+    def trim(self) -> None:
+        """Evict the least recently stored keys past `size`."""
+        while len(self._holders) > self.size:
+            self._evict_oldest()
+
+    def remove(self, endpoint: str, keys: Iterable[int], bit: int = GPU) -> None:
+        holders_of = self._holders
+        held = self._held.get(endpoint)
+        for key in keys:
+            holders = holders_of.get(key)
+            mask = holders.get(endpoint, 0) if holders is not None else 0
+            if not mask & bit:
+                self.counters.removed_unknown += 1
+                continue
+            assert holders is not None and held is not None
+            mask &= ~bit
+            if mask & (GPU | OFFLOADED):
+                holders[endpoint] = mask
+                continue
+            del holders[endpoint]
+            del held[key]
+            if not holders:
+                del holders_of[key]
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Forget everything `endpoint` holds."""
+        held = self._held.pop(endpoint, None)
+        if not held:
+            return
+        holders_of = self._holders
+        for key in held:
+            holders = holders_of[key]
+            del holders[endpoint]
+            if not holders:
+                del holders_of[key]
+
+    def _evict_oldest(self) -> None:
+        key = next(iter(self._holders))
+        for endpoint in self._holders.pop(key):
+            del self._held[endpoint][key]
+        self.counters.evictions += 1
+
+    # -- speculation -----------------------------------------------------------
+
+    def record(self, endpoint: str, keys: Sequence[int], capacity: int | None = None) -> None:
+        """`endpoint` was just sent a prompt with these keys: with
+        speculation on, they count as held there until the guess expires
+        (or an event confirms them)."""
+        if self.speculative_ttl is None or not keys:
+            return
+        now = self._clock()
+        self._expire(now)
+        fresh = tuple(key for key in keys if not self.holds(endpoint, key))
+        if fresh:
+            self.store(endpoint, fresh, GUESSED)
+            self._guesses.append((now + self.speculative_ttl, endpoint, fresh))
+
+    def _expire(self, now: float) -> None:
+        guesses = self._guesses
+        while guesses and guesses[0][0] <= now:
+            _, endpoint, keys = guesses.popleft()
+            self._drop_guess(endpoint, keys)
+
+    def _drop_guess(self, endpoint: str, keys: tuple[int, ...]) -> None:
+        holders_of = self._holders
+        held = self._held.get(endpoint)
+        for key in keys:
+            holders = holders_of.get(key)
+            mask = holders.get(endpoint, 0) if holders is not None else 0
+            if not mask & GUESSED:
+                continue
+            assert holders is not None and held is not None
+            if mask & (GPU | OFFLOADED):
+                holders[endpoint] = mask & ~GUESSED
+                continue
+            del holders[endpoint]
+            del held[key]
+            if not holders:
+                del holders_of[key]
+
+    # -- lookup ------------------------------------------------------------------
+
+    def matches(self, keys: Sequence[int]) -> dict[str, int]:
+        """For each endpoint holding the first key: how many leading keys it
+        holds (matching stops at its first miss)."""
+        counters = self.counters
+        counters.lookups += 1
+        if self._guesses:
+            self._expire(self._clock())
+        holders_of = self._holders
+        first = holders_of.get(keys[0]) if keys else None
+        if not first:
+            return {}
+        matched: dict[str, int] = {}
+        alive = list(first)
+        depth = 1
+        for key in keys[1:]:
+            holders = holders_of.get(key)
+            if holders is None:
+                break
+            still = [endpoint for endpoint in alive if endpoint in holders]
+            if len(still) < len(alive):
+                for endpoint in alive:
+                    if endpoint not in holders:
+                        matched[endpoint] = depth
+                alive = still
+                if not alive:
+                    break
+            depth += 1
+        for endpoint in alive:
+            matched[endpoint] = depth
+        best = max(matched.values())
+        counters.lookup_hits += best
+        counters.max_pod_hits += best
+        return matched
+
+
+@dataclass(slots=True, frozen=True)
+class PreciseConfig:
+    """The `precise-prefix-cache-producer` as the core needs it: its name
+    (what `prefix-cache-scorer`'s `prefixMatchInfoProducerName` names), the
+    servers' block hashing, at most `max_blocks` keys hashed per prompt, and
+    the index's bounds (`indexerConfig.kvBlockIndexConfig.inMemoryConfig`:
+    `size` keys, `podCacheSize` endpoints per key) and speculation
+    (`speculativeIndexing`, `speculativeTTL`; None when off)."""
+
+    name: str = "precise-prefix-cache-producer"
+    hasher: BlockHasher = field(default_factory=BlockHasher)
+    max_blocks: int = 8192
+    index_size: int = 100_000_000
+    pods_per_key: int = 10
+    speculative_ttl: float | None = None
+
+    def index(self, clock: Callable[[], float]) -> KVBlockIndex:
+        return KVBlockIndex(self.index_size, self.pods_per_key, self.speculative_ttl, clock)
+
+    def retune(self, index: KVBlockIndex) -> None:
+        """`index` (kept across a reload) bounded as this configuration says."""
+        index.size = self.index_size
+        index.pods_per_key = self.pods_per_key
+        index.speculative_ttl = self.speculative_ttl
+        index.trim()
