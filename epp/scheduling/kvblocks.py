@@ -314,13 +314,19 @@ class KVBlockIndex:
             self._evict_oldest()
 
     def remove(self, endpoint: str, keys: Iterable[int], bit: int = GPU) -> None:
+        self._clear(endpoint, keys, bit, True)
+
+    def _clear(self, endpoint: str, keys: Iterable[int], bit: int, count: bool) -> None:
+        """`endpoint` no longer holds `keys` on medium `bit`; a key it holds
+        on no real medium any more (a guess alone does not count) leaves it."""
         holders_of = self._holders
         held = self._held.get(endpoint)
         for key in keys:
             holders = holders_of.get(key)
             mask = holders.get(endpoint, 0) if holders is not None else 0
             if not mask & bit:
-                self.counters.removed_unknown += 1
+                if count:
+                    self.counters.removed_unknown += 1
                 continue
             assert holders is not None and held is not None
             mask &= ~bit
@@ -369,24 +375,7 @@ class KVBlockIndex:
         guesses = self._guesses
         while guesses and guesses[0][0] <= now:
             _, endpoint, keys = guesses.popleft()
-            self._drop_guess(endpoint, keys)
-
-    def _drop_guess(self, endpoint: str, keys: tuple[int, ...]) -> None:
-        holders_of = self._holders
-        held = self._held.get(endpoint)
-        for key in keys:
-            holders = holders_of.get(key)
-            mask = holders.get(endpoint, 0) if holders is not None else 0
-            if not mask & GUESSED:
-                continue
-            assert holders is not None and held is not None
-            if mask & (GPU | OFFLOADED):
-                holders[endpoint] = mask & ~GUESSED
-                continue
-            del holders[endpoint]
-            del held[key]
-            if not holders:
-                del holders_of[key]
+            self._clear(endpoint, keys, GUESSED, False)
 
     # -- lookup ------------------------------------------------------------------
 
