@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -259,6 +259,8 @@ class EppServer:
                 options.cert_files, options.tls_min_version, options.tls_cipher_suites
             )
         self.store = EndpointStore()
+        self.kv_subscribers: Any = None
+        """The KV-cache event subscribers (`epp.datalayer.kvevents`), once started."""
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self.plugin_durations = PluginDurations()
         self._build_core(self.config)
@@ -535,6 +537,7 @@ class EppServer:
             )
             await self._stack.enter_async_context(scraper)
             self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
+        await self._start_kv_events()
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)
@@ -543,6 +546,29 @@ class EppServer:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+    async def _start_kv_events(self) -> None:
+        """Subscribe to the servers' KV-cache events when the precise prefix
+        cache is configured (changes to where they come from apply at the
+        next restart)."""
+        settings = self.config.kv_events
+        if settings is None or self.wired.kv_index is None:
+            return
+        from epp.datalayer.kvevents import KVEventsSubscribers
+        from epp.serve.kv_metrics import KVCacheCollector
+
+        subscribers = KVEventsSubscribers(
+            settings,
+            self.store.addresses,
+            lambda address, events: self.wired.kv_events(address, events),
+            lambda address: self.wired.kv_endpoint_reset(address),
+        )
+        await self._stack.enter_async_context(subscribers)
+        self.store.on_membership_change(subscribers.sync)
+        self.kv_subscribers = subscribers
+        self.metrics.registry.register(
+            KVCacheCollector(lambda: self.wired.kv_index, subscribers.stats)
+        )
 
     async def _start_cluster_mode(self) -> None:
         from epp.k8s.cluster import ClusterSettings, cluster_mode
