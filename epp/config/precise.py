@@ -97,12 +97,6 @@ def token_producer(parameters: Mapping[str, Any]) -> TokenizerSettings:
         raise ParameterError("", f"at most one backend may be set, got {', '.join(chosen)}")
     model = parameters["modelName"]
     concurrency = parameters["maxConcurrency"]
-    if chosen:
-        raise Unsupported(
-            "token-producer",
-            f"its {chosen[0]} backend is not wired into epp serve yet (issue #28); without "
-            "one it estimates tokens as epp always does",
-        )
     if not chosen:
         return TokenizerSettings(model_name=model, max_concurrency=concurrency)
     if chosen[0] == "vllm":

@@ -4,7 +4,11 @@ trtllm-serve), driven in real time by the simulator's model.
 The OpenAI surface a gateway sees, in vLLM's formats (`server_formats`):
 `/v1/completions`, `/v1/chat/completions`, `/v1/responses`,
 `/v1/embeddings` (JSON, or SSE when `stream` is true), `/v1/models` with
-vLLM's fields, `/health`, and the engine's metrics pages (`server_metrics`).
+vLLM's fields, `/health`, the engine's metrics pages (`server_metrics`),
+and vLLM's tokenizer endpoints (`/v1/completions/render`,
+`/v1/chat/completions/render`, `/tokenize`) over its own tokenizer
+(`server_formats.token_ids`). With `kv_events` it publishes its prefix
+cache's stores and evictions as vLLM does (`kv_publisher`).
 A request for a model the server does not serve gets 404 (the served names
 are configurable; LoRA adapters count, and a request for one runs it); a
 request the model refuses (its waiting queue is full) gets 503, as vLLM's
@@ -40,22 +44,56 @@ import json
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
+from epp.demo.kv_publisher import KVEventPublisher, cleared, removed, stored
 from epp.demo.processes import serve_until_signalled
-from epp.demo.server_formats import CHARS_PER_TOKEN, Api, Reply, RequestError, read_request
+from epp.demo.server_formats import (
+    CHARS_PER_TOKEN,
+    Api,
+    Reply,
+    RequestError,
+    bad_request,
+    prompt_of,
+    read_request,
+    token_ids,
+)
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
+from epp.scheduling.kvblocks import BlockHasher, HashAlgorithm
 from epp.scheduling.prefix import block_hashes
 from epp.sim.scenario import KvTransfer
-from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
+from epp.sim.server_model import (
+    CLEARED,
+    STORED,
+    KVLogEntry,
+    ModelServer,
+    ServerParams,
+    ServerRequest,
+)
 
 STREAM_BATCH_S = 0.05
 """How often a streaming response sends the tokens decoded since the last event."""
 STORED_RESPONSES = 1000
 """Responses kept for `previous_response_id` (the oldest is forgotten first)."""
+
+
+@dataclass(slots=True, frozen=True)
+class KVEventsPublishing:
+    """How a simulated server publishes its KV-cache events, as vLLM's
+    `--kv-events-config` does: on `host` (default: the server's) at `port`
+    (0: a free one), its replay socket at `replay_port` (None: none), its
+    block keys vLLM's for `hash_seed` (PYTHONHASHSEED) and `algorithm`."""
+
+    port: int = 0
+    replay_port: int | None = 0
+    host: str = ""
+    hash_seed: str = ""
+    algorithm: HashAlgorithm = HashAlgorithm.SHA256_CBOR
 
 
 @dataclass(slots=True, eq=False)
@@ -76,8 +114,15 @@ class RealTimeModel:
     One timer at a time, set for the model's next event; an admission may
     bring that event forward, so the timer is re-set after each call."""
 
-    def __init__(self, params: ServerParams) -> None:
+    def __init__(
+        self,
+        params: ServerParams,
+        on_kv_events: Callable[[list[KVLogEntry]], None] | None = None,
+    ) -> None:
         self.model = ModelServer(params, self)
+        self._on_kv_events = on_kv_events
+        if on_kv_events is not None:
+            self.model.kv_log = []
         self._loop = asyncio.get_running_loop()
         self._origin = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
@@ -96,6 +141,7 @@ class RealTimeModel:
         lora: str | None = None,
         remote_kv: bool = False,
         block_keys: tuple[int, ...] = (),
+        tokens: tuple[int, ...] = (),
     ) -> _Pending | None:
         """The request's futures, or None when the waiting queue is full."""
         pending = _Pending(self._loop.create_future(), self._loop.create_future())
@@ -108,13 +154,30 @@ class RealTimeModel:
             owner=pending,
             remote_kv=remote_kv,
             block_keys=block_keys,
+            token_ids=tokens,
         )
         pending.request = request
         if not self.model.admit(request, self.now()):
             return None
         self.admitted_total += 1
         self._schedule()
+        self._drain_kv_log()
         return pending
+
+    def fail(self) -> None:
+        """The server restarts: its cache is lost (told as AllBlocksCleared)."""
+        for request in self.model.fail():
+            for future in (request.owner.first_token, request.owner.finished):
+                if not future.done():
+                    future.set_exception(ConnectionResetError("the server restarted"))
+        self._schedule()
+        self._drain_kv_log()
+
+    def _drain_kv_log(self) -> None:
+        log = self.model.kv_log
+        if log and self._on_kv_events is not None:
+            self.model.kv_log = []
+            self._on_kv_events(log)
 
     def abort(self, pending: _Pending) -> bool:
         """Take an unfinished request out of the model; whether it was there."""
@@ -146,6 +209,7 @@ class RealTimeModel:
         self._timer_at = math.inf
         self.model.advance(max(at, self.now()))
         self._schedule()
+        self._drain_kv_log()
 
     # ServerListener
     def started(self, request: ServerRequest, now: float) -> None:
@@ -171,7 +235,13 @@ class SimulatedServer:
     `served_model_names` are the names it answers to (default: `model_name`);
     `lora_adapters` are served too, each running as that adapter;
     `engine` is the pose of its metrics pages (vllm, sglang, trtllm-serve);
-    `kv_transfer` the time a remote prefill's KV takes to pull."""
+    `kv_transfer` the time a remote prefill's KV takes to pull;
+    `kv_events`, when given, makes it publish its prefix cache's changes as
+    vLLM's KV events over ZMQ, keyed by vLLM's block keys of its tokens.
+    It tokenizes as vLLM's `/v1/completions/render`,
+    `/v1/chat/completions/render` (unless `render_endpoints` is off, as on
+    a server without them) and `/tokenize` answer, each `tokenize_delay_s`
+    late."""
 
     def __init__(
         self,
@@ -182,6 +252,9 @@ class SimulatedServer:
         engine: str = "vllm",
         served_model_names: tuple[str, ...] = (),
         lora_adapters: tuple[str, ...] = (),
+        kv_events: KVEventsPublishing | None = None,
+        tokenize_delay_s: float = 0.0,
+        render_endpoints: bool = True,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -198,6 +271,17 @@ class SimulatedServer:
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
         self._responses: OrderedDict[str, int] = OrderedDict()
+        self.kv_events = kv_events
+        self.tokenize_delay_s = tokenize_delay_s
+        self.render_endpoints = render_endpoints
+        self.publisher: KVEventPublisher | None = None
+        self._kv_queue: asyncio.Queue[list[KVLogEntry] | None] = asyncio.Queue()
+        self._kv_task: asyncio.Task[None] | None = None
+        self._hasher = (
+            BlockHasher(params.block_size, kv_events.hash_seed, kv_events.algorithm)
+            if kv_events is not None
+            else None
+        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -207,6 +291,10 @@ class SimulatedServer:
         app.router.add_post("/v1/embeddings", self._handler(Api.EMBEDDINGS))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        if self.render_endpoints:
+            app.router.add_post("/v1/completions/render", self._render(Api.COMPLETIONS))
+            app.router.add_post("/v1/chat/completions/render", self._render(Api.CHAT))
+        app.router.add_post("/tokenize", self._tokenize)
         if self.engine == "trtllm-serve":
             app.router.add_get("/metrics", self._iteration_stats)
             app.router.add_get("/prometheus/metrics", self._metrics)
@@ -215,7 +303,10 @@ class SimulatedServer:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self.model = model = RealTimeModel(self.params)
+        publishing = self.kv_events
+        self.model = model = RealTimeModel(
+            self.params, self._kv_queue.put_nowait if publishing is not None else None
+        )
         self.pages = MetricsPages(
             self.engine,
             self.served[0],
@@ -228,6 +319,15 @@ class SimulatedServer:
         site = web.TCPSite(self._runner, host, port)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        if publishing is not None:
+            self.publisher = KVEventPublisher(
+                publishing.host or host,
+                publishing.port,
+                f"kv@{publishing.host or host}@{self.served[0]}",
+                publishing.replay_port,
+            )
+            await self.publisher.__aenter__()
+            self._kv_task = asyncio.create_task(self._publish(self.publisher))
         return self.port
 
     async def stop(self) -> None:
@@ -236,6 +336,72 @@ class SimulatedServer:
             self._runner = None
         if self.model is not None:
             self.model.close()
+        if self._kv_task is not None:
+            self._kv_queue.put_nowait(None)
+            await self._kv_task
+            self._kv_task = None
+        if self.publisher is not None:
+            await self.publisher.__aexit__(None, None, None)
+            self.publisher = None
+
+    def restart(self) -> None:
+        """The model process restarts in place: every request it holds is
+        lost and its KV cache with it (published as AllBlocksCleared)."""
+        if self.model is not None:
+            self.model.fail()
+
+    async def _publish(self, publisher: KVEventPublisher) -> None:
+        """Publish the model's cache changes, a batch per drained log, in order."""
+        size = self.params.block_size
+        while (entries := await self._kv_queue.get()) is not None:
+            events: list[object] = []
+            for entry in entries:
+                if entry.kind == STORED:
+                    events.append(stored(entry.keys, entry.parent, entry.token_ids, size))
+                elif entry.kind == CLEARED:
+                    events.append(cleared())
+                else:
+                    events.append(removed(entry.keys))
+            await publisher.publish(events)
+
+    def _render(self, api: Api):
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                tokens = await self._tokens_of(api, await request.read())
+            except RequestError as error:
+                return web.json_response(error.body(), status=error.status)
+            if api is Api.CHAT:
+                return web.json_response({"token_ids": tokens})
+            return web.json_response([{"token_ids": tokens}])
+
+        return handle
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+            api = Api.CHAT if isinstance(body, dict) and "messages" in body else Api.COMPLETIONS
+            tokens = await self._tokens_of(api, raw)
+        except (orjson.JSONDecodeError, RequestError):
+            return web.json_response(bad_request("a prompt or messages").body(), status=400)
+        limit = self.params.kv_blocks * self.params.block_size
+        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": limit})
+
+    async def _tokens_of(self, api: Api, raw: bytes) -> list[int]:
+        """The prompt's tokens, as the server's generation path reads them."""
+        if self.tokenize_delay_s:
+            await asyncio.sleep(self.tokenize_delay_s)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as error:
+            raise bad_request(f"JSON decode error: {error}") from None
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        prompt = body.get("prompt")
+        is_tokens = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        if api is Api.COMPLETIONS and prompt and is_tokens:
+            return prompt
+        return token_ids(prompt_of(api, body))
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")
@@ -323,8 +489,16 @@ class SimulatedServer:
         remote_prefill = kv.get("do_remote_prefill") is True
         if remote_prefill:
             await asyncio.sleep(self.kv_transfer.seconds(prompt_tokens))
-        blocks = self._prompt_blocks(asked.prompt_text, prompt_tokens, asked.model)
-        pending = model.submit(prompt_tokens, asked.output_tokens, lora, remote_prefill, blocks)
+        tokens: tuple[int, ...] = ()
+        if self._hasher is not None:
+            tokens = tuple(token_ids(asked.prompt_text)) if asked.prompt_text else ()
+            count = max(0, prompt_tokens - 1) // self.params.block_size
+            blocks = self._hasher.keys(tokens, count, lora)
+        else:
+            blocks = self._prompt_blocks(asked.prompt_text, prompt_tokens, asked.model)
+        pending = model.submit(
+            prompt_tokens, asked.output_tokens, lora, remote_prefill, blocks, tokens
+        )
         if pending is None:
             raise RequestError(503, "The waiting queue is full.", "ServiceUnavailableError")
         reply = Reply(api, asked.model, prompt_tokens, asked.output_tokens, asked.continuous_usage)

@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 import orjson
+from xxhash import xxh32_intdigest
 
 CHARS_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 16
@@ -115,6 +116,24 @@ def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequ
 
 def _tokens(text: str) -> int:
     return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+VOCABULARY = 151_000
+
+
+def token_ids(text: str) -> list[int]:
+    """The simulated server's tokenizer: one token per `CHARS_PER_TOKEN`
+    characters (as many as `prompt_tokens` counts), its id a hash of them."""
+    count = _tokens(text)
+    step = CHARS_PER_TOKEN
+    return [
+        xxh32_intdigest(text[i * step : (i + 1) * step].encode()) % VOCABULARY for i in range(count)
+    ]
+
+
+def prompt_of(api: Api, body: dict[str, Any]) -> str:
+    """The prompt's text as the server reads it (for its tokenizer)."""
+    return _prompt(api, body)[0]
 
 
 def _text_of(value: Any) -> str:

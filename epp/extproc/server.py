@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from google.protobuf.message import DecodeError
@@ -41,6 +41,7 @@ from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, Phase, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.request import InferenceRequest
 from epp.transport import Call, Status
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ Screen = Callable[[FlowRequest], str | None]
 """Why a complete request is refused before flow control (None: it goes on):
 the configured admitters."""
 
+Tokenize = Callable[[InferenceRequest], Awaitable[None]]
+"""Fills a request's token ids before it is offered (`epp.serve.tokenizer`)."""
+
 StreamListener = Callable[[Rejected | Release], None]
 """Told of every local error reply and every release (for metrics)."""
 
@@ -91,8 +95,12 @@ class ExtProcService:
         screen: Screen | None = None,
         on_response_processed: Callable[[float], None] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        tokenize: Tokenize | None = None,
     ) -> None:
         self.admission = admission
+        self.tokenize = tokenize
+        """When set, awaited on each request before it is offered (the token
+        producer); it never raises, so a request goes on whatever it does."""
         self.screen = screen
         self.calls: dict[FlowRequest, ExtProcCall] = {}
         """The open calls by the request they asked admission for."""
@@ -183,8 +191,8 @@ class ExtProcCall:
 
     def on_cancel(self) -> None:
         if self._admitting is not None:
-            assert self._admitting_request is not None
-            self._service.admission.withdraw(self._admitting_request)
+            if self._admitting_request is not None:  # else still tokenizing
+                self._service.admission.withdraw(self._admitting_request)
             self._admitting.cancel()
             self._admitting = self._admitting_request = None  # no task <-> call cycle
         self._close()
@@ -211,6 +219,27 @@ class ExtProcCall:
         self._carry_out(self._machine.evict())
 
     def _offer(self, request: FlowRequest) -> None:
+        tokenize = self._service.tokenize
+        payload = request.payload
+        if tokenize is not None and isinstance(payload, InferenceRequest):
+            # messages arriving meanwhile wait, as while admission waits
+            self._admitting = asyncio.get_running_loop().create_task(
+                self._tokenize_then_offer(request, tokenize(payload))
+            )
+            return
+        self._offer_now(request)
+
+    async def _tokenize_then_offer(self, request: FlowRequest, tokenizing: Awaitable[None]) -> None:
+        await tokenizing
+        payload = request.payload
+        if isinstance(payload, InferenceRequest):
+            request.input_tokens = payload.input_tokens
+        self._admitting = None
+        self._offer_now(request)
+        if self._admitting is None:  # settled at once: what waited goes on
+            self._resume()
+
+    def _offer_now(self, request: FlowRequest) -> None:
         self._service.calls[request] = self
         try:
             screen = self._service.screen
@@ -242,14 +271,23 @@ class ExtProcCall:
         self._admitting = self._admitting_request = None
         try:
             self._carry_out(follow_up)
-            waiting, self._waiting = self._waiting, []
-            for message in waiting:
-                self._carry_out(self._machine.receive(message, self._service.clock()))
         except Exception:
             log.exception("request %s: failed after admission", request.request_id)
             self._end(Status.INTERNAL, "internal error")
             return
-        if self._half_closed:
+        self._resume()
+
+    def _resume(self) -> None:
+        """Carry out the messages that came while the request was admitted."""
+        try:
+            waiting, self._waiting = self._waiting, []
+            for message in waiting:
+                self._carry_out(self._machine.receive(message, self._service.clock()))
+        except Exception:
+            log.exception("call failed after admission")
+            self._end(Status.INTERNAL, "internal error")
+            return
+        if self._half_closed and not self._closed:
             self._end(Status.OK)
 
     def _end(self, status: Status, message: str = "") -> None:

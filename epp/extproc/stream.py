@@ -59,7 +59,7 @@ from epp.extproc.events import (
     Release,
 )
 from epp.extproc.messages import ProcessingRequest
-from epp.extproc.openai import BadRequest
+from epp.extproc.openai import Api, BadRequest
 from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
 from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
 from epp.flowcontrol.outcome import Outcome
@@ -364,6 +364,8 @@ class ExtProcStream:
                 input_tokens=parsed.input_tokens,
                 multimodal=parsed.multimodal,
                 headers=headers,
+                body=parsed.body,
+                chat=parsed.api is Api.CHAT_COMPLETIONS,
             ),
         )
         self.phase = Phase.ADMITTING

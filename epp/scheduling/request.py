@@ -45,7 +45,9 @@ class InferenceRequest:
     `token_ids` are the prompt's tokens as the model server will see them,
     when a token producer tokenized it (None otherwise: the precise prefix
     cache then matches nothing); `cache_salt` is the body's `cache_salt`.
-    `kv_block_keys` caches their vLLM block keys (`kvblocks`).
+    `kv_block_keys` caches their vLLM block keys (`kvblocks`). `body` is the
+    request body as sent upstream and `chat` whether it is a chat (messages)
+    request, for the token producer.
     """
 
     model: str
@@ -67,4 +69,6 @@ class InferenceRequest:
     fallbacks: tuple[str, ...] = ()
     token_ids: Sequence[int] | None = field(default=None, repr=False, compare=False)
     cache_salt: str | None = None
+    body: bytes = field(default=b"", repr=False, compare=False)
+    chat: bool = False
     kv_block_keys: tuple[int, ...] | None = field(default=None, repr=False, compare=False)

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from epp.datalayer.kvevents import KVEventStats
 from epp.scheduling.kvblocks import KVBlockIndex
+from epp.serve.tokenizer import TokenizerStats
 
 CURRENT = "llm_d_epp_"
 
@@ -129,3 +130,26 @@ class KVCacheCollector(Collector):
             "Times a server's blocks were dropped because it restarted or reconnected",
             stats.resets,
         )
+
+
+class TokenProducerCollector(Collector):
+    """The token producer's requests tokenized and left with the estimate."""
+
+    def __init__(self, stats: TokenizerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield _counter(
+            CURRENT + "token_producer_tokenized",
+            "Requests the token-producer tokenized with its backend",
+            self._stats.tokenized,
+        )
+        fallbacks = CounterMetricFamily(
+            CURRENT + "token_producer_fallbacks",
+            "Requests scheduled with the estimated token count because the tokenizer "
+            "timed out, failed or was busy, by reason",
+            labels=["reason"],
+        )
+        for reason in ("timeout", "error", "busy"):
+            fallbacks.add_metric([reason], self._stats.fallbacks[reason])
+        yield fallbacks

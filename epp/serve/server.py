@@ -260,6 +260,7 @@ class EppServer:
             )
         self.store = EndpointStore()
         self.kv_subscribers: Any = None
+        self.token_producer: Any = None
         """The KV-cache event subscribers (`epp.datalayer.kvevents`), once started."""
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self.plugin_durations = PluginDurations()
@@ -538,6 +539,7 @@ class EppServer:
             await self._stack.enter_async_context(scraper)
             self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
         await self._start_kv_events()
+        await self._start_token_producer()
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)
@@ -546,6 +548,30 @@ class EppServer:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+    async def _start_token_producer(self) -> None:
+        """Tokenize requests before they are offered, when a token-producer
+        with a tokenizing backend is configured (backend changes apply at
+        the next restart)."""
+        settings = self.config.tokenizer
+        if settings is None:
+            return
+        from epp.serve.kv_metrics import TokenProducerCollector
+        from epp.serve.tokenizer import TokenizeError, TokenProducer, backend_for
+
+        try:
+            backend = backend_for(settings)
+        except TokenizeError as error:
+            raise StartupError(f"token-producer: {error}") from None
+        if backend is None:
+            return
+        name = next(n for n, t in self.config.plugins if t in ("token-producer", "tokenizer"))
+        tally = self.plugin_durations.family.tally(("DataProducer", "token-producer", name))
+        producer = TokenProducer(settings, backend, tally.add)
+        self._stack.push_async_callback(producer.close)
+        self.service.tokenize = producer.tokenize
+        self.token_producer = producer
+        self.metrics.registry.register(TokenProducerCollector(producer.stats))
 
     async def _start_kv_events(self) -> None:
         """Subscribe to the servers' KV-cache events when the precise prefix

@@ -194,6 +194,11 @@ class EppPolicy:
             None,  # attributes
             None,  # response headers
             (),  # fallbacks
+            None,  # token ids
+            None,  # cache salt
+            b"",  # body
+            False,  # chat
+            None,  # kv block keys
             request,
         )
         # All positional: calling a class with a keyword builds a dict.

@@ -15,7 +15,9 @@ What it models:
   the prompt blocks it finds cached; prefix caching keeps the blocks of
   shared prompt prefixes (`prefix_group`, or the prompt's own block hashes
   `block_keys` when the caller has its text) in an LRU bounded by the free
-  blocks, and a prompt reuses its leading cached blocks;
+  blocks, and a prompt reuses its leading cached blocks; with `kv_log` set
+  to a list, every change to that cache is appended to it as vLLM's KV
+  events tell it (`stored`, `removed`, `cleared`) for the caller to publish;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
   arrives to a full queue is rejected;
 - the inter-token latency histogram's sum, count and buckets (vLLM's
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
@@ -91,9 +94,12 @@ class ServerRequest:
     lora: str | None = None
     owner: Any = None
     remote_kv: bool = False
-    block_keys: tuple[int, ...] = ()
+    block_keys: Sequence[int] = ()
     """The prompt's cacheable blocks by content (chained hashes); when given,
     they key the prefix cache instead of `prefix_group`."""
+    token_ids: Sequence[int] = ()
+    """The prompt's tokens, when the caller has them (told with the blocks
+    stored, as vLLM's events tell them)."""
 
     started_at: float | None = None
     first_token_at: float | None = None
@@ -101,6 +107,21 @@ class ServerRequest:
     cached_tokens: int = 0
     blocks: int = 0
     finish_step: int = 0
+
+
+STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
+
+
+@dataclass(slots=True, frozen=True)
+class KVLogEntry:
+    """One change to a server's prefix cache, as a vLLM KV event tells it:
+    blocks stored (with the block before the first, and their tokens when
+    known), blocks evicted, or the whole cache cleared."""
+
+    kind: str
+    keys: tuple[int, ...] = ()
+    parent: int | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class ServerListener(Protocol):
@@ -133,6 +154,7 @@ class ModelServer:
         "itl_buckets",
         "itl_count",
         "itl_sum",
+        "kv_log",
         "listener",
         "max_waiting_seen",
         "params",
@@ -168,6 +190,7 @@ class ModelServer:
         self.itl_buckets = [0] * (len(ITL_BUCKETS) + 1)
         """The latency histogram up to the start of the current run of steps
         (its buckets' own counts, the last one past the largest bound)."""
+        self.kv_log: list[KVLogEntry] | None = None
 
     # -- the caller's side ------------------------------------------------
 
@@ -268,6 +291,8 @@ class ModelServer:
         self._running.clear()
         self._prefilling = []
         self._cache.clear()
+        if self.kv_log is not None:
+            self.kv_log.append(KVLogEntry(CLEARED))
         self._lora_active.clear()
         self.used_blocks = 0
         self._seg_end = inf
@@ -454,6 +479,17 @@ class ModelServer:
                 cache.move_to_end(key)
             else:
                 cache[key] = None
+        log = self.kv_log
+        if log is not None and keys and shared_blocks > cached_blocks:
+            tokens = request.token_ids
+            log.append(
+                KVLogEntry(
+                    STORED,
+                    tuple(keys[cached_blocks:shared_blocks]),
+                    keys[cached_blocks - 1] if cached_blocks else None,
+                    tuple(tokens[cached_blocks * size : shared_blocks * size]),
+                )
+            )
         if cache:
             self._trim_cache()
         if request.remote_kv:
@@ -477,5 +513,12 @@ class ModelServer:
     def _trim_cache(self) -> None:
         cache = self._cache
         free = self.params.kv_blocks - self.used_blocks
+        if len(cache) <= free:
+            return
+        evicted = []
         while len(cache) > free:
-            cache.popitem(last=False)
+            evicted.append(cache.popitem(last=False)[0])
+        if self.kv_log is not None:
+            keys = tuple(key for key in evicted if isinstance(key, int))
+            if keys:
+                self.kv_log.append(KVLogEntry(REMOVED, keys))

@@ -67,8 +67,10 @@ class Served(NamedTuple):
 async def serve():
     started = []
 
-    async def start(admission, listener=None, screen=None):
-        service = ExtProcService(admission, lambda headers: 0, listener=listener, screen=screen)
+    async def start(admission, listener=None, screen=None, tokenize=None):
+        service = ExtProcService(
+            admission, lambda headers: 0, listener=listener, screen=screen, tokenize=tokenize
+        )
         server = GrpcServer({PROCESS_METHOD: service.open})
         port = await server.start("127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -188,6 +190,61 @@ async def test_half_close_while_waiting_for_admission_ends_after_the_answer(serv
     assert await call.code() == grpc.StatusCode.OK
     assert admission.completed == [(None, 0)]
     assert service.open_streams == 0
+
+
+class Tokenizer:
+    """Gives every request the tokens [1, 2, 3] once `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def __call__(self, request) -> None:
+        self.started.set()
+        await self.release.wait()
+        request.token_ids = [1, 2, 3]
+        request.input_tokens = 3
+
+
+class OfferRecorder(Admission):
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered = []
+
+    def offer(self, request):
+        self.offered.append((request.payload.token_ids, request.input_tokens))
+        return super().offer(request)
+
+
+async def test_a_request_is_offered_with_its_tokens_once_tokenized(serve):
+    admission, tokenizer = OfferRecorder(), Tokenizer()
+    stub, _, _ = await serve(admission, tokenize=tokenizer)
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    await asyncio.wait_for(tokenizer.started.wait(), 5)
+    await call.done_writing()  # arrives while tokenizing: answered after
+    assert admission.offered == []
+    tokenizer.release.set()
+    kinds = [(await call.read()).WhichOneof("response") for _ in range(2)]
+    assert kinds == ["request_headers", "request_body"]
+    assert admission.offered == [([1, 2, 3], 3)]
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_reset_while_tokenizing_offers_nothing_and_withdraws_nothing(serve):
+    admission, tokenizer = OfferRecorder(), Tokenizer()
+    stub, service, _ = await serve(admission, tokenize=tokenizer)
+    call = stub.Process()
+    await call.write(request_headers(HEADERS))
+    await call.write(request_body(BODY))
+    await asyncio.wait_for(tokenizer.started.wait(), 5)
+    call.cancel()
+    await eventually(lambda: service.open_streams == 0)
+    tokenizer.release.set()
+    await asyncio.sleep(0.05)
+    assert admission.offered == []
+    assert admission.withdrawn == []
 
 
 class RecordingCall:

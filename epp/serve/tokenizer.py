@@ -1,0 +1,257 @@
+"""The token producer: a request's prompt tokenized as the model server will
+see it, before it is offered to the core, without blocking the event loop.
+
+Backends (`epp.config.precise.TokenizerSettings`):
+
+- `vllm`: POST the body (its model set to `modelName`) to the server's
+  `/v1/chat/completions/render` or `/v1/completions/render`; a server without
+  them (404) is asked `/tokenize` from then on. The loop only waits on a socket.
+- `udsTokenizerConfig`: the reference's tokenizer sidecar, HTTP on a Unix
+  socket: `/chat-template` renders a chat, `/tokenize` tokenizes text.
+- `local`: the Hugging Face `tokenizers` library on the model directory's
+  `tokenizer.json`, on the prompt text (no chat template), in a small thread
+  pool (`tokenizers` releases the GIL while it encodes).
+- `estimate`: nothing; tokens stay estimated (characters / 4).
+
+Whatever happens, the request goes on: a backend slower than its timeout
+(`timeout`; `mmTimeout` for a body with media), failing, or already
+handling `max_concurrency` requests leaves the request with the estimate,
+counted by reason in `TokenizerStats.fallbacks`. Each call's duration is
+observed as the token-producer's plugin duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from epp.config.precise import TokenizerBackend, TokenizerSettings
+from epp.scheduling.request import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+CHAT_RENDER = "/v1/chat/completions/render"
+COMPLETIONS_RENDER = "/v1/completions/render"
+TOKENIZE = "/tokenize"
+MAX_RESPONSE_BYTES = 64 << 20
+
+
+class TokenizeError(Exception):
+    """A backend could not tokenize a request."""
+
+
+@dataclass(slots=True)
+class TokenizerStats:
+    tokenized: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    """Requests left with the estimate, by reason: timeout, error, busy."""
+
+
+class Backend(Protocol):
+    async def tokens(self, request: InferenceRequest) -> list[int]: ...
+
+    async def close(self) -> None: ...
+
+
+def _token_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise TokenizeError(f"{what} is not a list of token ids")
+    return value
+
+
+def _document(request: InferenceRequest) -> dict[str, Any]:
+    try:
+        document = orjson.loads(request.body) if request.body else {}
+    except orjson.JSONDecodeError as error:
+        raise TokenizeError(f"the body is no JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise TokenizeError("the body is no JSON object")
+    return document
+
+
+async def _read_json(response: aiohttp.ClientResponse) -> Any:
+    if response.content_length is not None and response.content_length > MAX_RESPONSE_BYTES:
+        raise TokenizeError(f"a response of {response.content_length} bytes")
+    data = await response.content.read(MAX_RESPONSE_BYTES + 1)
+    if len(data) > MAX_RESPONSE_BYTES:
+        raise TokenizeError("a response over the size limit")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        raise TokenizeError(f"a response that is no JSON: {error}") from None
+
+
+class VLLMRender:
+    """The model server's render endpoints (and `/tokenize` for servers
+    that have no render endpoints)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self._url = url.rstrip("/")
+        self._model = model
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=16)
+        )
+        self.tokenize_only = False
+
+    async def tokens(self, request: InferenceRequest) -> list[int]:
+        document = _document(request)
+        document["model"] = self._model
+        chat = request.chat
+        if not self.tokenize_only:
+            path = CHAT_RENDER if chat else COMPLETIONS_RENDER
+            async with self._session.post(self._url + path, json=document) as response:
+                if response.status == 404:
+                    self.tokenize_only = True
+                else:
+                    if response.status != 200:
+                        raise TokenizeError(f"{path}: HTTP {response.status}")
+                    reply = await _read_json(response)
+                    if isinstance(reply, list):  # one per prompt; the first is routed on
+                        reply = reply[0] if reply else None
+                    if not isinstance(reply, dict):
+                        raise TokenizeError(f"{path}: no render result")
+                    return _token_list(reply.get("token_ids"), "token_ids")
+        body: dict[str, Any] = {"model": self._model}
+        if chat:
+            body["messages"] = document.get("messages")
+        else:
+            body["prompt"] = document.get("prompt", request.prompt)
+        async with self._session.post(self._url + TOKENIZE, json=body) as response:
+            if response.status != 200:
+                raise TokenizeError(f"{TOKENIZE}: HTTP {response.status}")
+            reply = await _read_json(response)
+        if not isinstance(reply, dict):
+            raise TokenizeError(f"{TOKENIZE}: no tokens")
+        return _token_list(reply.get("tokens"), "tokens")
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class UdsSidecar:
+    """The reference's tokenizer sidecar: HTTP on a Unix socket."""
+
+    def __init__(self, socket_file: str) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_file))
+
+    async def tokens(self, request: InferenceRequest) -> list[int]:
+        text = request.prompt
+        if request.chat:
+            messages = _document(request).get("messages")
+            async with self._session.post(
+                "http://tokenizer/chat-template", data=orjson.dumps(messages)
+            ) as response:
+                if response.status != 200:
+                    raise TokenizeError(f"/chat-template: HTTP {response.status}")
+                text = await response.text()
+        async with self._session.post("http://tokenizer/tokenize", data=text.encode()) as response:
+            if response.status != 200:
+                raise TokenizeError(f"/tokenize: HTTP {response.status}")
+            reply = await _read_json(response)
+        if not isinstance(reply, dict):
+            raise TokenizeError("/tokenize: no input_ids")
+        return _token_list(reply.get("input_ids"), "input_ids")
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class LocalTokenizer:
+    """`tokenizer.json` from a model directory, encoding in worker threads."""
+
+    def __init__(self, model_dir: str, workers: int = 2) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(model_dir) / "tokenizer.json"
+        try:
+            self._tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as error:
+            raise TokenizeError(f"cannot load {path}: {error}") from None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="tokenizer"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=True).ids
+
+    async def tokens(self, request: InferenceRequest) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.encode, request.prompt)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def backend_for(settings: TokenizerSettings) -> Backend | None:
+    """The backend the settings name (None for the estimate)."""
+    if settings.backend is TokenizerBackend.VLLM:
+        return VLLMRender(settings.url, settings.model_name)
+    if settings.backend is TokenizerBackend.UDS:
+        return UdsSidecar(settings.socket_file)
+    if settings.backend is TokenizerBackend.LOCAL:
+        return LocalTokenizer(settings.model_dir)
+    return None
+
+
+class TokenProducer:
+    """Tokenizes requests with `backend`, bounded (module docstring)."""
+
+    def __init__(
+        self,
+        settings: TokenizerSettings,
+        backend: Backend,
+        observe: Callable[[float], None] | None = None,
+        stats: TokenizerStats | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.stats = stats if stats is not None else TokenizerStats()
+        self._observe = observe
+        self._in_flight = 0
+
+    async def tokenize(self, request: InferenceRequest) -> None:
+        """Set `request.token_ids` (and its token count); on any failure
+        leave the estimate. Never raises (but cancellation)."""
+        settings = self.settings
+        if self._in_flight >= settings.max_concurrency:
+            self.stats.fallbacks["busy"] += 1
+            return
+        self._in_flight += 1
+        started = time.perf_counter()
+        try:
+            timeout = settings.mm_timeout if request.multimodal else settings.timeout
+            async with asyncio.timeout(timeout):
+                tokens = await self.backend.tokens(request)
+        except TimeoutError:
+            self.stats.fallbacks["timeout"] += 1
+            return
+        except (TokenizeError, aiohttp.ClientError, OSError, ValueError) as error:
+            self.stats.fallbacks["error"] += 1
+            log.debug("token-producer: %s; the request keeps its estimate", error)
+            return
+        except Exception:  # a backend's bug must not fail the request
+            self.stats.fallbacks["error"] += 1
+            log.exception("token-producer failed; the request keeps its estimate")
+            return
+        finally:
+            self._in_flight -= 1
+            if self._observe is not None:
+                self._observe(time.perf_counter() - started)
+        request.token_ids = tokens
+        request.input_tokens = len(tokens)
+        self.stats.tokenized += 1
+
+    async def close(self) -> None:
+        await self.backend.close()

@@ -1,0 +1,200 @@
+"""The token producer's backends against real servers on loopback (the
+simulated vLLM server's render and tokenize endpoints, a tokenizer sidecar
+on a Unix socket) and a real tokenizer.json; every failure leaves the
+request with its estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import web
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from epp.config.precise import TokenizerBackend, TokenizerSettings
+from epp.demo.model_server import SimulatedServer
+from epp.demo.server_formats import token_ids
+from epp.scheduling.request import InferenceRequest
+from epp.serve.tokenizer import LocalTokenizer, TokenProducer, UdsSidecar, backend_for
+from epp.sim.server_model import ServerParams
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 30}]}
+COMPLETION = {"model": "m", "prompt": "once upon a time " * 30}
+
+
+def chat_request() -> InferenceRequest:
+    return InferenceRequest("m", "m", body=orjson.dumps(CHAT), chat=True, input_tokens=7)
+
+
+def completion_request() -> InferenceRequest:
+    body = orjson.dumps(COMPLETION)
+    return InferenceRequest("m", "m", prompt=COMPLETION["prompt"], body=body, input_tokens=7)
+
+
+@asynccontextmanager
+async def vllm_server(**options: object) -> AsyncIterator[str]:
+    server = SimulatedServer(ServerParams(), "m", **options)  # type: ignore[arg-type]
+    port = await server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await server.stop()
+
+
+def producer(url: str, timeout: float = 5.0, concurrency: int = 64) -> TokenProducer:
+    settings = TokenizerSettings(
+        TokenizerBackend.VLLM, "m", url, timeout=timeout, max_concurrency=concurrency
+    )
+    backend = backend_for(settings)
+    assert backend is not None
+    return TokenProducer(settings, backend)
+
+
+@pytest.mark.parametrize("render", [True, False], ids=["render", "tokenize"])
+async def test_the_vllm_backend_gets_the_servers_own_tokens(render: bool) -> None:
+    async with vllm_server(render_endpoints=render) as url:
+        tokens = producer(url)
+        chat, completion = chat_request(), completion_request()
+        await tokens.tokenize(chat)
+        await tokens.tokenize(completion)
+        await tokens.close()
+    assert chat.token_ids == token_ids("hello there " * 30)
+    assert completion.token_ids == token_ids(COMPLETION["prompt"])
+    assert completion.input_tokens == len(completion.token_ids)
+    assert tokens.stats.tokenized == 2
+    assert not tokens.stats.fallbacks
+
+
+async def test_a_tokenizer_slower_than_its_timeout_leaves_the_estimate() -> None:
+    async with vllm_server(tokenize_delay_s=2.0) as url:
+        tokens = producer(url, timeout=0.1)
+        request = chat_request()
+        await tokens.tokenize(request)
+        await tokens.close()
+    assert request.token_ids is None
+    assert request.input_tokens == 7
+    assert tokens.stats.fallbacks == {"timeout": 1}
+
+
+async def test_a_tokenizer_that_is_down_leaves_the_estimate() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tokens = producer(f"http://127.0.0.1:{port}")
+    request = completion_request()
+    await tokens.tokenize(request)
+    await tokens.close()
+    assert request.token_ids is None
+    assert tokens.stats.fallbacks == {"error": 1}
+
+
+async def test_past_its_concurrency_a_request_takes_the_estimate_at_once() -> None:
+    async with vllm_server(tokenize_delay_s=0.3) as url:
+        tokens = producer(url, concurrency=1)
+        first, second = chat_request(), chat_request()
+        await asyncio.gather(tokens.tokenize(first), tokens.tokenize(second))
+        await tokens.close()
+    assert first.token_ids is not None
+    assert second.token_ids is None
+    assert tokens.stats.fallbacks == {"busy": 1}
+
+
+def write_tokenizer(directory: Path) -> Tokenizer:
+    words = ["once", "upon", "a", "time", "there", "was", "hello"]
+    vocabulary = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return tokenizer
+
+
+async def test_the_local_backend_tokenizes_with_the_model_directorys_tokenizer_json(
+    tmp_path: Path,
+) -> None:
+    reference = write_tokenizer(tmp_path)
+    settings = TokenizerSettings(TokenizerBackend.LOCAL, model_dir=str(tmp_path))
+    backend = backend_for(settings)
+    assert backend is not None
+    tokens = TokenProducer(settings, backend)
+    request = completion_request()
+    await tokens.tokenize(request)
+    await tokens.close()
+    assert request.token_ids == reference.encode(COMPLETION["prompt"]).ids
+    assert request.token_ids[:4] == [1, 2, 3, 4]
+
+
+async def test_the_local_backend_encodes_off_the_event_loop(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path)
+    local = LocalTokenizer(str(tmp_path))
+    request = InferenceRequest("m", "m", prompt="once upon a time " * 25_000)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    tokens = await local.tokens(request)
+    ticker.cancel()
+    await local.close()
+    assert len(tokens) == 100_000
+    assert ticks > 10
+
+
+def test_a_model_directory_without_tokenizer_json_is_refused_at_start(tmp_path: Path) -> None:
+    from epp.serve.tokenizer import TokenizeError
+
+    with pytest.raises(TokenizeError, match=r"tokenizer\.json"):
+        LocalTokenizer(str(tmp_path))
+
+
+@asynccontextmanager
+async def uds_sidecar(path: Path, tokenizer: Tokenizer) -> AsyncIterator[None]:
+    """The reference's tokenizer sidecar protocol (llm-d-kv-cache-manager,
+    services/uds_tokenizer/server.py): /chat-template renders messages to
+    text, /tokenize answers input_ids."""
+
+    async def template(request: web.Request) -> web.Response:
+        messages = json.loads(await request.read())
+        return web.Response(text=" ".join(m["content"] for m in messages))
+
+    async def tokenize(request: web.Request) -> web.Response:
+        text = (await request.read()).decode()
+        return web.json_response({"input_ids": tokenizer.encode(text).ids})
+
+    app = web.Application()
+    app.router.add_post("/chat-template", template)
+    app.router.add_post("/tokenize", tokenize)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.UnixSite(runner, str(path)).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_uds_backend_asks_the_tokenizer_sidecar(tmp_path: Path) -> None:
+    reference = write_tokenizer(tmp_path)
+    path = tmp_path / "tokenizer.sock"
+    async with uds_sidecar(path, reference):
+        backend = UdsSidecar(str(path))
+        settings = TokenizerSettings(TokenizerBackend.UDS, socket_file=str(path))
+        tokens = TokenProducer(settings, backend)
+        chat = InferenceRequest(
+            "m",
+            "m",
+            body=orjson.dumps({"messages": [{"role": "user", "content": "hello there"}]}),
+            chat=True,
+        )
+        await tokens.tokenize(chat)
+        await tokens.close()
+    assert chat.token_ids == reference.encode("hello there").ids
