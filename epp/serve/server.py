@@ -556,7 +556,6 @@ class EppServer:
         settings = self.config.tokenizer
         if settings is None:
             return
-        from epp.serve.kv_metrics import TokenProducerCollector
         from epp.serve.tokenizer import TokenizeError, TokenProducer, backend_for
 
         try:
@@ -571,30 +570,27 @@ class EppServer:
         self._stack.push_async_callback(producer.close)
         self.service.tokenize = producer.tokenize
         self.token_producer = producer
-        self.metrics.registry.register(TokenProducerCollector(producer.stats))
+        self.metrics.watch_token_producer(producer.stats)
 
     async def _start_kv_events(self) -> None:
         """Subscribe to the servers' KV-cache events when the precise prefix
         cache is configured (changes to where they come from apply at the
         next restart)."""
         settings = self.config.kv_events
-        if settings is None or self.wired.kv_index is None:
+        if settings is None or self.core.kv_index is None:
             return
         from epp.datalayer.kvevents import KVEventsSubscribers
-        from epp.serve.kv_metrics import KVCacheCollector
 
         subscribers = KVEventsSubscribers(
             settings,
             self.store.addresses,
-            lambda address, events: self.wired.kv_events(address, events),
-            lambda address: self.wired.kv_endpoint_reset(address),
+            lambda address, events: self.core.kv_events(address, events),
+            lambda address: self.core.kv_endpoint_reset(address),
         )
         await self._stack.enter_async_context(subscribers)
         self.store.on_membership_change(subscribers.sync)
         self.kv_subscribers = subscribers
-        self.metrics.registry.register(
-            KVCacheCollector(lambda: self.wired.kv_index, subscribers.stats)
-        )
+        self.metrics.watch_kv_cache(lambda: self.core.kv_index, subscribers.stats)
 
     async def _start_cluster_mode(self) -> None:
         from epp.k8s.cluster import ClusterSettings, cluster_mode

@@ -31,7 +31,7 @@ flowControl:
     kinds: [concurrency]
     maxPerEndpoint: 1
 """
-PRECISE = "the precise prefix cache (precise-prefix-cache-producer), which epp refuses"
+PRECISE = "the precise prefix cache (precise-prefix-cache-producer), not in this load's config"
 REFUSED = {
     ("llm-d_guides_epp_panels.yaml", alert): PRECISE
     for alert in (
@@ -47,8 +47,8 @@ REFUSED = {
     )
 }
 REFUSED["llm-d_guides_epp_panels.yaml", "KVCacheTokenizationSlow"] = (
-    "token-producer's vllm backend (the render service's tokenizer), which epp refuses; "
-    "its estimate runs in the parser, not as a timed plugin call"
+    "token-producer's tokenizer backends, not in this load's config; its estimate runs in "
+    "the parser, not as a timed plugin call"
 )
 
 

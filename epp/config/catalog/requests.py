@@ -19,16 +19,130 @@ from epp.config.plugin import (
     PluginType,
     configured,
 )
-from epp.config.precise import (
-    PRECISE_PRODUCER_PARAMETERS,
-    TOKEN_PRODUCER_PARAMETERS,
-    precise_producer,
-    token_producer,
-)
+from epp.config.precise import precise_producer, token_producer
 from epp.extproc import parsers
 from epp.scheduling import sessions
 from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
+from epp.scheduling.kvblocks import HashAlgorithm
 from epp.scheduling.spec import PluginSpec
+
+TOKEN_PRODUCER_PARAMETERS = (
+    Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
+    Param(
+        "vllm",
+        T.OBJECT,
+        None,
+        "the vLLM /render backend",
+        fields=(
+            Param("url", T.STRING, "http://localhost:8000"),
+            Param("timeout", T.DURATION, 5.0),
+            Param("mmTimeout", T.DURATION, 30.0),
+        ),
+        nullable=True,
+    ),
+    Param("estimate", T.ANY, None, "tokenizer-free estimate (the default backend)"),
+    Param(
+        "udsTokenizerConfig",
+        T.OBJECT,
+        None,
+        "deprecated tokenizer sidecar on a Unix socket",
+        fields=(
+            Param("socketFile", T.STRING, "/tmp/tokenizer/tokenizer-uds.socket"),
+            Param("timeout", T.DURATION, 5.0),
+        ),
+        nullable=True,
+    ),
+    Param(
+        "local",
+        T.OBJECT,
+        None,
+        "epp's own: a Hugging Face tokenizer.json from a model directory, in process",
+        fields=(
+            Param("modelDir", T.STRING, "", required=True),
+            Param("timeout", T.DURATION, 5.0),
+        ),
+        nullable=True,
+    ),
+    Param("maxConcurrency", T.INT, 64, "epp's own: tokenizations in flight at once", 1),
+)
+
+PRECISE_PRODUCER_PARAMETERS = (
+    Param(
+        "tokenProcessorConfig",
+        T.OBJECT,
+        None,
+        "the servers' block hashing",
+        fields=(
+            Param("blockSize", T.INT, 0, "deprecated: use blockSizeTokens", 0),
+            Param("blockSizeTokens", T.INT, 0, "tokens per block (vLLM --block-size; 0: 16)", 0),
+            Param("hashSeed", T.STRING, "", "the servers' PYTHONHASHSEED"),
+            Param(
+                "hashAlgorithm",
+                T.STRING,
+                "",
+                "the servers' --prefix-caching-hash-algo (default sha256_cbor); the "
+                "reference's own key schemes cbor-fnv and xxh64 mean the default",
+                choices=("", "cbor-fnv", "xxh64", *(a.value for a in HashAlgorithm)),
+            ),
+        ),
+    ),
+    Param(
+        "indexerConfig",
+        T.OBJECT,
+        None,
+        "the block index",
+        fields=(
+            Param(
+                "kvBlockIndexConfig",
+                T.OBJECT,
+                None,
+                fields=(
+                    Param(
+                        "inMemoryConfig",
+                        T.OBJECT,
+                        None,
+                        fields=(
+                            Param("size", T.INT, 100_000_000, "block keys kept", 1),
+                            Param("podCacheSize", T.INT, 10, "endpoints kept per key", 1),
+                        ),
+                    ),
+                    Param("redisConfig", T.ANY, None, "a shared index in Redis (refused)"),
+                    Param("costAwareMemoryConfig", T.ANY, None, "(refused)"),
+                    Param("enableMetrics", T.BOOL, False, "epp always exports the metrics"),
+                    Param("metricsLoggingInterval", T.ANY, None, "not used by epp"),
+                ),
+            ),
+            Param("kvCacheBackendConfigs", T.ANY, None, "device-tier weights (not used)"),
+            Param("tokenizersPoolConfig", T.ANY, None, "refused: use a token-producer"),
+        ),
+    ),
+    Param(
+        "kvEventsConfig",
+        T.OBJECT,
+        None,
+        "where the KV-cache events come from",
+        fields=(
+            Param("zmqEndpoint", T.STRING, "", "a SUB socket to bind, servers connect to it"),
+            Param("topicFilter", T.STRING, "kv@"),
+            Param("concurrency", T.INT, 4, "event workers (epp applies events on its loop)", 1),
+            Param("engineType", T.STRING, "vllm", choices=("vllm", "sglang")),
+            Param("discoverPods", T.BOOL, True, "a subscriber per endpoint"),
+            Param(
+                "podDiscoveryConfig",
+                T.OBJECT,
+                None,
+                fields=(
+                    Param("podLabelSelector", T.STRING, ""),
+                    Param("podNamespace", T.STRING, ""),
+                    Param("socketPort", T.INT, 5557, "the servers' KV-events PUB port", 1, 65535),
+                    Param("replaySocketPort", T.INT, 0, "their replay ROUTER port (0: none)"),
+                ),
+            ),
+        ),
+    ),
+    Param("speculativeIndexing", T.BOOL, False, "count a pick as cached until its event"),
+    Param("speculativeTTL", T.DURATION, 2.0, "how long a speculative entry lives"),
+)
 
 
 def _inflight_load(parameters: Mapping[str, Any]) -> Configured:

@@ -10,7 +10,8 @@ buckets, deprecated twin); the docs' metric table is generated from it
 - `recorder`: the per-request hooks (`RequestMetrics`), `TimedPlacer`,
   `PluginDurations`, the reference's outcome names;
 - `collectors`: what is read at scrape time (pool, saturation, limits,
-  credits, scrape failures, transport, sessions);
+  credits, scrape failures, transport, sessions, the precise prefix
+  cache's index and events, the token producer);
 - `page`: `EppMetrics` (the hooks and the collectors on one registry),
   `serve_metrics`.
 """

@@ -122,6 +122,7 @@ POOL_STAGE = ("inference_pool", "stage")
 PER_ENDPOINT = ("name", "model_server_endpoint")
 LIMIT = ("inference_pool", "endpoint")
 SESSIONS = ("inference_pool", "plugin")
+POD = ("pod_identifier",)
 
 C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
 P = "llm_d_epp_"
@@ -129,6 +130,9 @@ OBJECTIVE = "inference_objective_"
 EXTENSION = "inference_extension_"
 POOL = "inference_pool_"
 SCHEDULER = "llm_d_inference_scheduler_"
+KVCACHE_INDEX = "kvcache_index_"
+"""The prefix of the KV-cache index counters' deprecated twins
+(`pkg/kvcache/metrics/collector.go`)."""
 
 
 def _request(
@@ -138,6 +142,12 @@ def _request(
         P + name, kind, text, labels, buckets,
         None if twin is None else Twin(OBJECTIVE + twin, keep),
     )  # fmt: skip
+
+
+def _index_counter(noun: str, text: str) -> Spec:
+    name = f"{P}kv_cache_index_{noun}_total"
+    twin = Twin(f"{KVCACHE_INDEX}{noun}_total", help=f"Deprecated: use {name}. {text}")
+    return Spec(name, C, text + ".", twin=twin)
 
 
 def _pool_average(noun: str) -> tuple[Spec, Spec]:
@@ -458,6 +468,88 @@ CATALOGUE: tuple[Spec, ...] = (
         G,
         "Open HTTP/2 connections, by port.",
         ("port",),
+    ),
+    _index_counter("admissions", "Total number of KV-block admissions"),
+    _index_counter("evictions", "Total number of KV-block evictions"),
+    _index_counter("lookup_requests", "Total number of lookup calls"),
+    _index_counter("lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup"),
+    _index_counter(
+        "max_pod_hit_count", "Longest contiguous per-pod prefix chain observed per lookup"
+    ),
+    Spec(
+        P + "kv_cache_index_blocks",
+        G,
+        "Block keys the precise index holds (some endpoint reported storing each).",
+    ),
+    Spec(
+        P + "kv_cache_index_capacity_blocks",
+        G,
+        "The precise index's limit in block keys (inMemoryConfig.size); past it the least "
+        "recently stored key is evicted.",
+    ),
+    Spec(
+        P + "kv_cache_index_removals_unknown_total",
+        C,
+        "BlockRemoved events for blocks the endpoint was not known to hold.",
+    ),
+    Spec(
+        P + "kv_cache_events_active_subscribers",
+        G,
+        "Number of ZMQ subscribers currently managed, including those retrying a failed "
+        "connection.",
+    ),
+    Spec(
+        P + "kv_cache_events_messages_received_total",
+        C,
+        "Total number of messages received from ZMQ subscribers.",
+        POD,
+    ),
+    Spec(
+        P + "kv_cache_events_zmq_errors_total",
+        C,
+        "Total number of ZMQ subscriber errors.",
+        (*POD, "operation"),
+    ),
+    Spec(
+        P + "kv_cache_events_applied_total",
+        C,
+        "KV-cache events applied to the precise index, by type.",
+        ("type",),
+    ),
+    Spec(
+        P + "kv_cache_events_dropped_total",
+        C,
+        "KV-cache events or batches dropped, by reason (malformed, unknown-type, "
+        "malformed-batch, malformed-frame, unknown-pod).",
+        ("reason",),
+    ),
+    Spec(
+        P + "kv_cache_events_sequence_gaps_total",
+        C,
+        "Batches missing from a publisher's sequence.",
+    ),
+    Spec(
+        P + "kv_cache_events_replays_total",
+        C,
+        "Replays asked of the servers' replay sockets, by result.",
+        ("result",),
+    ),
+    Spec(
+        P + "kv_cache_events_resets_total",
+        C,
+        "Times a server's blocks were dropped because it restarted or reconnected.",
+    ),
+    Spec(
+        P + "token_producer_tokenized_total",
+        C,
+        "Requests the token-producer tokenized with its backend.",
+    ),
+    Spec(
+        P + "token_producer_fallbacks_total",
+        C,
+        "Requests scheduled with the estimated token count because the tokenizer timed "
+        "out, failed or was busy, by reason.",
+        ("reason",),
     ),
     Spec(
         "epp_session_bindings",

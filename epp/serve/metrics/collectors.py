@@ -24,6 +24,12 @@ connections and limit trips, the session bindings.
   (the reference learns no limit); credits in use per stage; each gRPC
   port's connections and limit trips; bindings per `session_id` plugin and
   those its `maxSessions` dropped.
+- The precise prefix cache (`KVCacheCollector`): the index's counters under
+  the reference's names (`pkg/kvcache/metrics/collector.go`, with their
+  `kvcache_index_` twins), the subscribers' messages and errors per pod; and
+  ours: the blocks held against the index's limit, events applied and
+  dropped, sequence gaps, replays and resets. The token producer's
+  tokenized requests and fallbacks by reason (`TokenProducerCollector`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.series import scraped
 
 if TYPE_CHECKING:
+    from epp.datalayer.kvevents import KVEventStats
+    from epp.scheduling.kvblocks import KVBlockIndex
+    from epp.serve.tokenizer import TokenizerStats
     from epp.transport import GrpcServer
 
 METRICS_SOURCE = "metrics-data-source"
@@ -215,4 +224,71 @@ class TransportCollector(Collector):
         ])  # fmt: skip
         yield from scraped("epp_transport_connections", [
             ((port,), len(server.connections)) for port, server in servers
+        ])  # fmt: skip
+
+
+_INDEX_COUNTERS = (
+    ("admissions", "admissions"),
+    ("evictions", "evictions"),
+    ("lookups", "lookup_requests"),
+    ("lookup_hits", "lookup_hits"),
+    ("max_pod_hits", "max_pod_hit_count"),
+)
+"""(`IndexCounters` attribute, the metric's noun)."""
+
+
+class KVCacheCollector(Collector):
+    """`index()` is the core's precise index now (it survives reloads, but
+    is read each scrape), `stats` the subscribers'."""
+
+    def __init__(self, index: Callable[[], KVBlockIndex | None], stats: KVEventStats) -> None:
+        self._index = index
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        index = self._index()
+        if index is not None:
+            counters = index.counters
+            for attribute, noun in _INDEX_COUNTERS:
+                value = getattr(counters, attribute)
+                yield from scraped(f"{P}kv_cache_index_{noun}_total", [((), value)])
+            yield from scraped(P + "kv_cache_index_blocks", [((), len(index))])
+            yield from scraped(P + "kv_cache_index_capacity_blocks", [((), index.size)])
+            yield from scraped(
+                P + "kv_cache_index_removals_unknown_total", [((), counters.removed_unknown)]
+            )
+        stats = self._stats
+        yield from scraped(P + "kv_cache_events_active_subscribers", [((), stats.active)])
+        yield from scraped(P + "kv_cache_events_messages_received_total", [
+            ((pod,), count) for pod, count in sorted(stats.messages.items())
+        ])  # fmt: skip
+        yield from scraped(P + "kv_cache_events_zmq_errors_total", [
+            (key, count) for key, count in sorted(stats.errors.items())
+        ])  # fmt: skip
+        for noun, counts in (
+            ("applied", stats.events),
+            ("dropped", stats.dropped),
+            ("replays", stats.replays),
+        ):
+            yield from scraped(f"{P}kv_cache_events_{noun}_total", [
+                ((label,), count) for label, count in sorted(counts.items())
+            ])  # fmt: skip
+        yield from scraped(P + "kv_cache_events_sequence_gaps_total", [((), stats.gaps)])
+        yield from scraped(P + "kv_cache_events_resets_total", [((), stats.resets)])
+
+
+FALLBACK_REASONS = ("timeout", "error", "busy")
+
+
+class TokenProducerCollector(Collector):
+    """The token producer's requests tokenized and left with the estimate."""
+
+    def __init__(self, stats: TokenizerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        yield from scraped(P + "token_producer_tokenized_total", [((), stats.tokenized)])
+        yield from scraped(P + "token_producer_fallbacks_total", [
+            ((reason,), stats.fallbacks[reason]) for reason in FALLBACK_REASONS
         ])  # fmt: skip

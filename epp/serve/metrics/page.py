@@ -16,17 +16,22 @@ from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.sessions import SessionBindings
 from epp.serve.metrics.collectors import (
     CreditsCollector,
+    KVCacheCollector,
     LimitsCollector,
     PoolCollector,
     SaturationCollector,
     ScrapeFailures,
     SessionsCollector,
     StageView,
+    TokenProducerCollector,
     TransportCollector,
 )
 from epp.serve.metrics.recorder import RequestMetrics
 
 if TYPE_CHECKING:
+    from epp.datalayer.kvevents import KVEventStats
+    from epp.scheduling.kvblocks import KVBlockIndex
+    from epp.serve.tokenizer import TokenizerStats
     from epp.transport import GrpcServer
 
 
@@ -70,6 +75,15 @@ class EppMetrics(RequestMetrics):
         """Report the session bindings per plugin, and how many its limit
         dropped, at scrape time."""
         self.registry.register(SessionsCollector(self.pool_name, stores))
+
+    def watch_kv_cache(self, index: Callable[[], KVBlockIndex | None], stats: KVEventStats) -> None:
+        """Report the precise index's counters and the KV-event subscribers'
+        stats at scrape time."""
+        self.registry.register(KVCacheCollector(index, stats))
+
+    def watch_token_producer(self, stats: TokenizerStats) -> None:
+        """Report the token producer's tokenized requests and fallbacks at scrape time."""
+        self.registry.register(TokenProducerCollector(stats))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

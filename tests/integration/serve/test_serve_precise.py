@@ -45,12 +45,12 @@ async def test_serve_places_by_the_blocks_a_server_published(tmp_path: Path) -> 
         async with serving(
             config_file=str(config), endpoints="127.0.0.1:8000,127.0.0.2:8000"
         ) as server:
-            index = server.wired.kv_index
+            index = server.core.kv_index
             assert index is not None
             await eventually(lambda: index.held_by("127.0.0.2:8000") == 4)
             assert server.kv_subscribers.stats.active == 2
             for _ in range(4):
-                chosen = server.scheduler.choose(InferenceRequest("m", "m", token_ids=TOKENS))
+                chosen = server.core.scheduler.choose(InferenceRequest("m", "m", token_ids=TOKENS))
                 assert isinstance(chosen, Endpoint)
                 assert chosen.address == "127.0.0.2:8000"
             text = server.metrics.exposition().decode()

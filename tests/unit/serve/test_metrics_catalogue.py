@@ -11,16 +11,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp import docgen
 from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.kvevents import KVEventStats
 from epp.datalayer.store import EndpointStore
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import EndpointMetrics
+from epp.scheduling.kvblocks import KVBlockIndex
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics, StageView
 from epp.serve.metrics.catalogue import CATALOGUE, SPECS, Kind, Spec, Twin, markdown_table
+from epp.serve.tokenizer import TokenizerStats
 
 
 def fed_metrics() -> EppMetrics:
@@ -60,6 +63,14 @@ def fed_metrics() -> EppMetrics:
         {"grpc": SimpleNamespace(connections=[1], trips={"streams": 1})}
     )
     metrics.watch_sessions(lambda: {"s": SessionBindings(10, 5, clock=lambda: 1.0)})
+    events = KVEventStats()
+    events.messages["10.0.0.1:8000"] += 1
+    events.errors["10.0.0.1:8000", "recv"] += 1
+    events.events["BlockStored"] += 1
+    events.dropped["malformed"] += 1
+    events.replays["complete"] += 1
+    metrics.watch_kv_cache(lambda: KVBlockIndex(size=10), events)
+    metrics.watch_token_producer(TokenizerStats())
     return metrics
 
 
