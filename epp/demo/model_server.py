@@ -59,6 +59,7 @@ from epp.demo.server_formats import (
     Reply,
     RequestError,
     bad_request,
+    json_object,
     prompt_of,
     read_request,
     token_ids,
@@ -391,12 +392,7 @@ class SimulatedServer:
         """The prompt's tokens, as the server's generation path reads them."""
         if self.tokenize_delay_s:
             await asyncio.sleep(self.tokenize_delay_s)
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as error:
-            raise bad_request(f"JSON decode error: {error}") from None
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
+        body = json_object(raw)
         prompt = body.get("prompt")
         is_tokens = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         if api is Api.COMPLETIONS and prompt and is_tokens:

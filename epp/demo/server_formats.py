@@ -79,14 +79,20 @@ class InferenceRequest:
     """The prompt's text (empty for token ids), for the prefix cache."""
 
 
-def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequest:
-    """What vLLM reads from `raw`; RequestError as vLLM would answer."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; RequestError as vLLM would answer."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise bad_request(f"JSON decode error: {error}") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequest:
+    """What vLLM reads from `raw`; RequestError as vLLM would answer."""
+    body = json_object(raw)
     model = body.get("model")
     if model is None:
         model = served[0]
