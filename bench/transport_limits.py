@@ -1,6 +1,7 @@
 """The transport's cost per frame and its memory under hostile clients.
 
     python -m bench.transport_limits [--server epp|grpclib] [--streams 50000]
+    python -m bench.transport_limits --against main [--rounds 2] [--streams 20000]
 
 Starts a gRPC server in a subprocess (`epp`: epp.transport with its default
 limits, except the control-frame rate and ping policy, which would end the
@@ -9,8 +10,10 @@ evaluation in epp/transport/README.md) serving an echo method and a method
 that never answers (a queued request). Then, from this process, over raw
 sockets:
 
-- `cpu_us_per_frame`: the server's CPU (user+system, /proc) per WINDOW_UPDATE,
-  SETTINGS (no change) and PING frame, with no stream open and with
+- `cpu_us_per_frame`: the server's CPU (its threads' time on a CPU, /proc) per WINDOW_UPDATE,
+  SETTINGS (no change), SETTINGS changing INITIAL_WINDOW_SIZE or
+  MAX_FRAME_SIZE (each frame alternates between two values, so every one
+  changes the setting) and PING frame, with no stream open and with
   `open_streams` open on the same connection: `--streams`, or fewer if the
   server advertises fewer (grpclib: h2's default of 100). Every stream is a
   call waiting for an answer; epp is told to allow that many;
@@ -54,14 +57,18 @@ from hyperframe.frame import (
 
 ECHO = "/bench.Echo/Echo"
 SINK = "/bench.Echo/Sink"
-TICKS = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 MAX_CONCURRENT_STREAMS = 3
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """The process's time on a CPU, summed over its threads: the scheduler's
+    nanoseconds (/proc/.../schedstat), not the 10 ms ticks of /proc/.../stat."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def rss_mib(pid: int) -> float:
@@ -225,32 +232,49 @@ class Raw:
         return self.goaway_frame
 
 
-def frame_cost(client: Raw, pid: int, frame: bytes, count: int, token: bytes) -> float:
-    """Server CPU per frame, in µs, over `count` copies of `frame`."""
+def frame_cost(client: Raw, pid: int, frames: bytes, per: int, count: int, token: bytes) -> float:
+    """Server CPU per frame, in µs, over `count` frames sent as copies of
+    `frames` (`per` frames each)."""
     if not client.sync(token + b"0"):
         raise RuntimeError(f"the server closed the measuring connection: {client.goaway()}")
+    copies = max(count // per, 1)
     before = cpu_seconds(pid)
-    for start in range(0, count, 1_000):
-        client.send(frame * min(1_000, count - start))
+    for start in range(0, copies, 500):
+        client.send(frames * min(500, copies - start))
         client.read(0)
     if not client.sync(token + b"1"):
         raise RuntimeError(f"the server closed the measuring connection: {client.goaway()}")
-    return round((cpu_seconds(pid) - before) / count * 1e6, 2)
+    return round((cpu_seconds(pid) - before) / (copies * per) * 1e6, 2)
 
 
-FRAMES = {
-    "window_update": WindowUpdateFrame(0, window_increment=1).serialize(),
-    "settings": SettingsFrame(0, settings={1: 4096}).serialize(),
-    "ping": PingFrame(0, opaque_data=b"benchpng").serialize(),
+INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 4, 5
+FRAMES: dict[str, tuple[bytes, int, int]] = {
+    "window_update": (WindowUpdateFrame(0, window_increment=1).serialize(), 1, 1),
+    "settings": (SettingsFrame(0, settings={1: 4096}).serialize(), 1, 1),
+    "settings_initial_window": (
+        SettingsFrame(0, settings={INITIAL_WINDOW_SIZE: 65_536}).serialize()
+        + SettingsFrame(0, settings={INITIAL_WINDOW_SIZE: 65_535}).serialize(),
+        2,
+        20,
+    ),
+    "settings_max_frame_size": (
+        SettingsFrame(0, settings={MAX_FRAME_SIZE: 16_385}).serialize()
+        + SettingsFrame(0, settings={MAX_FRAME_SIZE: 16_384}).serialize(),
+        2,
+        20,
+    ),
+    "ping": (PingFrame(0, opaque_data=b"benchpng").serialize(), 1, 1),
 }
+"""Name: (bytes sent, frames in them, how many times fewer are sent than
+`--frames`: a frame that once cost milliseconds would take minutes)."""
 
 
 def per_frame(port: int, pid: int, streams: int, count: int) -> dict:
     result: dict[str, dict[str, float]] = {}
     client = Raw(port)
-    for name, frame in FRAMES.items():
+    for name, (frames, per, fewer) in FRAMES.items():
         result.setdefault(name, {})["no_streams"] = frame_cost(
-            client, pid, frame, count, b"zeroopn"
+            client, pid, frames, per, count // fewer, b"zeroopn"
         )
     streams = min(streams, client.server_settings.get(MAX_CONCURRENT_STREAMS, streams))
     batch = bytearray()
@@ -263,8 +287,10 @@ def per_frame(port: int, pid: int, streams: int, count: int) -> dict:
     client.send(bytes(batch))
     if not client.sync(b"opened!!", timeout=600):
         raise RuntimeError(f"the server closed the connection opening streams: {client.goaway()}")
-    for name, frame in FRAMES.items():
-        result[name]["open_streams"] = frame_cost(client, pid, frame, count, b"manyopn")
+    for name, (frames, per, fewer) in FRAMES.items():
+        result[name]["open_streams"] = frame_cost(
+            client, pid, frames, per, count // fewer, b"manyopn"
+        )
     client.sock.close()
     return {"open_streams": streams, **result}
 
@@ -333,9 +359,14 @@ def never_reading(port: int, pid: int) -> dict:
 
 
 @contextlib.contextmanager
-def server_process(kind: str, streams: int):
+def server_process(kind: str, streams: int, code: Path | None = None):
+    """The server in a subprocess; `code`: a tree whose epp it runs
+    (default: this one's)."""
     with tempfile.TemporaryDirectory(prefix="epp-transport-bench-") as directory:
         port_file = Path(directory) / "port"
+        env = dict(os.environ)
+        if code is not None:
+            env["PYTHONPATH"] = str(code)
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -345,7 +376,9 @@ def server_process(kind: str, streams: int):
                 kind,
                 str(port_file),
                 str(streams),
-            ]
+            ],
+            cwd=code,
+            env=env,
         )
         try:
             deadline = time.monotonic() + 30
@@ -374,6 +407,20 @@ def measure(kind: str, streams: int, frames: int) -> dict:
     }
 
 
+def compare(ref: str, streams: int, frames: int, rounds: int) -> dict:
+    """Per-frame cost of epp at git `ref` (before) and of this tree (after),
+    in alternating rounds."""
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="epp-transport-before-") as directory:
+        archive = subprocess.run(["git", "archive", ref], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+        for _ in range(rounds):
+            for name, code in (("before", Path(directory)), ("after", None)):
+                with server_process("epp", streams, code) as (pid, port):
+                    runs[name].append(per_frame(port, pid, streams, frames))
+    return {"before_ref": ref, **runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
@@ -384,8 +431,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", choices=["epp", "grpclib"], default="epp")
     parser.add_argument("--streams", type=int, default=50_000)
     parser.add_argument("--frames", type=int, default=20_000, help="frames per measurement")
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="only the per-frame costs, of epp at git REF and of this tree, alternately",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --against")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.server, args.streams, args.frames)))
+    if args.against:
+        print(json.dumps(compare(args.against, args.streams, args.frames, args.rounds)))
+    else:
+        print(json.dumps(measure(args.server, args.streams, args.frames)))
     return 0
 
 

@@ -8,8 +8,11 @@ resource of the connection bounded (see epp/transport/README.md for the
 list and the reasoning):
 
 - work per frame does not depend on the number of open streams: a
-  WINDOW_UPDATE or SETTINGS frame pumps only the calls blocked on flow
-  control (`_blocked`);
+  stream's WINDOW_UPDATE pumps that stream's call; the connection's pumps
+  the calls blocked on the connection window (`_blocked_on_connection`),
+  in order, until that window is spent; a SETTINGS frame that raises the
+  initial window pumps the calls blocked on their stream's window
+  (`_blocked_on_stream`), and any other SETTINGS frame pumps none;
 - inbound: received DATA is acknowledged (its window handed back) while the
   connection holds at most `connection_buffer_bytes` (partial messages and
   unsent replies); above it the acknowledgements wait, so the client can
@@ -183,8 +186,11 @@ class GrpcConnection(asyncio.Protocol):
         self.calls: dict[int, Call] = {}
         self._unsent: dict[Call, None] = {}
         """Calls with messages or trailers to send at the next flush, in order."""
-        self._blocked: dict[Call, None] = {}
-        """Calls with messages that wait for the client's flow-control window."""
+        self._blocked_on_stream: dict[Call, None] = {}
+        """Calls with messages that wait for their stream's flow-control window."""
+        self._blocked_on_connection: dict[Call, None] = {}
+        """Calls with messages that wait for the connection's flow-control
+        window only (their stream's is open), in the order they blocked."""
         self.buffered = 0
         """Bytes held: partial inbound messages and unsent replies of all calls."""
         self._held_acks: dict[int, int] = {}
@@ -260,7 +266,6 @@ class GrpcConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._resume(PAUSED_FOR_WRITES)
-        self._unsent.update(self._blocked)
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -421,7 +426,9 @@ class GrpcConnection(asyncio.Protocol):
                 self._on_window_updated(event.stream_id)
             elif kind is h2.events.RemoteSettingsChanged:
                 self._control_frame()
-                self._unsent.update(self._blocked)
+                window = event.changed_settings.get(h2.settings.SettingCodes.INITIAL_WINDOW_SIZE)
+                if window is not None and window.new_value > (window.original_value or 0):
+                    self._unsent.update(self._blocked_on_stream)
             elif kind is h2.events.PingReceived:
                 self._on_ping()
             elif kind is h2.events.PingAckReceived:
@@ -522,11 +529,9 @@ class GrpcConnection(asyncio.Protocol):
             self._window_update_credit -= 1
         else:
             self._control_frame()
-        if stream_id == 0:
-            self._unsent.update(self._blocked)
-        else:
+        if stream_id:
             call = self.calls.get(stream_id)
-            if call is not None and call in self._blocked:
+            if call is not None and call in self._blocked_on_stream:
                 self._unsent[call] = None
 
     def _on_ping(self) -> None:
@@ -604,6 +609,9 @@ class GrpcConnection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_soon = None
         transport = None if self._closed else self._transport
+        blocked = self._blocked_on_connection
+        if blocked and not self._writing_paused and self._h2.outbound_flow_control_window > 0:
+            self._pump_blocked_on_connection(transport)
         if self._unsent and not self._writing_paused:
             unsent, self._unsent = self._unsent, {}
             pumped = 0
@@ -620,6 +628,20 @@ class GrpcConnection(asyncio.Protocol):
         data = self._h2.data_to_send()
         if data and transport is not None:
             transport.write(data)
+
+    def _pump_blocked_on_connection(self, transport: asyncio.Transport | None) -> None:
+        """Pump the calls that waited for the connection's window, oldest
+        first, while it lasts: each pump sends, or moves its call to the
+        stream-blocked set, or spends the window and ends the loop."""
+        blocked = self._blocked_on_connection
+        pumped = 0
+        while blocked and self._h2.outbound_flow_control_window > 0 and not self._writing_paused:
+            call = next(iter(blocked))
+            del blocked[call]
+            pumped += self._pump(call)
+            if pumped >= WRITE_BATCH_BYTES and transport is not None:
+                pumped = 0
+                transport.write(self._h2.data_to_send())
 
     def _flush_later(self) -> None:
         """One write for everything sent in this turn of the event loop
@@ -641,13 +663,14 @@ class GrpcConnection(asyncio.Protocol):
                     h2_connection.max_outbound_frame_size,
                 )
                 if size <= 0:
-                    self._blocked[call] = None
+                    self._block(call)
                     return sent
                 h2_connection.send_data(call.id, bytes(outbox[:size]))
                 del outbox[:size]
                 sent += size
                 self._window_update_credit += WINDOW_UPDATES_PER_DATA_FRAME
-            self._blocked.pop(call, None)
+            self._blocked_on_stream.pop(call, None)
+            self._blocked_on_connection.pop(call, None)
             if call._trailers is not None:
                 h2_connection.send_headers(call.id, call._trailers, end_stream=True)
                 self._finished(call)
@@ -658,6 +681,15 @@ class GrpcConnection(asyncio.Protocol):
             if sent:
                 self._sent_since_ping = True
         return sent
+
+    def _block(self, call: Call) -> None:
+        """File a call that has data but no window, by the window it waits for."""
+        if self._h2.streams[call.id].outbound_flow_control_window <= 0:
+            self._blocked_on_connection.pop(call, None)
+            self._blocked_on_stream[call] = None
+        else:
+            self._blocked_on_stream.pop(call, None)
+            self._blocked_on_connection[call] = None
 
     # -- ending calls ------------------------------------------------------------------
 
@@ -724,7 +756,8 @@ class GrpcConnection(asyncio.Protocol):
         call._outbox.clear()
         call._trailers = None
         self._unsent.pop(call, None)
-        self._blocked.pop(call, None)
+        self._blocked_on_stream.pop(call, None)
+        self._blocked_on_connection.pop(call, None)
 
     def _call_removed(self) -> None:
         if not self.calls:

@@ -18,6 +18,11 @@ means reading this file against h2's `connection.py` and `frame_buffer.py`.
 - `RepeatedBlockDecoder` / `RepeatedBlockEncoder` remember small header
   blocks that leave the coder's state as they found it; the decoder also
   refuses a block with more than two dynamic table size updates.
+- `LazyWindowStream` keeps its send window as a distance from the peer's
+  SETTINGS_INITIAL_WINDOW_SIZE, held once in the connection's
+  `SendWindows`, and reads SETTINGS_MAX_FRAME_SIZE from there too: a
+  SETTINGS frame changing either costs O(1) (O(log n) amortized to check
+  that no window passes 2^31-1), where h2 walks every stream.
 - `header_list_error` validates inbound header lists (RFC 9113 §8.2 and
   §8.3.1) in place of h2's validation, remembering the lists it passed:
   h2's generator chain costs about a third of a request's transport CPU,
@@ -28,6 +33,7 @@ means reading this file against h2's `connection.py` and `frame_buffer.py`.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Hashable, Iterable
 
@@ -36,12 +42,16 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 import h2.stream
 import hpack
 import hpack.exceptions
-from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
+from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame
 
 STREAM_WALK_SLACK = 64
+MAX_WINDOW = 2**31 - 1
+"""RFC 9113 §6.9.1: the largest a flow-control window may be."""
+CREDIT_HEAP_SLACK = 64
 MEMO_MAX_BLOCK_BYTES = 1024
 """Only header blocks up to this size are remembered: Envoy's repeat, and a
 large block would make the memo a store of attacker data."""
@@ -212,6 +222,107 @@ def _header_list_error(headers: list, trailers: bool) -> str | None:
     return None
 
 
+class SendWindows:
+    """The send side of a connection's streams, held once for all of them:
+    the peer's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE, and
+    the streams whose window is above the initial window.
+
+    RFC 9113 §6.9.2 moves every stream's window by a change of the initial
+    window, so a stream's `credit` (its window minus the initial window) does
+    not change with it: a window is `credit + initial`, and a change of the
+    setting is one assignment. The change is a connection error when it
+    lifts some window past 2^31-1, that is when the largest credit plus the
+    new initial window is past it; only a positive credit can be (the
+    setting itself is at most 2^31-1), and `largest_credit` finds the
+    largest of those in a heap with lazy deletion.
+
+    Invariants: `credits` holds the current credit of every stream whose
+    credit is positive (and maybe of streams since closed); every entry of
+    `credits` has an entry (-credit, stream id) in `heap`, which may also
+    hold stale entries; `heap` has at most twice the entries it had after
+    its last rebuild, plus `CREDIT_HEAP_SLACK`.
+    """
+
+    __slots__ = ("_kept", "credits", "heap", "initial", "max_frame_size", "streams")
+
+    def __init__(self, streams: dict[int, h2.stream.H2Stream], settings: h2.settings.Settings):
+        self.streams = streams
+        self.initial: int = settings.initial_window_size
+        self.max_frame_size: int = settings.max_frame_size
+        self.credits: dict[int, int] = {}
+        self.heap: list[tuple[int, int]] = []
+        self._kept = 0
+
+    def set_credit(self, stream_id: int, credit: int) -> None:
+        if credit > 0:
+            self.credits[stream_id] = credit
+            heapq.heappush(self.heap, (-credit, stream_id))
+            if len(self.heap) > 2 * self._kept + CREDIT_HEAP_SLACK:
+                self._rebuild()
+        elif stream_id in self.credits:
+            del self.credits[stream_id]
+
+    def _live(self, stream_id: int) -> bool:
+        stream = self.streams.get(stream_id)
+        return stream is not None and not stream.closed
+
+    def _rebuild(self) -> None:
+        """One entry per open stream with a positive credit."""
+        self.credits = {sid: c for sid, c in self.credits.items() if self._live(sid)}
+        self.heap = [(-credit, stream_id) for stream_id, credit in self.credits.items()]
+        heapq.heapify(self.heap)
+        self._kept = len(self.heap)
+
+    def largest_credit(self) -> int:
+        """The largest credit of an open stream, 0 if none is positive."""
+        heap, credits = self.heap, self.credits
+        while heap:
+            negated, stream_id = heap[0]
+            if credits.get(stream_id) == -negated:
+                if self._live(stream_id):
+                    return -negated
+                del credits[stream_id]
+            heapq.heappop(heap)
+        return 0
+
+
+class LazyWindowStream(h2.stream.H2Stream):
+    """h2's stream, its send window kept as a credit against the
+    connection's `SendWindows` (see there), and its largest frame read from
+    it: h2 reads and writes `outbound_flow_control_window` and
+    `max_outbound_frame_size` as attributes, so both are properties here."""
+
+    def __init__(
+        self,
+        stream_id: int,
+        config: h2.config.H2Configuration,
+        inbound_window_size: int,
+        windows: SendWindows,
+    ) -> None:
+        self._windows = windows
+        self._credit = 0
+        super().__init__(stream_id, config, inbound_window_size, windows.initial)
+
+    @property
+    def outbound_flow_control_window(self) -> int:
+        return self._credit + self._windows.initial
+
+    @outbound_flow_control_window.setter
+    def outbound_flow_control_window(self, window: int) -> None:
+        windows = self._windows
+        credit = self._credit = window - windows.initial
+        if credit > 0 or windows.credits:
+            windows.set_credit(self.stream_id, credit)
+
+    @property
+    def max_outbound_frame_size(self) -> int:
+        return self._windows.max_frame_size
+
+    @max_outbound_frame_size.setter
+    def max_outbound_frame_size(self, size: int | None) -> None:
+        """Ignored: the connection's value is every stream's."""
+
+
 class ServerH2Connection(h2.connection.H2Connection):
     """h2's server connection for many streams and untrusted clients (see the
     module docstring).
@@ -238,6 +349,7 @@ class ServerH2Connection(h2.connection.H2Connection):
         self.decoder = RepeatedBlockDecoder()
         self.decoder.max_header_list_size = max_header_list_bytes
         self.max_header_block_bytes = max_header_list_bytes
+        self.send_windows = SendWindows(self.streams, self.remote_settings)
 
     def receive_data(self, data: bytes | memoryview) -> list[h2.events.Event]:
         events = super().receive_data(data)
@@ -257,6 +369,49 @@ class ServerH2Connection(h2.connection.H2Connection):
         count = super().open_inbound_streams
         self._streams_after_walk = len(self.streams)
         return count
+
+    def _begin_new_stream(
+        self, stream_id: int, allowed_ids: h2.connection.AllowedStreamIDs
+    ) -> h2.stream.H2Stream:
+        """h2's, with a `LazyWindowStream` (less its debug log lines)."""
+        outbound = self._stream_id_is_outbound(stream_id)
+        highest = self.highest_outbound_stream_id if outbound else self.highest_inbound_stream_id
+        if stream_id <= highest:
+            raise h2.exceptions.StreamIDTooLowError(stream_id, highest)
+        if (stream_id % 2) != int(allowed_ids):
+            raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
+        stream = LazyWindowStream(
+            stream_id, self.config, self.local_settings.initial_window_size, self.send_windows
+        )
+        self.streams[stream_id] = stream
+        if outbound:
+            self.highest_outbound_stream_id = stream_id
+        else:
+            self.highest_inbound_stream_id = stream_id
+        return stream
+
+    def _acknowledge_settings(self) -> list[Frame]:
+        """h2's, with the changes of the initial window and the frame size
+        made once in `SendWindows` instead of on every stream."""
+        self.state_machine.process_input(h2.connection.ConnectionInputs.SEND_SETTINGS)
+        changes = self.remote_settings.acknowledge()
+        codes = h2.settings.SettingCodes
+        windows = self.send_windows
+        if codes.INITIAL_WINDOW_SIZE in changes:
+            initial = changes[codes.INITIAL_WINDOW_SIZE].new_value
+            if initial > windows.initial and windows.largest_credit() + initial > MAX_WINDOW:
+                raise h2.exceptions.FlowControlError(
+                    f"May not increment flow control window past {MAX_WINDOW}"
+                )
+            windows.initial = initial
+        if codes.HEADER_TABLE_SIZE in changes:
+            self.encoder.header_table_size = changes[codes.HEADER_TABLE_SIZE].new_value
+        if codes.MAX_FRAME_SIZE in changes:
+            size = changes[codes.MAX_FRAME_SIZE].new_value
+            self.max_outbound_frame_size = windows.max_frame_size = size
+        ack = SettingsFrame(0)
+        ack.flags.add("ACK")
+        return [ack]
 
     def _receive_headers_frame(self, frame: HeadersFrame) -> tuple[list, list]:
         """A new stream over the limit is refused (RFC 9113 §5.1.2: a stream

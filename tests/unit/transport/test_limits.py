@@ -526,6 +526,70 @@ async def test_a_window_update_pumps_only_the_calls_blocked_on_flow_control(monk
     assert pumped == []
 
 
+def pumps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The stream ids of the calls pumped from now on."""
+    pumped: list[int] = []
+    pump = GrpcConnection._pump
+
+    def counted(self, call):
+        pumped.append(call.id)
+        return pump(self, call)
+
+    monkeypatch.setattr(GrpcConnection, "_pump", counted)
+    return pumped
+
+
+def echo_calls(client: RawH2, count: int, size: int) -> None:
+    out = bytearray(new_streams(client, 1, count, ECHO))
+    for stream_id in range(1, 2 * count, 2):
+        out += DataFrame(stream_id, data=message(b"e" * size)).serialize()
+    client.send_raw(bytes(out))
+
+
+def reply_bytes(client: RawH2, count: int, timeout: float = 5.0) -> set[int]:
+    """The sizes of the replies of `count` calls, once each has `size` bytes
+    or `timeout` has passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        received: dict[int, int] = dict.fromkeys(range(1, 2 * count, 2), 0)
+        for frame in client.frames:
+            if isinstance(frame, DataFrame):
+                received[frame.stream_id] += len(frame.data)
+        if min(received.values()) >= 205 or time.monotonic() > deadline or client.closed:
+            return set(received.values())
+        client.read(0.05)
+
+
+async def test_a_connection_window_update_pumps_the_calls_it_can_serve_and_no_more(monkeypatch):
+    async with serving() as stack:
+        client = await asyncio.to_thread(RawH2, stack.port)
+        echo_calls(client, 1_000, 200)  # 205 KB of replies: ~680 wait on the connection window
+        assert await asyncio.to_thread(client.round_trip)
+        pumped = pumps_counted(monkeypatch)
+        client.send_raw(WindowUpdateFrame(0, window_increment=1).serialize() * 10)
+        assert await asyncio.to_thread(client.round_trip)
+        assert 1 <= len(pumped) <= 10
+        client.send_raw(WindowUpdateFrame(0, window_increment=MIB).serialize())
+        assert await asyncio.to_thread(reply_bytes, client, 1_000) == {205}
+
+
+async def test_only_a_settings_frame_that_raises_the_initial_window_pumps_blocked_calls(
+    monkeypatch,
+):
+    initial_window = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
+    async with serving() as stack:
+        client = await asyncio.to_thread(RawH2, stack.port, {initial_window: 0})
+        echo_calls(client, 200, 200)  # every reply waits on its stream's window
+        assert await asyncio.to_thread(client.round_trip)
+        pumped = pumps_counted(monkeypatch)
+        client.send_raw(SettingsFrame(0, settings={initial_window: 0, 1: 4096}).serialize())
+        assert await asyncio.to_thread(client.round_trip)
+        assert pumped == []
+        client.send_raw(SettingsFrame(0, settings={initial_window: 205}).serialize())
+        assert await asyncio.to_thread(reply_bytes, client, 200) == {205}
+    assert sorted(pumped) == list(range(1, 400, 2))
+
+
 async def test_a_burst_of_new_streams_yields_the_loop_between_turns():
     async with serving() as stack:
         client = await asyncio.to_thread(RawH2, stack.port)
