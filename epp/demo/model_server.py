@@ -65,13 +65,10 @@ from epp.demo.server_formats import (
     token_ids,
 )
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
-from epp.scheduling.kvblocks import BlockHasher, HashAlgorithm
+from epp.scheduling.kvblocks import BlockHasher, BlockRemoved, BlockStored, HashAlgorithm, KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import (
-    CLEARED,
-    STORED,
-    KVLogEntry,
     ModelServer,
     ServerParams,
     ServerRequest,
@@ -118,7 +115,7 @@ class RealTimeModel:
     def __init__(
         self,
         params: ServerParams,
-        on_kv_events: Callable[[list[KVLogEntry]], None] | None = None,
+        on_kv_events: Callable[[list[KVEvent]], None] | None = None,
     ) -> None:
         self.model = ModelServer(params, self)
         self._on_kv_events = on_kv_events
@@ -276,7 +273,7 @@ class SimulatedServer:
         self.tokenize_delay_s = tokenize_delay_s
         self.render_endpoints = render_endpoints
         self.publisher: KVEventPublisher | None = None
-        self._kv_queue: asyncio.Queue[list[KVLogEntry] | None] = asyncio.Queue()
+        self._kv_queue: asyncio.Queue[list[KVEvent] | None] = asyncio.Queue()
         self._kv_task: asyncio.Task[None] | None = None
         self._hasher = (
             BlockHasher(params.block_size, kv_events.hash_seed, kv_events.algorithm)
@@ -357,12 +354,14 @@ class SimulatedServer:
         while (entries := await self._kv_queue.get()) is not None:
             events: list[object] = []
             for entry in entries:
-                if entry.kind == STORED:
-                    events.append(stored(entry.keys, entry.parent, entry.token_ids, size))
-                elif entry.kind == CLEARED:
-                    events.append(cleared())
+                if isinstance(entry, BlockStored):
+                    events.append(
+                        stored(entry.block_hashes, entry.parent_block_hash, entry.token_ids, size)
+                    )
+                elif isinstance(entry, BlockRemoved):
+                    events.append(removed(entry.block_hashes))
                 else:
-                    events.append(removed(entry.keys))
+                    events.append(cleared())
             await publisher.publish(events)
 
     def _render(self, api: Api):

@@ -28,6 +28,15 @@ remote prefill, its KV transfer, or its decode server's queue or batch),
 frees what it held there, ends it `evicted` and tells the policy it is over,
 as a live stream that the EPP ended would.
 
+KV-cache events (`pool.kv_event_lag_ms`): each server's prefix cache is
+keyed by block content (`epp.sim.blocks`) and logs its changes as vLLM's
+events (`ModelServer.kv_log`); what a server call logged reaches the policy
+as one batch `kv_event_lag_s` later (`Policy.kv_events`), in the server's
+order, as its ZMQ publisher's batches would. A restart in place
+(`server_restart`) is told as AllBlocksCleared, which is what the live
+subscriber makes of a publisher whose sequence starts again. Conversations
+key the servers' caches by content too, with or without events.
+
 Endpoints: the live path's `EndpointStore` holds the pool, so the policy
 reads the same snapshots a live EPP reads. Every `scrape_interval` each live
 server's metrics are sampled and written to the store `scrape_lag` later, so
@@ -47,11 +56,13 @@ from typing import Protocol
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import EndpointMetrics
+from epp.scheduling.kvblocks import KVEvent
+from epp.sim.blocks import block_keys
 from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
-SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER = range(7)
+SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER, KV_EVENTS = range(8)
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 ROLE_LABEL = "llm-d.ai/role"
 
@@ -82,6 +93,8 @@ class SimRequest(ServerRequest):
     """Its remote prefill failed and it was prefilled on its decode server."""
     leg: PrefillLeg | None = None
     """Its remote prefill, once a prefill server took it."""
+    conversation: int = -1
+    """The conversation it is a turn of (-1: none)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -119,6 +132,10 @@ class Policy(Protocol):
 
     def timer(self, now: float) -> None:
         """The time the policy asked for (`Simulation.want_timer`) came."""
+        ...
+
+    def kv_events(self, address: str, events: list[KVEvent]) -> None:
+        """The server at `address` published `events` (one batch, in order)."""
         ...
 
     def queued_by_priority(self) -> dict[int, int]:
@@ -167,6 +184,21 @@ class Simulation:
         ]
         prefix_tokens_of = [t.prefix_tokens for t in scenario.tenants]
         lora_of = [t.lora for t in scenario.tenants]
+        self.content_keys = pool.kv_event_lag_s is not None or any(
+            t.conversation is not None for t in scenario.tenants
+        )
+        """Whether the servers key their prefix caches by block content."""
+        prefixes = sorted(
+            {(t.prefix_group, t.lora or "") for t in scenario.tenants if t.prefix_group}
+        )
+        self.prefix_of = [
+            prefixes.index((t.prefix_group, t.lora or "")) if t.prefix_group else -1
+            for t in scenario.tenants
+        ]
+        """Each tenant's prefix (its group for its model or adapter), by number."""
+        if pool.kv_event_lag_s is not None:
+            for server in self.servers:
+                server.kv_log = []
         self.requests = [
             SimRequest(
                 number,
@@ -177,6 +209,7 @@ class Simulation:
                 lora_of[item.tenant],
                 tenant=item.tenant,
                 arrival=item.time,
+                conversation=item.conversation,
             )
             for number, item in enumerate(arrivals)
         ]
@@ -231,6 +264,8 @@ class Simulation:
         """Hand `request` to a server (its prompt prefilled first on server
         `prefill_index`, when one is named); a full waiting queue rejects it."""
         request.server = server_index
+        if self.content_keys:
+            request.block_keys = self.keys_of(request, self.scenario.pool.params.block_size)
         if prefill_index >= 0:
             request.prefill_server = prefill_index
             leg = PrefillLeg(
@@ -241,6 +276,7 @@ class Simulation:
                 request.prefix_tokens,
                 request.lora,
                 parent=request,
+                block_keys=request.block_keys,
             )
             if self.up[prefill_index] and self._admit(leg, prefill_index, now):
                 request.leg = leg
@@ -250,11 +286,36 @@ class Simulation:
             self.end(request, SERVER_REJECTED, now)
             self.policy.finished(request, now)
 
+    def keys_of(
+        self, request: SimRequest, block_size: int, max_blocks: int | None = None
+    ) -> tuple[int, ...]:
+        """The keys of `request`'s prompt blocks of `block_size` tokens (`blocks`)."""
+        return block_keys(
+            block_size,
+            request.prompt_tokens,
+            request.prefix_tokens,
+            self.prefix_of[request.tenant],
+            request.conversation,
+            request.request_id,
+            max_blocks,
+        )
+
     def _admit(self, request: ServerRequest, server_index: int, now: float) -> bool:
-        if not self.servers[server_index].admit(request, now):
+        server = self.servers[server_index]
+        admitted = server.admit(request, now)
+        if server.kv_log:
+            self._publish_kv(server_index, now)
+        if not admitted:
             return False
         self._reschedule(server_index)
         return True
+
+    def _publish_kv(self, server_index: int, now: float) -> None:
+        """Send what the server's cache logged as one batch of KV events."""
+        server = self.servers[server_index]
+        events, server.kv_log = server.kv_log, []
+        lag = self.scenario.pool.kv_event_lag_s
+        self._push(now + (lag or 0.0), KV_EVENTS, (server_index, events))
 
     def _reschedule(self, server_index: int) -> None:
         """Keep the server's one heap entry at its next event time."""
@@ -320,6 +381,8 @@ class Simulation:
         """Take `request` off its server if it still holds it."""
         if not self.up[server_index] or not self.servers[server_index].abort(request, now):
             return
+        if self.servers[server_index].kv_log:
+            self._publish_kv(server_index, now)
         self._reschedule(server_index)
         if self._finished or self._first_tokens:  # the abort advanced the server to `now`
             self._report(now)
@@ -415,7 +478,10 @@ class Simulation:
                     index = data
                     if scheduled[index] != when:
                         continue
-                    following = servers[index].advance(when)
+                    server = servers[index]
+                    following = server.advance(when)
+                    if server.kv_log:
+                        self._publish_kv(index, when)
                     scheduled[index] = following
                     if following != inf:
                         self._seq += 1
@@ -449,6 +515,10 @@ class Simulation:
                         self._push(when + sample_every, SAMPLE, None)
                 elif kind == TRANSFER:
                     self._transferred(data, when)  # type: ignore[arg-type]
+                elif kind == KV_EVENTS:
+                    index, events = data  # type: ignore[misc]
+                    if self.up[index]:  # else its subscriber went with it
+                        policy.kv_events(self.addresses[index], events)
                 else:
                     self._pool_event(data, when)  # type: ignore[arg-type]
             elif next_index < count:
@@ -508,20 +578,31 @@ class Simulation:
             # from its next step that changes the batch.
             self.servers[index].params = event.params
             return
+        if event.restart:
+            if self.up[index]:
+                self._fail(index, now)
+            return
         if event.up == self.up[index]:
             return
         if event.up:
             self.up[index] = True
         else:
             self.up[index] = False
-            server = self.servers[index]
-            lost = server.fail()
-            self._scheduled[index] = inf
-            for request in lost:
-                if type(request) is PrefillLeg:
-                    self._prefill_lost(request, now)
-                    continue
-                self.end(request, SERVER_FAILED, now)
-                self.policy.finished(request, now)
+            self._fail(index, now)
         self.store.replace_all(self._live_specs())
         self.policy.pool_changed(now)
+
+    def _fail(self, index: int, now: float) -> None:
+        """Server `index` loses everything it holds: its requests end
+        (remote prefills fall back), its cache is cleared."""
+        server = self.servers[index]
+        lost = server.fail()
+        if server.kv_log:
+            self._publish_kv(index, now)
+        self._scheduled[index] = inf
+        for request in lost:
+            if type(request) is PrefillLeg:
+                self._prefill_lost(request, now)
+                continue
+            self.end(request, SERVER_FAILED, now)
+            self.policy.finished(request, now)

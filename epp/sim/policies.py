@@ -42,6 +42,7 @@ from epp.config.loader import EppConfig
 from epp.flowcontrol.config import Fairness
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
+from epp.scheduling.kvblocks import KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.profiles import PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
@@ -105,11 +106,11 @@ class PromptBlocks:
     few slots and every insertion probes.)
     """
 
-    __slots__ = ("_block_chars", "_max_blocks", "_prefixes")
+    __slots__ = ("_prefixes", "block_chars", "max_blocks")
 
     def __init__(self, scenario: Scenario, block_chars: int, max_blocks: int) -> None:
-        self._block_chars = block_chars
-        self._max_blocks = max_blocks
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
         self._prefixes = [
             block_hashes(
                 prefix_text(t.prefix_group, t.prefix_tokens),
@@ -126,14 +127,14 @@ class PromptBlocks:
         """The (block_chars, max_blocks, hashes) cache entry for `request`
         (a prompt with no shared prefix gets its blocks as a `range`, which
         costs nothing to build: `bench.simulator`)."""
-        max_blocks = self._max_blocks
-        count = min(request.prompt_tokens * CHARS_PER_TOKEN // self._block_chars, max_blocks)
+        max_blocks = self.max_blocks
+        count = min(request.prompt_tokens * CHARS_PER_TOKEN // self.block_chars, max_blocks)
         shared = self._prefixes[request.tenant]
         if len(shared) >= count:
-            return (self._block_chars, max_blocks, shared[:count])
+            return (self.block_chars, max_blocks, shared[:count])
         first = -1 - request.request_id * (max_blocks + 1) - len(shared)
         unique = range(first, first - (count - len(shared)), -1)
-        return (self._block_chars, max_blocks, shared + tuple(unique) if shared else unique)
+        return (self.block_chars, max_blocks, shared + tuple(unique) if shared else unique)
 
 
 class EppPolicy:
@@ -174,10 +175,22 @@ class EppPolicy:
         self._blocks = PromptBlocks(
             scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
         )
+        self._prompt_blocks = self._content_blocks if sim.content_keys else self._blocks.of
+        precise = scheduling.precise
+        self._precise = (
+            (precise.hasher.block_size, precise.max_blocks)
+            if precise is not None and sim.content_keys
+            else None
+        )
+        """The precise index's block size and blocks per prompt, when the
+        servers' caches are keyed by content: the prompt's keys are then its
+        blocks' (`Simulation.keys_of`), as a token producer and vLLM's
+        hashing would give them."""
 
     def arrive(self, request: SimRequest, now: float) -> None:
         tenant = request.tenant
         prompt_tokens = request.prompt_tokens
+        precise = self._precise
         payload = SimInference(
             self._model,
             self._target[tenant],
@@ -185,7 +198,9 @@ class EppPolicy:
             self._stream[tenant],
             request.output_tokens,
             None,
-            self._blocks.of(request),
+            self._blocks.of(request)
+            if not self.sim.content_keys
+            else self._content_blocks(request),
             prompt_tokens,
             False,  # multimodal
             None,  # routing
@@ -198,7 +213,7 @@ class EppPolicy:
             None,  # cache salt
             b"",  # body
             False,  # chat
-            None,  # kv block keys
+            self.sim.keys_of(request, *precise) if precise is not None else None,
             request,
         )
         # All positional: calling a class with a keyword builds a dict.
@@ -257,6 +272,17 @@ class EppPolicy:
     def timer(self, now: float) -> None:
         self._settle(self.core.poke(now), now)
 
+    def kv_events(self, address: str, events: list[KVEvent]) -> None:
+        self.core.kv_events(address, events)
+
+    def _content_blocks(self, request: SimRequest) -> tuple[int, int, Sequence[int]]:
+        """The approximate index's blocks of `request` when prompts are keyed
+        by content: its own block size and limit over the same content."""
+        block_chars = self._blocks.block_chars
+        max_blocks = self._blocks.max_blocks
+        keys = self.sim.keys_of(request, block_chars // CHARS_PER_TOKEN, max_blocks)
+        return (block_chars, max_blocks, keys)
+
     def queued_by_priority(self) -> dict[int, int]:
         return {band.priority: band.count for band in self.core.bands()}
 
@@ -274,7 +300,7 @@ class EppPolicy:
             if flow_request.endpoint is None:
                 sim.end(request, flow_request.outcome.reason, now)
                 continue
-            payload.prefix_hashes = None
+            payload.prefix_hashes = payload.kv_block_keys = None
             routing = payload.routing
             prefiller = routing.get(PREFILLER_HEADER) if routing is not None else None
             sim.send(
@@ -327,6 +353,9 @@ class RoundRobinPolicy:
         pass
 
     def timer(self, now: float) -> None:
+        pass
+
+    def kv_events(self, address: str, events: list[KVEvent]) -> None:
         pass
 
     def queued_by_priority(self) -> dict[int, int]:

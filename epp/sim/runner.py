@@ -39,6 +39,9 @@ def policy_names(scenario: Scenario) -> list[str]:
 def _config_for(scenario: Scenario, name: str) -> EppConfig:
     for variant in scenario.variants:
         if variant.name == name:
+            if variant.config is not None:
+                return variant.config
+            assert variant.fairness is not None
             return with_fairness(scenario.epp_config, variant.fairness)
     if name == "aggregated":
         return without_disaggregation(scenario.epp_config)

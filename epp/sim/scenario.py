@@ -97,6 +97,17 @@ class Trace:
 
 
 @dataclass(slots=True, frozen=True)
+class Conversation:
+    """Multi-turn chat: each arrival starts a conversation of `turns` turns,
+    one every `think_s` seconds; a turn's prompt is the conversation so far
+    (the shared prefix, every earlier message and reply) and a new message
+    of `prompt_tokens` tokens."""
+
+    turns: int
+    think_s: float
+
+
+@dataclass(slots=True, frozen=True)
 class Tenant:
     name: str
     objective: str
@@ -107,6 +118,7 @@ class Tenant:
     output_tokens: Lengths
     prefix_group: str | None = None
     prefix_tokens: int = 0
+    conversation: Conversation | None = None
     stream: bool = True
     lora: str | None = None
     ttl_s: float | None = None
@@ -129,20 +141,26 @@ class ServerEvent:
     """At `at_s`, server `server` (0-based, numbered across the pool's groups
     in order) goes down (`up` False), comes back (`up` True), or, with
     `params` set, keeps running with new parameters (a server that slows
-    down, or restarts with another batch size, keeps what it holds)."""
+    down, or restarts with another batch size, keeps what it holds). With
+    `restart` it loses what it runs and its prefix cache and serves again at
+    once, never leaving the pool (a container restart quicker than the
+    readiness probe)."""
 
     at_s: float
     server: int
     up: bool
     params: ServerParams | None = None
+    restart: bool = False
 
 
 @dataclass(slots=True, frozen=True)
 class Variant:
-    """Another run of the EPP with every band's fairness replaced."""
+    """Another run of the EPP: with every band's fairness replaced, or with
+    another configuration file."""
 
     name: str
-    fairness: Fairness
+    fairness: Fairness | None = None
+    config: EppConfig | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -163,6 +181,10 @@ class Pool:
     scrape_interval_s: float = 0.05
     scrape_lag_s: float = 0.01
     roles: tuple[str, ...] = ()
+    kv_event_lag_s: float | None = None
+    """With a value, the servers publish their prefix caches' changes as
+    vLLM's KV-cache events, reaching the EPP this long after (ZMQ and the
+    subscriber), and key their caches by block content; None: no events."""
 
     @property
     def servers(self) -> int:
@@ -225,7 +247,14 @@ PARAM_KEYS = {f.name for f in fields(ServerParams)}
 POSITIVE_PARAMS = {"max_num_seqs", "kv_blocks", "block_size", "decode_ms_per_token"}
 """Server keys that must be above 0 (the others must not be negative)."""
 GROUP_KEYS = {"servers", *PARAM_KEYS}
-POOL_KEYS = {"groups", "roles", "scrape_interval_ms", "scrape_lag_ms", *GROUP_KEYS}
+POOL_KEYS = {
+    "groups",
+    "roles",
+    "scrape_interval_ms",
+    "scrape_lag_ms",
+    "kv_event_lag_ms",
+    *GROUP_KEYS,
+}
 TENANT_KEYS = {
     "name",
     "objective",
@@ -235,6 +264,7 @@ TENANT_KEYS = {
     "prompt_tokens",
     "output_tokens",
     "prefix",
+    "conversation",
     "stream",
     "lora",
     "ttl_s",
@@ -316,6 +346,9 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         servers = reader.integer(raw.get("servers"), "pool.servers", bounds=POSITIVE)
         groups.append(ServerGroup(servers, shared))
     total = sum(group.servers for group in groups)
+    lag = raw.get("kv_event_lag_ms")
+    if lag is not None and len({group.params.block_size for group in groups}) > 1:
+        reader.fail("pool.kv_event_lag_ms", "KV-cache events need one block_size in the pool")
     return Pool(
         groups=tuple(groups),
         roles=_roles(reader, raw.get("roles"), total),
@@ -324,6 +357,9 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         )
         / 1000.0,
         scrape_lag_s=reader.number(raw.get("scrape_lag_ms"), "pool.scrape_lag_ms", 10.0) / 1000.0,
+        kv_event_lag_s=None
+        if lag is None
+        else reader.number(lag, "pool.kv_event_lag_ms", 0.0) / 1000.0,
     )
 
 
@@ -467,6 +503,16 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
         reader.fail(f"{path}.rate_rps", "must be positive")
     prefix = reader.mapping(raw.get("prefix"), f"{path}.prefix", {"group", "tokens"})
     ttl = raw.get("ttl_s")
+    conversation = None
+    if raw.get("conversation") is not None:
+        where = f"{path}.conversation"
+        chat = reader.mapping(raw["conversation"], where, {"turns", "think_s"})
+        conversation = Conversation(
+            reader.integer(chat.get("turns"), f"{where}.turns", bounds=POSITIVE),
+            reader.number(chat.get("think_s"), f"{where}.think_s", bounds=POSITIVE),
+        )
+        if trace is not None:
+            reader.fail(where, "a conversation's turns are not read from a trace")
     return Tenant(
         name=name,
         objective=objective,
@@ -483,6 +529,7 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
         prefix_tokens=reader.integer(prefix.get("tokens"), f"{path}.prefix.tokens", bounds=POSITIVE)
         if prefix
         else 0,
+        conversation=conversation,
         stream=reader.boolean(raw.get("stream"), f"{path}.stream", True),
         lora=reader.string(raw.get("lora"), f"{path}.lora") if raw.get("lora") else None,
         ttl_s=reader.number(ttl, f"{path}.ttl_s", bounds=POSITIVE) if ttl is not None else None,
@@ -490,12 +537,13 @@ def _tenant(reader: _Reader, value: Any, path: str, objectives: set[str]) -> Ten
     )
 
 
-EVENT_KINDS = ("server_down", "server_up", "server_change")
+EVENT_KINDS = ("server_down", "server_up", "server_change", "server_restart")
 
 
 def _events(reader: _Reader, value: Any, pool: Pool) -> tuple[ServerEvent, ...]:
-    """`server_down: N`, `server_up: N`, or `server_change: N` with `params:
-    {server keys}` (the keys not given keep the server's current values)."""
+    """`server_down: N`, `server_up: N`, `server_restart: N`, or
+    `server_change: N` with `params: {server keys}` (the keys not given
+    keep the server's current values)."""
     servers = pool.servers
     events = []
     for index, item in enumerate(reader.sequence(value, "events")):
@@ -519,27 +567,41 @@ def _events(reader: _Reader, value: Any, pool: Pool) -> tuple[ServerEvent, ...]:
             params = _params(reader, changes, f"{path}.params", pool.server_params[server])
         elif "params" in raw:
             reader.fail(f"{path}.params", "only a server_change takes params")
-        events.append(ServerEvent(at, server, kind != "server_down", params))
+        events.append(
+            ServerEvent(at, server, kind != "server_down", params, kind == "server_restart")
+        )
     return tuple(sorted(events, key=lambda event: event.at_s))
+
+
+def _config_file(reader: _Reader, value: Any, path: str) -> tuple[EppConfig, str | None]:
+    """The EPP configuration file named at `path` (the default when it has errors)."""
+    file = reader.path(value, path)
+    if file is None:
+        return EppConfig(), None
+    try:
+        return load_config(file), str(file)
+    except ConfigError as error:
+        for problem in error.errors:
+            reader.fail(path, problem)
+    return EppConfig(), str(file)
 
 
 def _epp(reader: _Reader, value: Any) -> tuple[EppConfig, str | None, tuple[Variant, ...]]:
     raw = reader.mapping(value, "epp", {"config", "variants"})
-    config = EppConfig()
-    config_path = None
+    config, config_path = EppConfig(), None
     if raw.get("config") is not None:
-        file = reader.path(raw["config"], "epp.config")
-        if file is not None:
-            config_path = str(file)
-            try:
-                config = load_config(file)
-            except ConfigError as error:
-                for problem in error.errors:
-                    reader.fail("epp.config", problem)
+        config, config_path = _config_file(reader, raw["config"], "epp.config")
     variants = []
     for index, item in enumerate(reader.sequence(raw.get("variants"), "epp.variants")):
         path = f"epp.variants[{index}]"
-        entry = reader.mapping(item, path, {"name", "fairness"})
+        entry = reader.mapping(item, path, {"name", "fairness", "config"})
+        if "config" in entry:
+            if "fairness" in entry:
+                reader.fail(path, "a variant sets its fairness or its config, not both")
+            variant_config = _config_file(reader, entry["config"], f"{path}.config")[0]
+            name = reader.string(entry.get("name"), f"{path}.name")
+            variants.append(Variant(name, config=variant_config))
+            continue
         fairness = reader.string(entry.get("fairness"), f"{path}.fairness")
         if fairness and fairness not in {policy.value for policy in Fairness}:
             reader.fail(

@@ -16,8 +16,10 @@ What it models:
   shared prompt prefixes (`prefix_group`, or the prompt's own block hashes
   `block_keys` when the caller has its text) in an LRU bounded by the free
   blocks, and a prompt reuses its leading cached blocks; with `kv_log` set
-  to a list, every change to that cache is appended to it as vLLM's KV
-  events tell it (`stored`, `removed`, `cleared`) for the caller to publish;
+  to a list, every change to that cache is appended to it as the vLLM KV
+  event that tells it (`epp.scheduling.kvblocks`: BlockStored with the
+  block before the first and their tokens when known, BlockRemoved,
+  AllBlocksCleared) for the caller to publish;
 - a waiting queue bounded by `max_waiting` (0 = unbounded): a request that
   arrives to a full queue is rejected;
 - the inter-token latency histogram's sum, count and buckets (vLLM's
@@ -55,6 +57,7 @@ from math import inf
 from typing import Any, Protocol
 
 from epp.scheduling.endpoint import EndpointMetrics
+from epp.scheduling.kvblocks import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 NO_ADAPTERS: frozenset[str] = frozenset()
 
@@ -107,21 +110,6 @@ class ServerRequest:
     cached_tokens: int = 0
     blocks: int = 0
     finish_step: int = 0
-
-
-STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
-
-
-@dataclass(slots=True, frozen=True)
-class KVLogEntry:
-    """One change to a server's prefix cache, as a vLLM KV event tells it:
-    blocks stored (with the block before the first, and their tokens when
-    known), blocks evicted, or the whole cache cleared."""
-
-    kind: str
-    keys: tuple[int, ...] = ()
-    parent: int | None = None
-    token_ids: tuple[int, ...] = ()
 
 
 class ServerListener(Protocol):
@@ -190,7 +178,7 @@ class ModelServer:
         self.itl_buckets = [0] * (len(ITL_BUCKETS) + 1)
         """The latency histogram up to the start of the current run of steps
         (its buckets' own counts, the last one past the largest bound)."""
-        self.kv_log: list[KVLogEntry] | None = None
+        self.kv_log: list[KVEvent] | None = None
 
     # -- the caller's side ------------------------------------------------
 
@@ -292,7 +280,7 @@ class ModelServer:
         self._prefilling = []
         self._cache.clear()
         if self.kv_log is not None:
-            self.kv_log.append(KVLogEntry(CLEARED))
+            self.kv_log.append(AllBlocksCleared())
         self._lora_active.clear()
         self.used_blocks = 0
         self._seg_end = inf
@@ -473,7 +461,9 @@ class ModelServer:
         if not request.remote_kv:  # a remote prompt counts where it was prefilled
             self.prompt_tokens += request.prompt_tokens
             self.cached_tokens += cached
-        for block in range(shared_blocks):
+        # Last block first, so a prompt's tail is the first evicted and its
+        # head stays matchable (vLLM frees a request's blocks in reverse).
+        for block in reversed(range(shared_blocks)):
             key = keys[block] if keys else (group, block)
             if block < cached_blocks:
                 cache.move_to_end(key)
@@ -483,13 +473,14 @@ class ModelServer:
         if log is not None and keys and shared_blocks > cached_blocks:
             tokens = request.token_ids
             log.append(
-                KVLogEntry(
-                    STORED,
+                BlockStored(
                     tuple(keys[cached_blocks:shared_blocks]),
                     keys[cached_blocks - 1] if cached_blocks else None,
                     tuple(tokens[cached_blocks * size : shared_blocks * size]),
+                    size,
                 )
             )
+        request.block_keys = request.token_ids = ()  # cached or told: not needed again
         if cache:
             self._trim_cache()
         if request.remote_kv:
@@ -521,4 +512,4 @@ class ModelServer:
         if self.kv_log is not None:
             keys = tuple(key for key in evicted if isinstance(key, int))
             if keys:
-                self.kv_log.append(KVLogEntry(REMOVED, keys))
+                self.kv_log.append(BlockRemoved(keys))

@@ -6,7 +6,11 @@ tenants are added or removed, and the run of a tier alone (for isolation)
 sees exactly the requests it saw in the full run.
 
 A tenant with a prefix group sends `prefix.tokens` shared tokens followed by
-`prompt_tokens` tokens of its own.
+`prompt_tokens` tokens of its own. A tenant with a `conversation` starts one
+at each arrival and sends its turns `think_s` apart (while the run lasts):
+turn k's prompt is the prefix, every earlier turn's message and reply, and
+its own message of `prompt_tokens` tokens (open loop: a turn does not wait
+for the previous reply).
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ class Arrived:
     tenant: int
     prompt_tokens: int
     output_tokens: int
+    conversation: int = -1
+    """The conversation it is a turn of (unique in the workload), or -1."""
+
+
+CONVERSATIONS_PER_TENANT = 1 << 32
+"""Conversation numbers are tenant x this + the tenant's own count, so a
+tenant's conversations keep their numbers when it runs alone."""
 
 
 def arrival_times(
@@ -85,10 +96,35 @@ def draw_length(lengths: Lengths, rng: random.Random) -> int:
     return max(1, round(rng.lognormvariate(mu, sigma)))
 
 
+def conversation_turns(
+    scenario: Scenario, index: int, starts: list[float], rng: random.Random
+) -> list[Arrived]:
+    """The turns of the conversations tenant `index` starts at `starts`."""
+    tenant = scenario.tenants[index]
+    chat = tenant.conversation
+    assert chat is not None
+    turns = []
+    for number, start in enumerate(starts):
+        conversation = index * CONVERSATIONS_PER_TENANT + number
+        history = tenant.prefix_tokens
+        for turn in range(chat.turns):
+            at = start + turn * chat.think_s
+            if at >= scenario.duration_s:
+                break
+            message = draw_length(tenant.prompt_tokens, rng)
+            reply = draw_length(tenant.output_tokens, rng)
+            turns.append(Arrived(at, index, history + message, reply, conversation))
+            history += message + reply
+    turns.sort(key=lambda request: request.time)
+    return turns
+
+
 def tenant_requests(scenario: Scenario, index: int) -> list[Arrived]:
     tenant = scenario.tenants[index]
     rng = random.Random(f"{scenario.seed}/{tenant.name}")
     times = arrival_times(tenant, tenant.arrival, scenario.duration_s, rng)
+    if tenant.conversation is not None:
+        return conversation_turns(scenario, index, times, rng)
     trace = tenant.trace
     prompt, output = tenant.prompt_tokens, tenant.output_tokens
     arrived = []

@@ -27,6 +27,11 @@ SCENARIOS = [
         "pd-prefix-heavy",
         "eviction",
         "pd-prefill-timeout",
+        "precise-multiturn",
+        "precise-system-prompts",
+        "precise-restarts",
+        "precise-chat-restarts",
+        "precise-mispredict",
     )
 ]
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)

@@ -1,0 +1,50 @@
+"""Block keys of simulated prompts, at any block size.
+
+The simulator models a prompt by its shape, not its text: a tenant's shared
+prefix (`prefix.tokens` of its group, for its model or adapter), then, for
+a conversation's turn, the conversation so far, else tokens of the
+request's own. So a prompt's content up to its token e is fixed by who owns
+token e - 1: the prefix group (e within the prefix), the conversation, or
+the request. Block b (tokens [b x size, (b + 1) x size)) is keyed by that
+owner and b, and two prompts share block b exactly when they share every
+token up to its end, as chained block hashes do (vLLM's keys, the EPP's
+approximate hashes): the same relation at whatever block size the reader
+cuts the prompt into.
+
+A key is `owner << 24 | b`, the owner numbered 3g + 1 for prefix group g,
+3c + 2 for conversation c, 3r + 3 for request r, so the owners' keys never
+meet (a prompt has fewer than 2^24 blocks).
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+BLOCK_BITS = 24
+
+
+def _base(owner: int) -> int:
+    return owner << BLOCK_BITS
+
+
+def block_keys(
+    size: int,
+    prompt_tokens: int,
+    prefix_tokens: int = 0,
+    group: int = -1,
+    conversation: int = -1,
+    request: int = 0,
+    max_blocks: int | None = None,
+) -> tuple[int, ...]:
+    """The keys of the prompt's full blocks of `size` tokens (at most
+    `max_blocks`): `prefix_tokens` of prefix group `group` (-1: none) lead,
+    the rest belongs to `conversation` (-1: none), else to `request`."""
+    count = prompt_tokens // size
+    if max_blocks is not None:
+        count = min(count, max_blocks)
+    shared = min(min(prefix_tokens, prompt_tokens) // size, count) if group >= 0 else 0
+    own = _base(3 * conversation + 2) if conversation >= 0 else _base(3 * request + 3)
+    if not shared:
+        return tuple(range(own, own + count))
+    first = _base(3 * group + 1)
+    return tuple(chain(range(first, first + shared), range(own + shared, own + count)))
