@@ -23,7 +23,8 @@ count one per id. Anything malformed raises `BadRequest` (HTTP 400).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -75,6 +76,9 @@ class ParsedBody:
     body: bytes
     multimodal: bool = False
     """Whether a message carries an image, audio or video part."""
+    document: dict[str, Any] | None = field(default=None, repr=False)
+    """The body as a JSON object, for a parser whose body can carry the
+    engine's `priority` field (openai, vllmhttp); None for the others."""
 
 
 def api_for_path(path: str) -> Api:
@@ -144,7 +148,29 @@ def parse_body(
     target, body = rewrite_model(document, body, model, rewrite_to)
     messages = document.get("messages") if api is not Api.RESPONSES else document.get("input")
     multimodal = isinstance(messages, list) and has_media(messages)
-    return ParsedBody(api, model, target, prompt, stream, max_tokens, tokens, body, multimodal)
+    return ParsedBody(
+        api, model, target, prompt, stream, max_tokens, tokens, body, multimodal, document
+    )
+
+
+VLLM_ENGINE_LABELS = ("llm-d.ai/engine-type", "inference.networking.k8s.io/engine-type")
+"""The pod labels that name a vLLM target for priority propagation (the
+reference reads these two, whatever `engineLabelKey` says)."""
+
+
+def engine_priority(priority: int, labels: Mapping[str, str]) -> int:
+    """The value of the body's `priority` for an objective's `priority` on an
+    endpoint with `labels`: vLLM serves lower values first, so it gets the
+    negation; other engines (SGLang) and unlabelled pods get it as it is, as
+    in the reference (llm-d-router PR #2265)."""
+    engine = labels.get(VLLM_ENGINE_LABELS[0]) or labels.get(VLLM_ENGINE_LABELS[1]) or ""
+    return -priority if engine.lower() == "vllm" else priority
+
+
+def with_priority(document: dict[str, Any], priority: int) -> bytes:
+    """The body re-serialised with `priority`, replacing the client's own."""
+    document["priority"] = priority
+    return orjson.dumps(document)
 
 
 MEDIA_PARTS = frozenset(

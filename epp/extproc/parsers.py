@@ -106,7 +106,15 @@ def parse_vllm_generate(
         tokens = estimate_tokens(len(prompt))
     model = _model(document, default_model)
     return ParsedBody(
-        Api.COMPLETIONS, model, model, prompt, read_stream(document), None, tokens, body
+        Api.COMPLETIONS,
+        model,
+        model,
+        prompt,
+        read_stream(document),
+        None,
+        tokens,
+        body,
+        document=document,
     )
 
 

@@ -59,7 +59,7 @@ from epp.extproc.events import (
     Release,
 )
 from epp.extproc.messages import ProcessingRequest
-from epp.extproc.openai import Api, BadRequest
+from epp.extproc.openai import Api, BadRequest, engine_priority, with_priority
 from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
 from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
 from epp.flowcontrol.outcome import Outcome
@@ -112,6 +112,12 @@ class StreamSettings:
     gets 400."""
     chunk_gaps: ChunkGaps | None = None
     """Told the seconds between consecutive chunks of each SSE response (metrics)."""
+    priority_in_body: Callable[[str], Mapping[str, str]] | None = None
+    """Set (`requestHandler.propagatePriority`): the labels of an endpoint by
+    address, and the objective's priority goes into the forwarded body's
+    `priority` in its engine's convention (`openai.engine_priority`),
+    replacing the client's own; None (the default, as the reference's): the
+    body's `priority` goes upstream as the client sent it."""
 
 
 class Phase(Enum):
@@ -133,6 +139,7 @@ class ExtProcStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_document",
         "_first_byte_at",
         "_gaps",
         "_held",
@@ -179,6 +186,7 @@ class ExtProcStream:
         self._request_trailers = False
         self._upstream_body = b""
         self._upstream_status: int | None = None
+        self._document: dict | None = None
         self._released = False
         self._sse: SseUsageReader | None = None
         self._restorer: ModelNameRestorer | None = None
@@ -343,6 +351,8 @@ class ExtProcStream:
         except BadRequest as error:
             return self._reject(400, "bad-request", f"bad request: {error}")
         self._upstream_body = parsed.body
+        if self._settings.priority_in_body is not None:
+            self._document = parsed.document
         if parsed.target_model != parsed.model:
             self._restorer = ModelNameRestorer(parsed.model, parsed.target_model)
         self.request = FlowRequest(
@@ -381,6 +391,11 @@ class ExtProcStream:
         body = self._upstream_body
         self._upstream_body = b""
         self._upstream_status: int | None = None
+        labels_of = self._settings.priority_in_body
+        if labels_of is not None and self._document is not None:
+            labels = labels_of(request.endpoint or "")
+            body = with_priority(self._document, engine_priority(request.priority, labels))
+            self._document = None
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]
         if h.REQUEST_ID not in self.headers:
             set_headers.append((h.REQUEST_ID, request.request_id))

@@ -22,6 +22,8 @@ ideal limit times (1 + headroom).
   `requests`: in flight over endpoints x maxConcurrency; `tokens`: the same
   in tokens; `hybrid`: the mean over endpoints of the larger of the two
   ratios. Its filter has no fallback: a request waits for an endpoint.
+- `MaxSaturationDetector`: the largest reading of the detectors it names,
+  per stage when the pool is split into prefill and decode endpoints.
 
 Cost: one pass over the pool per saturation read; the utilization reading is
 cached until the snapshot changes or a fresh endpoint turns stale.
@@ -39,6 +41,7 @@ from epp.flowcontrol.request import FlowRequest
 from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds, pool_saturation
+from epp.scheduling.stages import DECODE, PREFILL, endpoint_stages, stage_pools
 
 Load = Mapping[str, tuple[int, int]]
 """Per endpoint address: (requests, tokens) this EPP has in flight there."""
@@ -64,10 +67,12 @@ class SaturationDetector(Protocol):
 class UtilizationDetector:
     thresholds: SaturationThresholds = DEFAULT_THRESHOLDS
     headroom: float = 0.0
+    ignore_stale: bool = False
+    """`stalenessPolicy: ignore`: stale endpoints are left out of the pool's mean."""
     falls_back = True
 
     def saturation(self, pool: PoolSnapshot, now: float, load: Load) -> tuple[float, float]:
-        return pool_saturation(pool, now, self.thresholds)
+        return pool_saturation(pool, now, self.thresholds, self.ignore_stale)
 
     def admits(self, endpoint: Endpoint, now: float, load: Load) -> bool:
         # The reference's waiting < queueDepthThreshold * (1 + headroom)
@@ -118,6 +123,62 @@ class ConcurrencyDetector:
         if self.mode is ConcurrencyMode.HYBRID:
             return fits_requests and fits_tokens
         return fits_requests
+
+
+STAGES = (DECODE, PREFILL)
+
+
+@dataclass(slots=True, frozen=True)
+class MaxSaturationDetector:
+    """The reference's `max-saturation-detector`: the largest of its
+    children's readings. `stages[i]` is the stages child i is read for
+    (empty: every stage). When the pool has prefill endpoints (it is split by
+    stage, as `stage_pools` splits it), each stage reads the children in its
+    scope over that stage's endpoints, a stage with none in scope reads 0,
+    and the pool's saturation is the larger stage's; otherwise every child
+    reads the whole pool. The filter role: an endpoint is admitted when every
+    child in scope of its stages admits it; it passes every endpoint when it
+    would pass none only if every child does (the reference applies each
+    child's filter in turn, each with its own fallback)."""
+
+    children: tuple[SaturationDetector, ...]
+    stages: tuple[frozenset[str], ...]
+
+    def __post_init__(self) -> None:
+        if not self.children or len(self.stages) != len(self.children):
+            raise ValueError("a max-saturation-detector needs one stage scope per child")
+
+    @property
+    def falls_back(self) -> bool:  # type: ignore[override]
+        return all(child.falls_back for child in self.children)
+
+    def saturation(self, pool: PoolSnapshot, now: float, load: Load) -> tuple[float, float]:
+        parts = stage_pools(pool)
+        if PREFILL not in parts:
+            return self._max(range(len(self.children)), pool, now, load)
+        value, valid_until = 0.0, inf
+        for stage, part in parts.items():
+            scoped = [i for i, scope in enumerate(self.stages) if not scope or stage in scope]
+            reading, until = self._max(scoped, part, now, load)
+            value, valid_until = max(value, reading), min(valid_until, until)
+        return value, valid_until
+
+    def _max(
+        self, indices: Sequence[int] | range, pool: PoolSnapshot, now: float, load: Load
+    ) -> tuple[float, float]:
+        value, valid_until = 0.0, inf
+        for i in indices:
+            reading, until = self.children[i].saturation(pool, now, load)
+            value, valid_until = max(value, reading), min(valid_until, until)
+        return value, valid_until
+
+    def admits(self, endpoint: Endpoint, now: float, load: Load) -> bool:
+        stages = endpoint_stages(endpoint)
+        return all(
+            child.admits(endpoint, now, load)
+            for child, scope in zip(self.children, self.stages, strict=True)
+            if not scope or scope & stages
+        )
 
 
 class DetectorGate:

@@ -6,7 +6,9 @@ flowcontrol/saturationdetector/utilization`):
 
 - an endpoint's saturation is max(waiting / queue_depth, kv_usage /
   kv_cache); an endpoint whose metrics are stale (missing, the latest read
-  failed, or older than `staleness`) counts 1.0, fail-closed;
+  failed, or older than `staleness`) counts 1.0, fail-closed (the
+  utilization detector's `stalenessPolicy: ignore` leaves it out of the
+  pool's mean instead);
 - an endpoint is saturated at 1.0 and above;
 - the pool's saturation is the unweighted mean over its endpoints; an empty
   pool is saturated (1.0).
@@ -77,25 +79,34 @@ DEFAULT_THRESHOLDS = SaturationThresholds()
 
 
 def pool_saturation(
-    pool: PoolSnapshot, now: float, thresholds: SaturationThresholds
+    pool: PoolSnapshot, now: float, thresholds: SaturationThresholds, ignore_stale: bool = False
 ) -> tuple[float, float]:
     """The pool's saturation at `now`, and until when it holds if no new
-    snapshot comes (the moment the first fresh endpoint turns stale)."""
+    snapshot comes (the moment the first fresh endpoint turns stale).
+
+    `ignore_stale` (the reference's `stalenessPolicy: ignore`) leaves
+    endpoints with stale metrics out of the mean instead of counting them
+    1.0, so a pool whose every endpoint is stale reads 0.0; an empty pool is
+    saturated either way."""
     endpoints = pool.endpoints
     if not endpoints:
         return 1.0, inf
     total = 0.0
+    counted = 0
     valid_until = inf
     staleness = thresholds.staleness
     of = thresholds.endpoint_saturation
     for endpoint in endpoints:
         metrics = endpoint.metrics
-        total += of(metrics, now)
         if not metrics.is_stale(now, staleness):
             expires = metrics.updated_at + staleness  # type: ignore[operator]
             if expires < valid_until:
                 valid_until = expires
-    return total / len(endpoints), valid_until
+        elif ignore_stale:
+            continue
+        total += of(metrics, now)
+        counted += 1
+    return (total / counted if counted else 0.0), valid_until
 
 
 def unsaturated(

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from epp.flowcontrol.gate import Addressed, AllGates, E, Gate, gate_parts
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.config import SchedulingConfig
-from epp.scheduling.endpoint import PoolSnapshot
+from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.filters import DECODE_ROLES, PREFILL_ROLES, ROLE_LABEL
 from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler
 from epp.scheduling.request import InferenceRequest
@@ -41,6 +41,17 @@ DECODE = "decode"
 PREFILL = "prefill"
 
 
+def endpoint_stages(endpoint: Endpoint) -> frozenset[str]:
+    """The stages an endpoint serves, by the rule of `stage_pools`."""
+    role = endpoint.labels.get(ROLE_LABEL)
+    stages = set()
+    if role is None or role in DECODE_ROLES:
+        stages.add(DECODE)
+    if role in PREFILL_ROLES:
+        stages.add(PREFILL)
+    return frozenset(stages)
+
+
 def stage_pools(pool: PoolSnapshot) -> dict[str, PoolSnapshot]:
     """The pool's endpoints by the stage they serve, as the role filters
     choose them (decode: `llm-d.ai/role` a decode role, or none; prefill: a
@@ -49,11 +60,8 @@ def stage_pools(pool: PoolSnapshot) -> dict[str, PoolSnapshot]:
     saturation. A stage without endpoints is left out."""
     parts: dict[str, list] = {DECODE: [], PREFILL: []}
     for endpoint in pool.endpoints:
-        role = endpoint.labels.get(ROLE_LABEL)
-        if role is None or role in DECODE_ROLES:
-            parts[DECODE].append(endpoint)
-        if role in PREFILL_ROLES:
-            parts[PREFILL].append(endpoint)
+        for stage in endpoint_stages(endpoint):
+            parts[stage].append(endpoint)
     return {
         stage: PoolSnapshot(tuple(endpoints), pool.version, pool.membership)
         for stage, endpoints in parts.items()

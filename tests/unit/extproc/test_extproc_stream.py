@@ -174,6 +174,76 @@ def test_model_rewrite_alias_header_is_honoured():
     assert needed.request.payload.target_model == "other"
 
 
+def forwarded_body(events) -> dict:
+    return json.loads(b"".join(streamed(reply)[0] for reply in events[1:]))
+
+
+VLLM = {"llm-d.ai/engine-type": "vllm"}
+
+
+def test_priority_goes_into_the_body_negated_for_a_vllm_endpoint():
+    labels = {"10.0.0.1:8000": VLLM}
+    events = dispatch(machine(priority=7, priority_in_body=labels.__getitem__))
+    assert forwarded_body(events)["priority"] == -7
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"llm-d.ai/engine-type": "sglang"}, {}],
+    ids=["sglang", "unlabelled"],
+)
+def test_priority_goes_into_the_body_as_it_is_for_another_or_no_engine(labels):
+    events = dispatch(machine(priority=7, priority_in_body=lambda address: labels))
+    assert forwarded_body(events)["priority"] == 7
+
+
+def test_the_legacy_engine_label_names_vllm_too():
+    legacy = {"inference.networking.k8s.io/engine-type": "VLLM"}
+    events = dispatch(machine(priority=2, priority_in_body=lambda address: legacy))
+    assert forwarded_body(events)["priority"] == -2
+
+
+def test_a_clients_own_priority_is_replaced_and_content_length_follows():
+    body = json.dumps({"model": "m", "prompt": "p", "priority": -100}).encode()
+    events = dispatch(
+        machine(priority=3, priority_in_body=lambda address: VLLM),
+        headers={":path": "/v1/completions"},
+        body=body,
+    )
+    forwarded = b"".join(streamed(reply)[0] for reply in events[1:])
+    assert json.loads(forwarded)["priority"] == -3
+    assert set_headers(events[0])["content-length"] == str(len(forwarded))
+
+
+def test_without_propagation_the_body_goes_upstream_unchanged():
+    body = json.dumps({"model": "m", "prompt": "p", "priority": -100}).encode()
+    events = dispatch(machine(priority=3), headers={":path": "/v1/completions"}, body=body)
+    assert b"".join(streamed(reply)[0] for reply in events[1:]) == body
+
+
+def test_propagation_keeps_a_rewritten_model():
+    events = dispatch(
+        machine(priority=1, priority_in_body=lambda address: VLLM),
+        headers={"x-llm-d-model-name-rewrite": "llama-lora"},
+    )
+    assert (forwarded_body(events)["model"], forwarded_body(events)["priority"]) == (
+        "llama-lora",
+        -1,
+    )
+
+
+def test_an_anthropic_body_gets_no_priority_as_the_reference_has_no_rewriter_for_it():
+    body = json.dumps(
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    events = dispatch(
+        machine(priority=4, priority_in_body=lambda address: VLLM),
+        headers={":path": "/v1/messages"},
+        body=body,
+    )
+    assert b"".join(streamed(reply)[0] for reply in events[1:]) == body
+
+
 OUTCOME_REPLIES = [
     (Outcome.REJECTED_SATURATED, 429, "rejected-saturated"),
     (Outcome.REJECTED_FILTERED, 429, "rejected-saturated"),

@@ -19,6 +19,7 @@ from epp.scheduling.detectors import (
     ConcurrencyDetector,
     ConcurrencyMode,
     DetectorGate,
+    MaxSaturationDetector,
     UtilizationDetector,
 )
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
@@ -185,6 +186,21 @@ def test_utilization_gate_closes_at_saturation_one() -> None:
     assert not gate.is_open(0)
 
 
+def test_with_staleness_policy_ignore_a_stale_endpoint_is_left_out_of_the_mean() -> None:
+    pool = pool_of(fresh(waiting=1), EndpointMetrics(updated_at=NOW - 1.0))
+    detector = UtilizationDetector(ignore_stale=True)
+    assert detector.saturation(pool, NOW, {})[0] == pytest.approx(0.2)
+
+
+def test_with_staleness_policy_ignore_an_all_stale_pool_reads_zero() -> None:
+    pool = pool_of(EndpointMetrics(updated_at=NOW - 1.0), EndpointMetrics())
+    assert UtilizationDetector(ignore_stale=True).saturation(pool, NOW, {})[0] == 0.0
+
+
+def test_with_staleness_policy_ignore_an_empty_pool_is_still_saturated() -> None:
+    assert UtilizationDetector(ignore_stale=True).saturation(PoolSnapshot(), NOW, {})[0] == 1.0
+
+
 # -- concurrency ---------------------------------------------------------------
 
 
@@ -271,3 +287,77 @@ def test_through_the_core_the_pool_takes_max_concurrency_per_endpoint() -> None:
     dispatched = controller.dispatch(NOW)
     assert Counter(r.endpoint for r in dispatched) == {A: 3, B: 3}
     assert len(controller.complete(dispatched[0], NOW)) == 1  # the freed credit is taken at once
+
+
+# -- max-saturation-detector ---------------------------------------------------
+
+
+def role_pool(*roles_and_metrics: tuple[str | None, EndpointMetrics]) -> PoolSnapshot:
+    endpoints = tuple(
+        Endpoint(
+            f"e{i}",
+            f"10.0.0.{i}:8000",
+            labels={} if role is None else {"llm-d.ai/role": role},
+            metrics=metrics,
+        )
+        for i, (role, metrics) in enumerate(roles_and_metrics, 1)
+    )
+    return PoolSnapshot(endpoints, 1, 1)
+
+
+EVERY_STAGE: frozenset[str] = frozenset()
+
+
+def test_max_detector_reads_the_largest_of_its_children() -> None:
+    queue = UtilizationDetector()
+    concurrency = ConcurrencyDetector(max_concurrency=4)
+    detector = MaxSaturationDetector((queue, concurrency), (EVERY_STAGE, EVERY_STAGE))
+    pool = pool_of(fresh(waiting=1), fresh(waiting=1))  # queue: 0.2
+    assert detector.saturation(pool, NOW, {A: (3, 0), B: (3, 0)})[0] == 0.75
+    assert detector.saturation(pool, NOW, {})[0] == pytest.approx(0.2)
+
+
+def test_max_detector_scopes_children_to_their_stage_in_a_split_pool() -> None:
+    # decode gated by concurrency only, prefill by queue depth only
+    concurrency = ConcurrencyDetector(max_concurrency=2)
+    queue = UtilizationDetector()
+    detector = MaxSaturationDetector(
+        (concurrency, queue), (frozenset({"decode"}), frozenset({"prefill"}))
+    )
+    pool = role_pool(("decode", fresh(waiting=5)), ("prefill", fresh(waiting=1)))
+    # The decode pod's full queue does not count: only concurrency reads decode.
+    assert detector.saturation(pool, NOW, {A: (1, 0)})[0] == pytest.approx(0.5)
+    assert detector.saturation(pool, NOW, {})[0] == pytest.approx(0.2)
+
+
+def test_max_detector_stage_without_a_child_in_scope_reads_zero() -> None:
+    detector = MaxSaturationDetector((UtilizationDetector(),), (frozenset({"prefill"}),))
+    pool = role_pool(("decode", fresh(waiting=50)), ("prefill", fresh()))
+    assert detector.saturation(pool, NOW, {})[0] == 0.0
+
+
+def test_max_detector_reads_every_child_on_a_pool_not_split_by_stage() -> None:
+    detector = MaxSaturationDetector((UtilizationDetector(),), (frozenset({"prefill"}),))
+    assert detector.saturation(pool_of(fresh(waiting=5)), NOW, {})[0] == 1.0
+
+
+def test_max_detector_admits_an_endpoint_only_when_every_child_in_scope_does() -> None:
+    concurrency = ConcurrencyDetector(max_concurrency=2)
+    queue = UtilizationDetector()
+    detector = MaxSaturationDetector(
+        (concurrency, queue), (frozenset({"decode"}), frozenset({"prefill"}))
+    )
+    decode, prefill = role_pool(
+        ("decode", fresh(waiting=9)), ("prefill", fresh(waiting=9))
+    ).endpoints
+    assert detector.admits(decode, NOW, {})  # the queue child does not read decode
+    assert not detector.admits(decode, NOW, {A: (2, 0)})
+    assert not detector.admits(prefill, NOW, {})
+
+
+def test_max_detector_falls_back_only_when_every_child_does() -> None:
+    both = (EVERY_STAGE, EVERY_STAGE)
+    assert MaxSaturationDetector((UtilizationDetector(), UtilizationDetector()), both).falls_back
+    assert not MaxSaturationDetector(
+        (UtilizationDetector(), ConcurrencyDetector()), both
+    ).falls_back
