@@ -132,16 +132,17 @@ def trailers_reply(*, response: bool) -> ProcessingResponse:
 
 
 def immediate_response(
-    status: int, body: str, headers: Iterable[tuple[str, str]] = (), details: str = ""
+    status: int, body: str | bytes, headers: Iterable[tuple[str, str]] = (), details: str = ""
 ) -> ProcessingResponse:
-    """A local reply: Envoy answers the client with `status` and `body` (text/plain).
+    """A local reply: Envoy answers the client with `status` and `body`
+    (text/plain unless `headers` set a content type).
 
     `details` (no whitespace) shows in Envoy's `%RESPONSE_CODE_DETAILS%`.
     """
     reply = ProcessingResponse()
     immediate = reply.immediate_response
     immediate.status.code = status
-    immediate.body = body.encode()
+    immediate.body = body.encode() if isinstance(body, str) else body
     immediate.details = details
     _set_headers(immediate.headers, headers)
     return reply

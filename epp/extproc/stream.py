@@ -18,6 +18,9 @@ Choices:
   which SDKs and benchmark tools call first) goes at once to a random ready
   endpoint, as in the reference, without flow control or scheduling (500
   when there is none).
+- With `models-responder`, `GET /v1/models` is answered here with the
+  union of the endpoints' model lists (`StreamSettings.models`), 503 while
+  none has reported one; it reaches no endpoint.
 - A body over `max_body_bytes` (by Content-Length or as it arrives) gets 413
   at once; the rest is not buffered.
 - Request headers, body and trailers get no reply until admission decides;
@@ -112,12 +115,27 @@ class StreamSettings:
     gets 400."""
     chunk_gaps: ChunkGaps | None = None
     """Told the seconds between consecutive chunks of each SSE response (metrics)."""
+    models: Callable[[], bytes | None] | None = None
+    """Set (`models-responder`): the union of the endpoints' model lists, which
+    answers `GET /v1/models` here (200), or None while no endpoint has
+    reported one (503); None: such a request goes to an endpoint."""
     priority_in_body: Callable[[str], Mapping[str, str]] | None = None
     """Set (`requestHandler.propagatePriority`): the labels of an endpoint by
     address, and the objective's priority goes into the forwarded body's
     `priority` in its engine's convention (`openai.engine_priority`),
     replacing the client's own; None (the default, as the reference's): the
     body's `priority` goes upstream as the client sent it."""
+
+
+MODELS_PATH = "/v1/models"
+
+
+def _lists_models(headers: Mapping[str, str]) -> bool:
+    """Whether the request is the OpenAI model list: GET `/v1/models`, a
+    trailing slash and a query string allowed, as the reference matches it."""
+    if headers.get(h.METHOD) != "GET":
+        return False
+    return headers.get(h.PATH, "").split("?", 1)[0].rstrip("/") == MODELS_PATH
 
 
 class Phase(Enum):
@@ -294,6 +312,8 @@ class ExtProcStream:
                 f"(limits {settings.max_header_count} headers, "
                 f"{settings.max_header_bytes} bytes)",
             )
+        if self._settings.models is not None and _lists_models(headers):
+            return self._answer_models(self._settings.models())
         if http_headers.end_of_stream:
             return self._route_bodiless()
         length = headers.get(h.CONTENT_LENGTH)
@@ -311,6 +331,14 @@ class ExtProcStream:
             self._subset = frozenset(address_ip(endpoint) for endpoint in subset)
         self.phase = Phase.REQUEST_BODY
         return []
+
+    def _answer_models(self, answer: bytes | None) -> list[Event]:
+        self.phase = Phase.DONE
+        if answer is None:
+            text = "no model data collected yet from any endpoint\n"
+            return [messages.immediate_response(503, text, details="models-not-collected")]
+        content_type = ((h.CONTENT_TYPE, "application/json"),)
+        return [messages.immediate_response(200, answer, content_type, details="models-responder")]
 
     def _route_bodiless(self) -> list[Event]:
         any_endpoint = self._settings.any_endpoint

@@ -324,6 +324,50 @@ def test_a_request_without_a_body_goes_to_the_endpoint_given_at_once():
     assert stream.request is None
 
 
+MODEL_LIST = b'{"object":"list","data":[{"id":"m"}]}'
+
+
+def immediate_headers(reply) -> dict[str, str]:
+    return {
+        option.header.key: option.header.raw_value.decode()
+        for option in reply.immediate_response.headers.set_headers
+    }
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/", "/v1/models?limit=5"])
+def test_with_the_models_responder_the_model_list_is_answered_here(path):
+    stream = machine(models=lambda: MODEL_LIST, any_endpoint=lambda: "10.0.0.9:8000")
+    events = stream.receive(
+        request_headers({":path": path, ":method": "GET"}, end_of_stream=True), 0
+    )
+    assert immediate_status(events) == 200
+    assert events[0].immediate_response.body == MODEL_LIST
+    assert immediate_headers(events[0])["content-type"] == "application/json"
+    assert stream.phase is Phase.DONE and len(events) == 1
+
+
+def test_the_models_responder_answers_503_while_no_endpoint_reported_its_models():
+    stream = machine(models=lambda: None)
+    get = {":path": "/v1/models", ":method": "GET"}
+    events = stream.receive(request_headers(get, end_of_stream=True), 0)
+    assert immediate_status(events) == 503
+
+
+def test_without_the_models_responder_the_model_list_goes_to_an_endpoint():
+    stream = machine(any_endpoint=lambda: "10.0.0.9:8000")
+    get = {":path": "/v1/models", ":method": "GET"}
+    events = stream.receive(request_headers(get, end_of_stream=True), 0)
+    assert set_headers(events[0])["x-gateway-destination-endpoint"] == "10.0.0.9:8000"
+
+
+def test_the_models_responder_leaves_other_requests_alone():
+    stream = machine(models=lambda: MODEL_LIST, any_endpoint=lambda: "10.0.0.9:8000")
+    other = {":path": "/v1/models/m", ":method": "GET"}
+    events = stream.receive(request_headers(other, end_of_stream=True), 0)
+    assert set_headers(events[0])["x-gateway-destination-endpoint"] == "10.0.0.9:8000"
+    assert admit(machine(models=lambda: MODEL_LIST)).request is not None
+
+
 def test_a_request_without_a_body_and_no_endpoint_is_500():
     events = machine(any_endpoint=lambda: None).receive(
         request_headers({":path": "/v1/models"}, end_of_stream=True), 0.0

@@ -1,0 +1,228 @@
+"""Every endpoint's model list (`GET /v1/models`), for the `models-responder`.
+
+The reference's `models-data-source` reads each endpoint's OpenAI model list
+and `models-responder` answers the client's `GET /v1/models` itself with the
+union of them, since one model server knows only its own models and LoRA
+adapters. `ModelsScraper` reads each endpoint's list every `interval`
+seconds (the source's own, else `--refresh-metrics-interval`, as the
+reference's datalayer polls), at most `max_page_bytes` per page, one asyncio
+task per endpoint following the store's membership; `ModelLists` keeps the
+last list each endpoint answered (a failed read keeps the one before, as the
+reference keeps the endpoint's attribute) and builds the answer:
+
+- one entry per model `id`, the copy of the endpoint whose name sorts first,
+  with the fields the reference returns (`id`, `object`, `created`,
+  `owned_by`, `shutdown_date`, those the server reported), sorted by `id`,
+  as `{"object": "list", "data": [...]}`;
+- None while no endpoint in the pool has answered yet (the responder then
+  answers 503, so a client retries instead of caching an empty list).
+
+Cost: the answer is built once per change of the lists or the membership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from typing import Any
+
+import aiohttp
+import orjson
+
+from epp.api.address import format_address, parse_address
+from epp.datalayer.store import EndpointStore
+
+log = logging.getLogger(__name__)
+
+MODEL_FIELDS = ("id", "object", "created", "owned_by", "shutdown_date")
+"""The fields of a model entry the responder returns (the reference's)."""
+
+MAX_MODELS_PAGE_BYTES = 4 * 1024 * 1024
+"""A model list larger than this fails the read."""
+
+
+class ModelsPageError(ValueError):
+    """A model list could not be read."""
+
+
+def read_model_list(body: bytes) -> tuple[dict[str, Any], ...]:
+    """The entries of an OpenAI `/v1/models` answer, each with the returned
+    fields only; ModelsPageError when it is not one."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise ModelsPageError(f"not JSON: {error}") from None
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        raise ModelsPageError("no 'data' list")
+    entries = []
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise ModelsPageError(f"a model entry without a string 'id': {item!r}")
+        entries.append({name: item[name] for name in MODEL_FIELDS if name in item})
+    return tuple(entries)
+
+
+class ModelLists:
+    """The last model list of each endpoint, and the union the responder answers."""
+
+    __slots__ = ("_answer", "_lists", "_names", "_store", "_version")
+
+    def __init__(self, store: EndpointStore) -> None:
+        self._store = store
+        self._lists: dict[str, tuple[dict[str, Any], ...]] = {}
+        self._answer: bytes | None = None
+        self._version: tuple[int, int] | None = None
+        self._names: int = 0
+        """Bumped at every change of a list, so the answer is rebuilt."""
+
+    def set(self, address: str, models: tuple[dict[str, Any], ...]) -> None:
+        if self._lists.get(address) != models:
+            self._lists[address] = models
+            self._names += 1
+
+    def forget_missing(self) -> None:
+        """Drop the lists of endpoints no longer in the pool."""
+        current = set(self._store.addresses())
+        for address in [address for address in self._lists if address not in current]:
+            del self._lists[address]
+            self._names += 1
+
+    def answer(self) -> bytes | None:
+        """The `GET /v1/models` answer body, or None while no endpoint of the
+        pool has reported its list."""
+        pool = self._store.snapshot()
+        version = (pool.membership, self._names)
+        if version != self._version:
+            self._version = version
+            self._answer = self._build(pool.endpoints)
+        return self._answer
+
+    def _build(self, endpoints: tuple) -> bytes | None:
+        seen: dict[str, dict[str, Any]] = {}
+        collected = 0
+        for endpoint in sorted(endpoints, key=lambda endpoint: endpoint.name):
+            models = self._lists.get(endpoint.address)
+            if models is None:
+                continue  # not read yet: it does not count
+            collected += 1
+            for model in models:
+                seen.setdefault(model["id"], model)
+        if not collected:
+            return None
+        data = [seen[model_id] for model_id in sorted(seen)]
+        return orjson.dumps({"object": "list", "data": data})
+
+
+class ModelsScraper:
+    """Reads every endpoint's model list into `lists` (see the module docstring).
+    Use as `async with ModelsScraper(...)`."""
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        lists: ModelLists,
+        *,
+        interval: float,
+        timeout: float = 1.0,
+        scheme: str = "http",
+        path: str = "/v1/models",
+        ssl_context: ssl.SSLContext | bool = False,
+        max_page_bytes: int = MAX_MODELS_PAGE_BYTES,
+    ) -> None:
+        if interval <= 0 or timeout <= 0:
+            raise ValueError(f"interval and timeout must be positive, got {interval}, {timeout}")
+        if scheme not in ("http", "https"):
+            raise ValueError(f"models scheme must be http or https, got {scheme!r}")
+        if not path.startswith("/"):
+            raise ValueError(f"models path must start with '/', got {path!r}")
+        self.store = store
+        self.lists = lists
+        self.interval = interval
+        self.timeout = timeout
+        self.scheme = scheme
+        self.path = path
+        self._ssl = ssl_context
+        self.max_page_bytes = max_page_bytes
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = False
+        self.failures = 0
+
+    async def __aenter__(self) -> ModelsScraper:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+        self._running = True
+        self.store.on_membership_change(self._follow_store)
+        self._follow_store()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _follow_store(self) -> None:
+        if not self._running:
+            return
+        current = set(self.store.addresses())
+        for address in list(self._tasks):
+            if address not in current:
+                self._tasks.pop(address).cancel()
+        for address in current:
+            if address not in self._tasks:
+                self._tasks[address] = asyncio.get_running_loop().create_task(
+                    self._read_forever(address), name=f"models {address}"
+                )
+        self.lists.forget_missing()
+
+    async def _read_forever(self, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.read_once(address)
+            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+    async def read_once(self, address: str) -> None:
+        session = self._session
+        if session is None or self.store.get(address) is None:
+            return
+        ip, port = parse_address(address)
+        url = f"{self.scheme}://{format_address(ip, port)}{self.path}"
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await _fetch(session, url, self._ssl, self.max_page_bytes)
+            models = read_model_list(body)
+        except (ModelsPageError, aiohttp.ClientError, TimeoutError) as error:
+            self.failures += 1
+            log.debug("model list of %s unavailable: %s", address, error or "timeout")
+            return
+        if self.store.get(address) is not None:
+            self.lists.set(address, models)
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | bool, limit: int
+) -> bytes:
+    async with session.get(url, ssl=ssl_context) as response:
+        if response.status != 200:
+            raise ModelsPageError(f"HTTP {response.status} from {url}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise ModelsPageError(f"model list of {url} is over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
