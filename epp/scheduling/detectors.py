@@ -31,7 +31,7 @@ cached until the snapshot changes or a fresh endpoint turns stale.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from math import inf
@@ -40,11 +40,16 @@ from typing import Protocol, TypeVar
 from epp.flowcontrol.request import FlowRequest
 from epp.flowcontrol.usagelimits import StaticUsageLimit, UsageLimitPolicy
 from epp.scheduling.endpoint import Endpoint, PoolSnapshot
+from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds, pool_saturation
-from epp.scheduling.stages import DECODE, PREFILL, endpoint_stages, stage_pools
+from epp.scheduling.spec import BuildContext
+from epp.scheduling.stages import PREFILL, endpoint_stages, stage_pools
 
-Load = Mapping[str, tuple[int, int]]
-"""Per endpoint address: (requests, tokens) this EPP has in flight there."""
+
+class Load(Protocol):
+    """Per endpoint address: (requests, tokens) this EPP has in flight there."""
+
+    def get(self, address: str, default: tuple[int, int], /) -> tuple[int, int]: ...
 
 E = TypeVar("E")
 
@@ -125,9 +130,6 @@ class ConcurrencyDetector:
         return fits_requests
 
 
-STAGES = (DECODE, PREFILL)
-
-
 @dataclass(slots=True, frozen=True)
 class MaxSaturationDetector:
     """The reference's `max-saturation-detector`: the largest of its
@@ -179,6 +181,47 @@ class MaxSaturationDetector:
             for child, scope in zip(self.children, self.stages, strict=True)
             if not scope or scope & stages
         )
+
+
+class _InFlightView:
+    """`InFlightLoad` read as a detector's `Load`."""
+
+    __slots__ = ("_load",)
+
+    def __init__(self, load: InFlightLoad) -> None:
+        self._load = load
+
+    def get(self, address: str, default: tuple[int, int], /) -> tuple[int, int]:
+        load = self._load
+        return load.requests_at(address), load.tokens_at(address)
+
+
+class DetectorFilter:
+    """A detector's filter role where a scheduling profile lists the detector
+    (the reference's detectors are profile filters too): keeps the endpoints
+    it admits, counting what this EPP has in flight, and every endpoint when
+    it would keep none if the detector falls back."""
+
+    __slots__ = ("_clock", "_load", "detector")
+
+    def __init__(
+        self, detector: SaturationDetector, load: InFlightLoad, clock: Callable[[], float]
+    ) -> None:
+        self.detector = detector
+        self._load = _InFlightView(load)
+        self._clock = clock
+
+    def filter(self, request: object, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        now, load, admits = self._clock(), self._load, self.detector.admits
+        kept = [endpoint for endpoint in endpoints if admits(endpoint, now, load)]
+        if not kept and self.detector.falls_back:
+            return endpoints
+        return kept
+
+
+def detector_filter(context: BuildContext, detector: SaturationDetector) -> DetectorFilter:
+    """The profile filter of a detector a profile lists."""
+    return DetectorFilter(detector, context.in_flight_load(), context.clock)
 
 
 class DetectorGate:

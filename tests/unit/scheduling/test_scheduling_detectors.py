@@ -18,11 +18,13 @@ from epp.scheduling.core import build_gate
 from epp.scheduling.detectors import (
     ConcurrencyDetector,
     ConcurrencyMode,
+    DetectorFilter,
     DetectorGate,
     MaxSaturationDetector,
     UtilizationDetector,
 )
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
+from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import SaturationThresholds
 from epp.scheduling.scheduler import Scheduler
@@ -361,3 +363,20 @@ def test_max_detector_falls_back_only_when_every_child_does() -> None:
     assert not MaxSaturationDetector(
         (UtilizationDetector(), ConcurrencyDetector()), both
     ).falls_back
+
+
+# -- a detector listed in a scheduling profile -----------------------------------
+
+
+def test_a_detector_in_a_profile_filters_by_what_this_epp_has_in_flight() -> None:
+    load = InFlightLoad()
+    load.on_dispatch(request(1, endpoint=A))
+    pool = pool_of(fresh(), fresh())
+    detector_filter = DetectorFilter(ConcurrencyDetector(max_concurrency=1), load, lambda: NOW)
+    assert [e.address for e in detector_filter.filter(None, pool.endpoints)] == [B]
+
+
+def test_a_utilization_detector_in_a_profile_keeps_everyone_when_no_endpoint_passes() -> None:
+    pool = pool_of(fresh(waiting=9), fresh(waiting=9))
+    detector_filter = DetectorFilter(UtilizationDetector(), InFlightLoad(), lambda: NOW)
+    assert detector_filter.filter(None, pool.endpoints) == pool.endpoints
