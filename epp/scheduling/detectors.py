@@ -51,6 +51,7 @@ class Load(Protocol):
 
     def get(self, address: str, default: tuple[int, int], /) -> tuple[int, int]: ...
 
+
 E = TypeVar("E")
 
 
