@@ -36,6 +36,20 @@ class MetricsSourceSettings:
 
 
 @dataclass(slots=True, frozen=True)
+class ModelsSourceSettings:
+    """How each pod's model list (`GET /v1/models`) is read, for the
+    `models-responder`. `interval` None: `--refresh-metrics-interval`."""
+
+    scheme: str = "http"
+    path: str = "/v1/models"
+    insecure_skip_verify: bool = True
+    ca_cert_path: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
+    interval: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class CoreMetricsSettings:
     """Which engine's metric names a pod is read with: the pod label
     `engine_label_key` names it, `default_engine` when absent. Custom
@@ -102,6 +116,19 @@ def metrics_source(parameters: Mapping[str, Any]) -> MetricsSourceSettings:
         scheme=parameters["scheme"],
         path=parameters["path"],
         port=parameters["port"],
+        insecure_skip_verify=parameters["insecureSkipVerify"],
+        ca_cert_path=parameters["caCertPath"],
+        client_cert_path=parameters["clientCertPath"],
+        client_key_path=parameters["clientKeyPath"],
+        interval=parameters["interval"],
+    )
+
+
+def models_source(parameters: Mapping[str, Any]) -> ModelsSourceSettings:
+    """The `models-data-source` factory."""
+    return ModelsSourceSettings(
+        scheme=parameters["scheme"],
+        path=parameters["path"],
         insecure_skip_verify=parameters["insecureSkipVerify"],
         ca_cert_path=parameters["caCertPath"],
         client_cert_path=parameters["clientCertPath"],

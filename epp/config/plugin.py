@@ -38,6 +38,7 @@ class Kind(StrEnum):
     ORDERING = "ordering"
     SATURATION_DETECTOR = "saturation-detector"
     USAGE_LIMIT = "usage-limit-policy"
+    BAND_SELECTION = "band-selection-policy"
     ADMITTER = "admitter"
     EVICTION_FILTER = "eviction-filter"
     EVICTION_ORDERING = "eviction-ordering"
@@ -123,6 +124,9 @@ class PluginType:
     stability: Stability = Stability.BETA
     deprecated_for: str | None = None
     """The type that replaces this deprecated one, if any."""
+    source: str | None = None
+    """Where the reference added the type after the 2026-08-22 snapshot the
+    rest of the catalogue follows (a merged PR, or the file it was seen in)."""
 
     def __post_init__(self) -> None:
         if (self.factory is None) == (self.refusal is None):

@@ -71,6 +71,7 @@ def describe(entry: PluginType) -> dict[str, Any]:
         "reason": entry.reason,
         "stability": entry.stability.value,
         "deprecatedFor": entry.deprecated_for,
+        "source": entry.source,
         "parameters": [_describe_param(param) for param in entry.parameters],
     }
 
@@ -126,6 +127,8 @@ def markdown_table(registry: Registry = REGISTRY) -> str:
                 summary = f"**not supported**: {entry.reason}"
             elif entry.deprecated_for:
                 summary += f" (deprecated, use `{entry.deprecated_for}`)"
+            if entry.source:
+                summary += f" (newer than the 2026-08 catalogue: {entry.source})"
             lines.append(
                 f"| `{entry.name}` | {kind.value} | {entry.stability.value} | {summary} "
                 f"| {parameters} |"

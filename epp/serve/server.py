@@ -67,6 +67,7 @@ from epp.config.datalayer import (
     DataLayerConfig,
     FileDiscovery,
     MetricsSourceSettings,
+    ModelsSourceSettings,
 )
 from epp.config.loader import (
     ConfigError,
@@ -81,6 +82,7 @@ from epp.datalayer.endpoints import (
     parse_static_endpoints,
 )
 from epp.datalayer.engines import EngineLookup
+from epp.datalayer.models import ModelLists, ModelsScraper
 from epp.datalayer.scraper import MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
 from epp.extproc.parsers import parser_set
@@ -262,6 +264,7 @@ class EppServer:
         self.kv_subscribers: Any = None
         self.token_producer: Any = None
         """The KV-cache event subscribers (`epp.datalayer.kvevents`), once started."""
+        self.model_lists = ModelLists(self.store)
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self.plugin_durations = PluginDurations()
         self._build_core(self.config)
@@ -303,6 +306,8 @@ class EppServer:
             parsers=parser_set(self.config.parsers),
             any_endpoint=self.any_endpoint,
             chunk_gaps=self.metrics.chunk_gaps,
+            priority_in_body=self.endpoint_labels if self.config.propagate_priority else None,
+            models=self.model_lists.answer if self.config.models is not None else None,
         )
         self.service = ExtProcService(
             self.admission,
@@ -452,8 +457,17 @@ class EppServer:
             log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
             new = replace(new, data_layer=old.data_layer)
         rescheduled = new.scheduling != old.scheduling
-        if new.parsers != old.parsers:
-            self.settings = replace(self.settings, parsers=parser_set(new.parsers))
+        if new.models != old.models:
+            log.warning(
+                "%s: models-responder changes apply at the next restart", self.options.config_file
+            )
+            new = replace(new, models=old.models)
+        if new.parsers != old.parsers or new.propagate_priority != old.propagate_priority:
+            self.settings = replace(
+                self.settings,
+                parsers=parser_set(new.parsers),
+                priority_in_body=self.endpoint_labels if new.propagate_priority else None,
+            )
             self.service.settings = self.settings
         self.config = new
         self.admission.reload(
@@ -465,10 +479,34 @@ class EppServer:
         if rescheduled:
             self.metrics.watch_scheduling(new.scheduling.handler)
 
+    def endpoint_labels(self, address: str) -> Mapping[str, str]:
+        """The labels of the endpoint at `address` (none when it left)."""
+        endpoint = self.store.get(address)
+        return endpoint.labels if endpoint is not None else {}
+
     def any_endpoint(self) -> str | None:
         """A random endpoint of the pool (for requests without a body)."""
         endpoints = self.store.snapshot().endpoints
         return self._rng.choice(endpoints).address if endpoints else None
+
+    def _models_scraper(self, settings: ModelsSourceSettings) -> ModelsScraper:
+        """What reads the pods' model lists for the models-responder."""
+        tls = MetricsSource(
+            scheme=settings.scheme,
+            verify_tls=not settings.insecure_skip_verify,
+            ca_cert_path=settings.ca_cert_path or None,
+            client_cert_path=settings.client_cert_path or None,
+            client_key_path=settings.client_key_path or None,
+        )
+        return ModelsScraper(
+            self.store,
+            self.model_lists,
+            interval=settings.interval or self.options.refresh_metrics_interval,
+            timeout=SCRAPE_TIMEOUT,
+            scheme=settings.scheme,
+            path=settings.path,
+            ssl_context=tls.ssl_context(),
+        )
 
     def reload_objectives(self) -> None:
         objectives = load_objectives(self._objectives_paths)
@@ -540,6 +578,8 @@ class EppServer:
             self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
         await self._start_kv_events()
         await self._start_token_producer()
+        if self.config.models is not None:
+            await self._stack.enter_async_context(self._models_scraper(self.config.models))
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)

@@ -1,4 +1,5 @@
-"""A stand-in model server on loopback: `/v1/completions` and a vLLM `/metrics` page.
+"""A stand-in model server on loopback: `/v1/completions`, a vLLM `/metrics`
+page and `/v1/models` (the ids in `models`).
 
 Each request is recorded with the `x-gateway-destination-endpoint` header it
 came with and this server's own address, so a test can check that the
@@ -36,6 +37,7 @@ class FakeVllm:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     running: int = 0
     status: int = 200
+    models: tuple[str, ...] = ("m",)
 
     async def completions(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -43,6 +45,7 @@ class FakeVllm:
         self.received.append(
             {
                 "prompt": prompt,
+                "body": body,
                 "destination": request.headers.get("x-gateway-destination-endpoint"),
                 "headers": dict(request.headers),
             }
@@ -66,6 +69,10 @@ class FakeVllm:
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(text=METRICS.format(running=self.running))
 
+    async def list_models(self, _: web.Request) -> web.Response:
+        data = [{"id": model, "object": "model", "owned_by": "vllm"} for model in self.models]
+        return web.json_response({"object": "list", "data": data})
+
 
 @contextlib.asynccontextmanager
 async def running_fake_vllm() -> AsyncIterator[FakeVllm]:
@@ -73,6 +80,7 @@ async def running_fake_vllm() -> AsyncIterator[FakeVllm]:
     app = web.Application()
     app.router.add_post("/v1/completions", server.completions)
     app.router.add_get("/metrics", server.metrics)
+    app.router.add_get("/v1/models", server.list_models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, LOOPBACK, 0).start()

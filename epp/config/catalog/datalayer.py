@@ -5,7 +5,7 @@ reference's parameter names, types and defaults
 from __future__ import annotations
 
 from epp.config.catalog import ALPHA, T
-from epp.config.datalayer import core_metrics, file_discovery, metrics_source
+from epp.config.datalayer import core_metrics, file_discovery, metrics_source, models_source
 from epp.config.plugin import (
     MULTICLUSTER_UNSUPPORTED,
     Kind,
@@ -86,14 +86,32 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "models-data-source",
         Kind.DATA_SOURCE,
-        "polls each pod's /v1/models",
-        refusal="model lists are not polled by epp",
+        "polls each pod's /v1/models for the models-responder (which creates one with "
+        "these defaults when none is declared)",
+        (
+            Param("scheme", T.STRING, "http", "", choices=("http", "https")),
+            Param("path", T.STRING, "/v1/models"),
+            Param("insecureSkipVerify", T.BOOL, True, "skip TLS verification with https"),
+            Param("caCertPath", T.STRING, ""),
+            Param("clientCertPath", T.STRING, ""),
+            Param("clientKeyPath", T.STRING, ""),
+            Param(
+                "interval",
+                T.DURATION,
+                None,
+                "poll period; default --refresh-metrics-interval",
+                0,
+                None,
+                True,
+            ),
+        ),
+        factory=models_source,
     ),
     PluginType(
         "models-data-extractor",
         Kind.EXTRACTOR,
-        "reads each pod's /v1/models",
-        refusal="model lists are not polled by epp",
+        "keeps each pod's model list from a models-data-source",
+        factory=configured("models-data-extractor"),
     ),
     PluginType(
         "dcgm-data-source",

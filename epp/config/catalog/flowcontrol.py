@@ -4,6 +4,9 @@ types and defaults (`pkg/epp/framework/plugins/flowcontrol/`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from epp.config.catalog import ALPHA, T
 from epp.config.plugin import (
     Kind,
@@ -24,6 +27,7 @@ from epp.flowcontrol.usagelimits import (
 from epp.scheduling.detectors import ConcurrencyDetector, ConcurrencyMode, UtilizationDetector
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
 from epp.scheduling.saturation import SaturationThresholds
+from epp.scheduling.stages import DECODE, PREFILL
 
 _BAND = BandConfig(0)
 """The core's band defaults, which the fairness policies' parameters read."""
@@ -48,7 +52,47 @@ def _utilization_detector(parameters: Parameters) -> UtilizationDetector:
     thresholds = SaturationThresholds(
         parameters["queueDepthThreshold"], kv, parameters["metricsStalenessThreshold"]
     )
-    return UtilizationDetector(thresholds, parameters["headroom"])
+    ignore = parameters["stalenessPolicy"] == "ignore"
+    return UtilizationDetector(thresholds, parameters["headroom"], ignore)
+
+
+@dataclass(slots=True, frozen=True)
+class MaxDetectorRefs:
+    """A `max-saturation-detector` as declared: the names of its children,
+    which the loader resolves to their detectors, and each one's stages
+    (empty: every stage)."""
+
+    detectors: tuple[str, ...]
+    stages: Mapping[str, frozenset[str]]
+
+
+DETECTOR_STAGES = (DECODE, PREFILL)
+
+
+def _max_detector(parameters: Parameters) -> MaxDetectorRefs:
+    detectors = parameters["detectors"]
+    if not detectors:
+        raise ParameterError("detectors", "needs at least one entry")
+    for name in detectors:
+        if detectors.count(name) > 1:
+            raise ParameterError("detectors", f"duplicate entry: {name}")
+    raw = parameters["stages"] or {}
+    if not isinstance(raw, Mapping):
+        raise ParameterError("stages", "must map a detector's name to a list of stages")
+    stages: dict[str, frozenset[str]] = {}
+    for name, listed in raw.items():
+        where = f"stages.{name}"
+        if name not in detectors:
+            raise ParameterError(where, "is not listed in detectors")
+        if not isinstance(listed, list) or not listed:
+            raise ParameterError(where, "must name at least one stage")
+        for stage in listed:
+            if stage not in DETECTOR_STAGES:
+                raise ParameterError(
+                    where, f"unsupported stage {stage!r}; one of {', '.join(DETECTOR_STAGES)}"
+                )
+        stages[name] = frozenset(listed)
+    return MaxDetectorRefs(tuple(detectors), stages)
 
 
 def _concurrency_detector(parameters: Parameters) -> ConcurrencyDetector:
@@ -180,6 +224,14 @@ ENTRIES: tuple[PluginType, ...] = (
                 True,
             ),
             Param("headroom", T.FLOAT, 0.0, "burst allowance above the thresholds", 0),
+            Param(
+                "stalenessPolicy",
+                T.STRING,
+                "saturated",
+                "stale or missing metrics count 1.0 (saturated) or are left out of the "
+                "pool's mean (ignore: an all-stale pool reads 0); llm-d-router PR #2492",
+                choices=("saturated", "ignore"),
+            ),
         ),
         factory=_utilization_detector,
     ),
@@ -203,6 +255,26 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
         factory=_concurrency_detector,
+    ),
+    PluginType(
+        "max-saturation-detector",
+        Kind.SATURATION_DETECTOR,
+        "pool saturation = the largest of the named detectors' readings, each child "
+        "scoped to the stages `stages` lists (per stage when the pool has prefill pods)",
+        (
+            Param("detectors", T.STRINGS, (), "the child detectors' names", required=True),
+            Param("stages", T.ANY, None, "child name -> [prefill, decode]; default every stage"),
+        ),
+        factory=_max_detector,
+        source="llm-d-router PR #2827, stages PR #2926",
+    ),
+    # -- band selection (which band is offered a dispatch first) -----------------
+    PluginType(
+        "strict-band-selection-policy",
+        Kind.BAND_SELECTION,
+        "bands are offered a dispatch from the highest priority down (the default)",
+        factory=configured("strict-band-selection-policy"),
+        source="llm-d-router PR #2920 (pkg/epp/framework/plugins/flowcontrol/bandselection)",
     ),
     # -- usage limits (a ceiling on saturation per priority) --------------------
     PluginType(

@@ -364,6 +364,39 @@ ENTRIES: tuple[PluginType, ...] = (
         refusal="request attributes are not reported by epp",
     ),
     PluginType(
+        "models-responder",
+        Kind.REQUEST_CONTROL,
+        "answers GET /v1/models itself: the union of the pods' model lists (503 until one "
+        "has reported); creates a models-data-source when none is declared",
+        factory=configured("models-responder"),
+        stability=ALPHA,
+        source="pkg/epp/framework/plugins/requestcontrol/responder/models (after PR #2308)",
+    ),
+    PluginType(
+        "outlen-bucket",
+        Kind.REQUEST_CONTROL,
+        "predicts a request's output-length bin from its thinking and tool fields",
+        refusal="output lengths are not predicted from request fields by epp",
+        stability=ALPHA,
+        source="pkg/epp/framework/plugins/requestcontrol/requestheader/outlenbucket",
+    ),
+    PluginType(
+        "dp-rank-header-handler",
+        Kind.REQUEST_CONTROL,
+        "pins a request to a data-parallel rank by X-data-parallel-rank",
+        refusal="needs the precise prefix cache's per-rank matches; epp routes ranks by "
+        "their ports (data-parallel-profile-handler)",
+        source="deploy/config/dp-kvcache-epp-config.yaml",
+    ),
+    PluginType(
+        "thunder-agent",
+        Kind.REQUEST_CONTROL,
+        "ThunderAgent: program-level admission and sticky placement for agentic sessions, "
+        "one instance as scorer, saturation detector and fairness policy",
+        refusal="program-level admission (ThunderAgent) is not implemented by epp",
+        source="deploy/config/thunderagent-config.yaml",
+    ),
+    PluginType(
         "agent-identity",
         Kind.REQUEST_CONTROL,
         "derives the fairness id from an agent identity header",
