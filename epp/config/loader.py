@@ -1,4 +1,6 @@
-"""The EPP's configuration file: `llm-d.ai/v1alpha1` `EndpointPickerConfig`.
+"""The EPP's configuration file: `llm-d.ai/v1` `EndpointPickerConfig` (the
+deprecated `llm-d.ai/v1alpha1` and `inference.networking.x-k8s.io/v1alpha1`
+are read too, with a warning, as the reference reads them).
 
 Shaped like the reference EPP's file: `plugins` declares plugins by `type`
 (and optional `name`, default the type) with `parameters`, each type and
@@ -28,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from epp.config.datalayer import DataLayerConfig
+from epp.config.datalayer import DataLayerConfig, ModelsSourceSettings
 from epp.config.plugin import Stability
 from epp.config.precise import KVEventsSettings, TokenizerSettings
 from epp.config.registry import REGISTRY
@@ -42,14 +44,17 @@ from epp.config.sections.flowcontrol import (
 from epp.config.sections.plugins import ConfigReader, read_plugins
 from epp.config.sections.precise import read_precise
 from epp.config.sections.profiles import read_scheduling
-from epp.config.sections.requests import read_parsers
+from epp.config.sections.requests import read_models, read_parsers, read_propagate_priority
 from epp.extproc.parsers import DEFAULT_PARSERS, Parser
 from epp.flowcontrol.config import Fairness, FlowControlConfig
 from epp.scheduling.config import SchedulingConfig
 
-API_VERSION = "llm-d.ai/v1alpha1"
-LEGACY_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
-API_VERSIONS = (API_VERSION, LEGACY_API_VERSION)
+API_VERSION = "llm-d.ai/v1"
+DEPRECATED_API_VERSIONS = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
+"""What the reference still reads, warning: v1alpha1 (the same fields, but
+for `dataLayer.discovery.pluginRef` and `crossReplica*`, which v1 moved),
+and its group before `llm-d.ai`."""
+API_VERSIONS = (API_VERSION, *DEPRECATED_API_VERSIONS)
 KIND = "EndpointPickerConfig"
 TOP_LEVEL_FIELDS = frozenset(
     {
@@ -106,6 +111,12 @@ class EppConfig:
     """The declared token-producer, if any (`epp.config.precise`)."""
     kv_events: KVEventsSettings | None = None
     """Where the precise-prefix-cache-producer reads KV-cache events, if declared."""
+    propagate_priority: bool = False
+    """`requestHandler.propagatePriority`: the objective's priority goes into
+    the forwarded body (`extproc.openai.engine_priority`)."""
+    models: ModelsSourceSettings | None = None
+    """Set when `models-responder` is declared: how the pods' model lists are
+    read (the declared `models-data-source`, else its defaults)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """What loading noticed without refusing (logged by `epp serve`, printed
     by `epp validate`)."""
@@ -154,12 +165,12 @@ def parse_config(document: Any) -> EppConfig:
     fields = reader.mapping(document, "", TOP_LEVEL_FIELDS)
     version = fields.get("apiVersion")
     if version not in API_VERSIONS:
+        older = " or ".join(repr(older) for older in DEPRECATED_API_VERSIONS)
         reader.fail(
-            "apiVersion",
-            f"must be {API_VERSION!r} (or the older {LEGACY_API_VERSION!r}), got {version!r}",
+            "apiVersion", f"must be {API_VERSION!r} (or the older {older}), got {version!r}"
         )
-    elif version == LEGACY_API_VERSION:
-        reader.warn("apiVersion", f"{LEGACY_API_VERSION} is deprecated; use {API_VERSION}")
+    elif version != API_VERSION:
+        reader.warn("apiVersion", f"{version} is deprecated; use {API_VERSION}")
     if fields.get("kind") != KIND:
         reader.fail("kind", f"must be {KIND!r}, got {fields.get('kind')!r}")
     feature_gates = _feature_gates(reader, fields.get("featureGates"))
@@ -196,6 +207,8 @@ def parse_config(document: Any) -> EppConfig:
         flow_plugins=flow_plugins,
         tokenizer=precise.tokenizer,
         kv_events=precise.kv_events,
+        propagate_priority=read_propagate_priority(reader, fields.get("requestHandler")),
+        models=read_models(reader, plugins),
         warnings=tuple(reader.warnings),
     )
     if reader.errors:

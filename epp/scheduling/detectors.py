@@ -318,6 +318,10 @@ class DetectorGate:
     def may_have_room(self, endpoints: Sequence[object], priority: int = 0) -> bool:
         return True
 
+    def in_flight_at(self, endpoint: str) -> int:
+        """Requests this EPP has in flight at `endpoint` (active-request-scorer)."""
+        return self._load.get(endpoint, (0, 0))[0]
+
     def _change(self, request: FlowRequest, sign: int) -> None:
         endpoint = request.endpoint
         if endpoint is None:

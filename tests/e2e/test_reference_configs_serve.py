@@ -1,7 +1,8 @@
 """The reference's sample configurations served for real: simulated model
 servers, `epp serve --config-file <sample>` and Envoy on loopback. A few
 representative samples (single profile with the decode filter, load-aware
-scoring, P/D disaggregation, program-aware fairness) answer a chat request through Envoy; the
+scoring, P/D disaggregation, program-aware fairness, P/D gated by a
+max-saturation-detector) answer a chat request through Envoy; the
 OpenAI Python SDK lists models (a request without a body, which goes to a
 random ready endpoint) and chats through the same Envoy."""
 
@@ -33,6 +34,19 @@ async def test_a_reference_sample_config_serves_a_chat_request(sample: str) -> N
     status, text, _ = await chat_through_envoy(
         StackSettings(servers=2, epp_config=str(SAMPLES / sample))
     )
+    assert status == 200, text
+    assert '"choices"' in text
+
+
+async def test_the_hybrid_saturation_sample_serves_through_a_prefill_and_a_decode_server() -> None:
+    # The newer sample: a max-saturation-detector gates, its two children
+    # filter both profiles, and every request is prefilled on the prefill pod.
+    settings = StackSettings(
+        servers=2,
+        roles=("decode", "prefill"),
+        epp_config=str(SAMPLES / "pd-hybrid-saturation-epp-config.yaml"),
+    )
+    status, text, _ = await chat_through_envoy(settings)
     assert status == 200, text
     assert '"choices"' in text
 

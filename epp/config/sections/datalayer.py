@@ -1,6 +1,9 @@
 """The `dataLayer` section: metrics sources and their extractors, endpoint
-discovery, and the reference's default source when none is declared (see
-`epp.config.datalayer` for the settings each plugin becomes)."""
+discovery (`discovery.endpoints` in llm-d.ai/v1, the bare `discovery.pluginRef`
+of v1alpha1 still read), and the reference's default source when none is
+declared (see `epp.config.datalayer` for the settings each plugin becomes).
+Cross-replica state (`crossReplica` in v1, `crossReplica*` in v1alpha1) and
+peer discovery are refused: one EPP replica owns its state."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ def read_data_layer(
             "peerDiscovery",
             "crossReplicaSyncerPluginRef",
             "crossReplicaSyncInterval",
+            "crossReplicaPublishTimeout",
+            "crossReplica",
         },
     )
     sources: list[DataSourceConfig] = []
@@ -50,30 +55,63 @@ def read_data_layer(
                 source_fields["pluginRef"], source.type, source.value, tuple(extractors)
             )
         )
-    discovery = None
-    if fields.get("discovery") is not None:
-        ref = reader.mapping(fields["discovery"], "dataLayer.discovery", {"pluginRef"}).get(
-            "pluginRef"
-        )
-        found = referenced(reader, ref, "dataLayer.discovery.pluginRef", plugins)
-        if found is not None:
-            if found.kind is not Kind.DISCOVERY:
-                reader.fail(
-                    "dataLayer.discovery.pluginRef", f"{found.type} is not a discovery plugin"
-                )
-            else:
-                discovery = (ref, found.value)
-    for unsupported in ("peerDiscovery", "crossReplicaSyncerPluginRef"):
-        if fields.get(unsupported):
+    discovery = _discovery(reader, fields.get("discovery"), plugins)
+    cross = reader.mapping(
+        fields.get("crossReplica"),
+        "dataLayer.crossReplica",
+        {"syncerPluginRef", "syncInterval", "publishTimeout"},
+    )
+    for unsupported, given in (
+        ("peerDiscovery", fields.get("peerDiscovery")),
+        ("crossReplicaSyncerPluginRef", fields.get("crossReplicaSyncerPluginRef")),
+        ("crossReplica.syncerPluginRef", cross.get("syncerPluginRef")),
+    ):
+        if given:
             reader.unsupported = True
             reader.fail(
                 f"dataLayer.{unsupported}", "not supported by epp: one EPP replica owns its state"
             )
-    if fields.get("crossReplicaSyncInterval") is not None:
-        reader.duration(
-            fields["crossReplicaSyncInterval"], "dataLayer.crossReplicaSyncInterval", None
-        )
+    for where, given in (
+        ("crossReplicaSyncInterval", fields.get("crossReplicaSyncInterval")),
+        ("crossReplicaPublishTimeout", fields.get("crossReplicaPublishTimeout")),
+        ("crossReplica.syncInterval", cross.get("syncInterval")),
+        ("crossReplica.publishTimeout", cross.get("publishTimeout")),
+    ):
+        if given is not None:
+            reader.duration(given, f"dataLayer.{where}", None)
     inject = reader.boolean(fields.get("injectDefaults"), "dataLayer.injectDefaults", True)
     if inject and not any(source.type == "metrics-data-source" for source in sources):
         sources.extend(DEFAULT_SOURCES)
     return DataLayerConfig(tuple(sources), discovery)
+
+
+def _discovery(
+    reader: ConfigReader, value: Any, plugins: dict[str, Declared]
+) -> tuple[str, Any] | None:
+    """`dataLayer.discovery`: `endpoints.pluginRef` (llm-d.ai/v1's place), or
+    the bare `pluginRef` v1alpha1 had, deprecated; `peers` is refused."""
+    if value is None:
+        return None
+    fields = reader.mapping(value, "dataLayer.discovery", {"pluginRef", "endpoints", "peers"})
+    if fields.get("peers") is not None:
+        reader.unsupported = True
+        reader.fail(
+            "dataLayer.discovery.peers", "not supported by epp: one EPP replica owns its state"
+        )
+    where = "dataLayer.discovery.endpoints.pluginRef"
+    endpoints = reader.mapping(
+        fields.get("endpoints"), "dataLayer.discovery.endpoints", {"pluginRef"}
+    )
+    ref = endpoints.get("pluginRef")
+    if ref is None and "pluginRef" in fields:
+        where, ref = "dataLayer.discovery.pluginRef", fields["pluginRef"]
+        reader.warn(where, "deprecated; use dataLayer.discovery.endpoints.pluginRef")
+    if ref is None:
+        return None
+    found = referenced(reader, ref, where, plugins)
+    if found is None:
+        return None
+    if found.kind is not Kind.DISCOVERY:
+        reader.fail(where, f"{found.type} is not a discovery plugin")
+        return None
+    return ref, found.value

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from epp.config.catalog.flowcontrol import MaxDetectorRefs
 from epp.config.fieldreader import POSITIVE, Bounds
 from epp.config.plugin import Kind, read_parameters
 from epp.config.registry import REGISTRY
@@ -26,6 +27,7 @@ from epp.flowcontrol.config import (
     ProgramAwareConfig,
 )
 from epp.flowcontrol.usagelimits import StaticUsageLimit
+from epp.scheduling.detectors import MaxSaturationDetector
 from epp.scheduling.saturation import SaturationThresholds
 
 FAIRNESS_PLUGINS = {
@@ -51,7 +53,14 @@ class FlowPlugins:
 
 PRIORITY = Bounds(-(2**31))
 BAND_FIELDS = frozenset(
-    {"maxRequests", "maxBytes", "ttl", "fairnessPolicyRef", "orderingPolicyRef"}
+    {
+        "maxRequests",
+        "maxBytes",
+        "defaultRequestTTL",
+        "ttl",
+        "fairnessPolicyRef",
+        "orderingPolicyRef",
+    }
 )
 
 
@@ -104,7 +113,7 @@ def _band(
             fields.get("maxRequests"), f"{path}.maxRequests", template.max_requests
         ),
         max_bytes=reader.size(fields.get("maxBytes"), f"{path}.maxBytes", template.max_bytes),
-        ttl=reader.duration(fields.get("ttl"), f"{path}.ttl", template.ttl) or None,
+        ttl=_band_ttl(reader, fields, path, template.ttl),
     )
     fairness = _policy(
         reader, fields, "fairnessPolicyRef", path, plugins, FAIRNESS_PLUGINS, "a fairness policy"
@@ -124,6 +133,19 @@ def _band(
     if ordering is not None:
         band = replace(band, ordering=ORDERING_PLUGINS[ordering.type])
     return band, fields
+
+
+def _band_ttl(
+    reader: ConfigReader, fields: Mapping[str, Any], path: str, inherited: float | None
+) -> float | None:
+    """A band's queue TTL: the reference's per-band `defaultRequestTTL`
+    (llm-d-router PR #2649), or epp's earlier name `ttl`; the smallest of the
+    global, band and request TTLs applies (`flowcontrol.config.effective_ttl`).
+    `0s` or unset: the band adds none of its own."""
+    if "defaultRequestTTL" in fields and "ttl" in fields:
+        reader.fail(f"{path}.ttl", "give defaultRequestTTL or ttl, not both")
+    key = "defaultRequestTTL" if "defaultRequestTTL" in fields else "ttl"
+    return reader.duration(fields.get(key), f"{path}.{key}", inherited) or None
 
 
 def _program_aware(parameters: Mapping[str, Any]) -> ProgramAwareConfig:
@@ -237,6 +259,7 @@ FLOW_CONTROL_FIELDS = frozenset(
         "enableEviction",
         "flowIdleTimeout",
         "gate",
+        "bandSelectionPolicyPluginRef",
     }
 )
 
@@ -327,6 +350,33 @@ def read_flow_control(
     )
 
 
+def _resolved(
+    reader: ConfigReader,
+    detector: Any,
+    declared: Declared | None,
+    plugins: dict[str, Declared],
+    outer: frozenset[str],
+) -> Any:
+    """`detector` with a max-saturation-detector's children resolved to the
+    detectors they name (None after reporting a bad child)."""
+    if not isinstance(detector, MaxDetectorRefs):
+        return detector
+    path = f"{declared.path}.parameters.detectors" if declared else "flowControl.saturationDetector"
+    children = []
+    for index, name in enumerate(detector.detectors):
+        where = f"{path}[{index}]"
+        if name in outer:
+            reader.fail(where, f"{name!r} contains itself")
+            return None
+        child = plugin_of_kind(reader, name, where, plugins, Kind.SATURATION_DETECTOR)
+        child = _resolved(reader, child, plugins.get(name), plugins, outer | {name})
+        if child is None:
+            return None
+        children.append(child)
+    stages = tuple(detector.stages.get(name, frozenset()) for name in detector.detectors)
+    return MaxSaturationDetector(tuple(children), stages)
+
+
 def read_flow_plugins(
     reader: ConfigReader, value: Any, legacy_detector: Any, plugins: dict[str, Declared]
 ) -> FlowPlugins:
@@ -345,6 +395,16 @@ def read_flow_plugins(
             detector = plugin_of_kind(
                 reader, ref, f"{where}.pluginRef", plugins, Kind.SATURATION_DETECTOR
             )
+            detector = _resolved(reader, detector, plugins.get(ref), plugins, frozenset({ref}))
+    if fields.get("bandSelectionPolicyPluginRef"):
+        # strict-band-selection-policy, the only one, is how the core always offers bands.
+        plugin_of_kind(
+            reader,
+            fields["bandSelectionPolicyPluginRef"],
+            "flowControl.bandSelectionPolicyPluginRef",
+            plugins,
+            Kind.BAND_SELECTION,
+        )
     usage_limit = None
     if fields.get("usageLimitPolicyPluginRef"):
         usage_limit = plugin_of_kind(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from epp.config.catalog.flowcontrol import MaxDetectorRefs
 from epp.config.plugin import Kind
 from epp.config.sections.plugins import ConfigReader, Declared, declared
 from epp.scheduling.config import (
@@ -19,6 +20,7 @@ from epp.scheduling.config import (
     SchedulingConfig,
     ScorerConfig,
 )
+from epp.scheduling.detectors import detector_filter
 from epp.scheduling.profiles import disagg_profile_handler, header_profile_handler
 from epp.scheduling.saturation import SaturationThresholds
 from epp.scheduling.sessions import SESSION_ID_DATA_KEY, attribute_key
@@ -68,6 +70,18 @@ def _profile(
         elif plugin.kind is Kind.FILTER:
             if isinstance(plugin.value, PluginSpec):
                 filters.append(plugin.value)
+        elif plugin.kind is Kind.SATURATION_DETECTOR:
+            if isinstance(plugin.value, MaxDetectorRefs):
+                reader.fail(
+                    f"{where}.pluginRef",
+                    f"{plugin.type} has no filter role (nor has the reference's); "
+                    "list its detectors in the profile",
+                )
+            else:
+                # The reference's detectors are scheduling filters as well.
+                filters.append(
+                    PluginSpec(ref, detector_filter, (("detector", plugin.value),), plugin.type)
+                )
         elif plugin.kind is not Kind.PROFILE_HANDLER:
             reader.fail(
                 f"{where}.pluginRef", f"{plugin.type} ({plugin.kind}) does not belong in a profile"

@@ -18,7 +18,7 @@ from epp.flowcontrol.config import (
 from epp.scheduling.saturation import SaturationThresholds
 
 ROOT = Path(__file__).parents[3]
-HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+HEAD = {"apiVersion": "llm-d.ai/v1", "kind": "EndpointPickerConfig"}
 
 
 def config(**fields: Any) -> dict[str, Any]:
@@ -266,7 +266,7 @@ def test_scheduling_profile_sets_scorers_weights_and_picker() -> None:
     ("document", "error"),
     [
         (config(extra=1), "extra: unknown field"),
-        ({"kind": "EndpointPickerConfig"}, "apiVersion: must be 'llm-d.ai/v1alpha1'"),
+        ({"kind": "EndpointPickerConfig"}, "apiVersion: must be 'llm-d.ai/v1'"),
         (config(kind="Other"), "kind: must be 'EndpointPickerConfig'"),
         (config(flowControl={"maxRequest": 1}), "flowControl.maxRequest: unknown field"),
         (config(flowControl={"maxRequests": -1}), "flowControl.maxRequests: must not be negative"),

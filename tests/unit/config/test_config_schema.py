@@ -13,7 +13,7 @@ from epp.config.loader import ConfigError, parse_config
 from epp.extproc.parsers import DEFAULT_PARSERS, OPENAI
 from epp.flowcontrol.config import Fairness
 
-HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+HEAD = {"apiVersion": "llm-d.ai/v1", "kind": "EndpointPickerConfig"}
 
 
 def parsed(**fields: Any):

@@ -18,6 +18,7 @@ LOADING = {
     "epp-estimate-prefix-cache-config.yaml",
     "epp-precise-prefix-cache-config.yaml",
     "pd-epp-config.yaml",
+    "pd-hybrid-saturation-epp-config.yaml",
     "probabilistic-admitter-epp-config.yaml",
     "sim-e-p-d-epp-config.yaml",
     "sim-e-pd-epp-config.yaml",
@@ -32,7 +33,7 @@ LOADING = {
 
 
 def test_the_fixtures_are_all_there() -> None:
-    assert len(list(SAMPLES.glob("*.yaml"))) == 19
+    assert len(list(SAMPLES.glob("*.yaml"))) == 23
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda path: path.name)

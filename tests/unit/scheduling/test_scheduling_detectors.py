@@ -380,3 +380,10 @@ def test_a_utilization_detector_in_a_profile_keeps_everyone_when_no_endpoint_pas
     pool = pool_of(fresh(waiting=9), fresh(waiting=9))
     detector_filter = DetectorFilter(UtilizationDetector(), InFlightLoad(), lambda: NOW)
     assert detector_filter.filter(None, pool.endpoints) == pool.endpoints
+
+
+def test_a_detector_gate_tells_the_active_request_scorer_what_is_in_flight_per_endpoint() -> None:
+    pool = pool_of(fresh(), fresh())
+    gate = DetectorGate(ConcurrencyDetector(), lambda: pool, lambda: NOW)
+    gate.on_dispatch(request(1, endpoint=A))
+    assert (gate.in_flight_at(A), gate.in_flight_at(B)) == (1, 0)

@@ -19,7 +19,7 @@ from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.sessions import SessionBindings, cookie_value, decode_token, encode_token
 
-HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+HEAD = {"apiVersion": "llm-d.ai/v1", "kind": "EndpointPickerConfig"}
 TOKEN = "x-session-token"
 
 
