@@ -23,7 +23,7 @@ spec:
   priority: 5000000000
   poolSelector: {}
 ---
-apiVersion: llm-d.ai/v1alpha1
+apiVersion: llm-d.ai/v1
 kind: EndpointPickerConfig
 flowControl: {defaultRequestTTL: soon}
 """
@@ -108,7 +108,7 @@ def test_exit_status_is_zero_when_valid_and_one_otherwise(tmp_path: Path, capsys
 def test_an_unsupported_plugin_exits_two_naming_it(tmp_path: Path, capsys) -> None:
     path = tmp_path / "epp.yaml"
     path.write_text(
-        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+        "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\n"
         "plugins:\n- type: predicted-latency-producer\n"
     )
     assert main(["validate", str(path)]) == 2
@@ -119,7 +119,7 @@ def test_an_unsupported_plugin_exits_two_naming_it(tmp_path: Path, capsys) -> No
 
 
 ALPHA_CONFIG = """\
-apiVersion: llm-d.ai/v1alpha1
+apiVersion: llm-d.ai/v1
 kind: EndpointPickerConfig
 plugins:
 - name: pinned
