@@ -5,6 +5,7 @@ plugins load with --allow-experimental-plugins, as in the reference."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from epp.cli import main
 
 SAMPLES = Path(__file__).parents[2] / "data" / "reference_configs"
+COMPATIBILITY = Path(__file__).parents[3] / "docs" / "compatibility.md"
 LOADING = {
     "dp-epp-config.yaml",
     "epp-config.yaml",
@@ -34,6 +36,12 @@ LOADING = {
 
 def test_the_fixtures_are_all_there() -> None:
     assert len(list(SAMPLES.glob("*.yaml"))) == 23
+
+
+def test_the_compatibility_page_counts_the_samples_that_load() -> None:
+    text = " ".join(COMPATIBILITY.read_text().split())
+    counts = re.findall(r"(\d+) of (\d+) load", text)
+    assert counts == [(str(len(LOADING)), str(len(list(SAMPLES.glob("*.yaml")))))]
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda path: path.name)
