@@ -149,7 +149,9 @@ class LimitEstimator:
             self.slowed = False
         return 0
 
-    def observe(self, sample: Sample, binding: bool, may_probe: bool = True) -> int | None:
+    def observe(
+        self, sample: Sample, binding: bool, may_probe: bool = True, held: int = 0
+    ) -> int | None:
         """Use `sample` if it is new and was read; `binding` tells whether
         the limit held a request back since the last sample; `may_probe`,
         whether a server of known size may start a probe now (the pool's
@@ -183,7 +185,12 @@ class LimitEstimator:
             self.crowded = False
         self.sent_before = self.sent
         self.sent = 0
-        self.pending = self.queue = waiting
+        self.queue = waiting
+        # Of what it was sent since the last sample, what it holds beyond the
+        # running count shown was sent too late for the read (the scrape's
+        # lag) or waits: pending either way. (Only those: an older request
+        # not yet running there is in its prefill elsewhere, disaggregated.)
+        self.pending = max(waiting, min(held - running, self.sent_before))
         self.running = running
         self.latency.observe(sample, now)
         # What it is sent during a step waits for the step's end.

@@ -492,6 +492,16 @@ def test_a_request_done_before_any_sample_showed_it_running_is_no_longer_pending
     assert gate._estimators[A].pending == 0
 
 
+def test_a_request_sent_after_the_server_was_read_stays_pending_past_its_sample():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    gate.on_first_token(dispatch(gate, A))
+    dispatch(gate, A)  # after the scrape's read, before its sample arrives
+    pool.publish(0.05, a=(1, 0))  # one running, none waiting: the second is not in it
+    gate.has_room(A, 0)  # reads the sample
+    assert gate._estimators[A].pending == 1
+
+
 def test_an_endpoint_whose_requests_finish_between_samples_gets_the_fixed_limit():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
