@@ -12,11 +12,13 @@
 |             | sets)                                                                |
 | `scraper`   | reading every endpoint's page over HTTP(S) into the store            |
 |             | (`MetricsSource`: scheme, path, port, TLS; limits per read)          |
+| `fetch`     | one endpoint's GET over a kept-alive connection (httptools)          |
 
 Invariants: only the store holds metrics; the reader does no I/O; a failed
 read marks an endpoint stale at once and never removes it. Cost: a read
-picks its few lines out of the page by substring search (~20 us a page)
-and parses only those (a line whose value changed only, such as a bucket,
-reuses the parse of its name and labels); a snapshot is rebuilt only on the first read after
-a change.
+picks its few lines out of the page by substring search and parses only
+those (a line whose value changed only, such as a bucket, reuses the parse
+of its name and labels; a page whose lines all read as before is not
+parsed again); a snapshot is rebuilt only on the first read after a
+change.
 """

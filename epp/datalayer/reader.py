@@ -6,9 +6,10 @@ whole page (~6 ms) for 64 endpoints at 20 Hz would need several cores.
 Instead the reader first picks out the few sample lines of the series it
 needs (a substring search, ~20 us per page), and parses only those; a line
 identical to one seen in this endpoint's previous page (the cache config,
-an unchanged LoRA state or queue) reuses its earlier parse, and a line
-whose value alone changed (a histogram's buckets, at every step) reuses the
-parse of its name and labels.
+an unchanged LoRA state or queue) reuses its earlier parse, a line whose
+value alone changed (a histogram's buckets, at every step) reuses the parse
+of its name and labels, and a page whose picked lines are all as in the
+previous page gives the previous metrics, read at the new time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from epp.datalayer.engines import EngineMetricNames, Series
 from epp.scheduling.endpoint import EndpointMetrics
 
 Sample = tuple[str, dict[str, str], float]
+HISTOGRAM_SUFFIXES = ("_sum", "_count", "_bucket")
+HEADS_KEPT = 4
 
 
 def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()) -> list[str]:
@@ -42,19 +45,18 @@ def select_lines(text: str, names: Iterable[str], histograms: Iterable[str] = ()
         start = page.find("\n" + histogram + "_")
         if start == -1:
             continue
-        if lines:
-            break  # the first one the page carries is the one read
         end = page.find("\n#", start)
         if end == -1:
             end = len(page)
-        for suffix in ("_sum", "_count", "_bucket"):
-            needle = "\n" + histogram + suffix
-            position = page.find(needle, start, end)
-            while position != -1:
-                line, line_end = _sample_line(page, position, len(needle))
-                if line is not None:
-                    lines.append(line)
-                position = page.find(needle, line_end, end)
+        series = tuple(histogram + suffix for suffix in HISTOGRAM_SUFFIXES)
+        for line in page[start + 1 : end].split("\n"):
+            if line.startswith(series):
+                name_end = line.find("{")
+                if name_end == -1:
+                    name_end = line.find(" ")
+                if line[:name_end] in series:
+                    lines.append(line.rstrip("\r"))
+        break  # the first one the page carries is the one read
     for name in names:
         needle = "\n" + name
         position = page.find(needle)
@@ -99,59 +101,79 @@ def parse_line(line: str) -> Sample:
 class MetricsReader:
     """Reads successive metrics pages of one endpoint (see the module docstring)."""
 
-    __slots__ = ("_heads", "_previous")
+    __slots__ = ("_heads", "_lines", "_metrics", "_names", "_previous")
 
     def __init__(self) -> None:
         self._previous: dict[str, Sample] = {}
         self._heads: dict[str, tuple[str, dict[str, str]]] = {}
+        """The parsed name and labels of the heads (a line up to its value)
+        of lines seen; at most `HEADS_KEPT` times the lines a page gives,
+        plus 64."""
+        self._lines: list[str] | None = None
+        self._names: EngineMetricNames | None = None
+        self._metrics: EndpointMetrics | None = None
+        """What the last page that read well gave, from its `_lines`."""
 
     def read(self, text: str, names: EngineMetricNames, now: float) -> EndpointMetrics:
         """The metrics in `text`, read at `now`. ValueError when a value is
         malformed, or when the page carries no series of the engine at all."""
+        lines = select_lines(text, names.names(), names.itl)
+        if lines == self._lines and names is self._names and self._metrics is not None:
+            return self._metrics._replace(updated_at=now)
         previous = self._previous
-        heads_before = self._heads
+        heads = self._heads
+        if len(heads) > HEADS_KEPT * len(lines) + 64:
+            heads.clear()
         parsed: dict[str, Sample] = {}
-        heads: dict[str, tuple[str, dict[str, str]]] = {}
         samples: dict[str, list[Sample]] = {}
-        for line in select_lines(text, names.names(), names.itl):
+        for line in lines:
             sample = previous.get(line)
             if sample is None:
-                sample = _parse_changed(line, heads_before, heads)
+                sample = _parse_changed(line, heads)
             parsed[line] = sample
-            samples.setdefault(sample[0], []).append(sample)
+            found = samples.get(sample[0])
+            if found is None:
+                samples[sample[0]] = [sample]
+            else:
+                found.append(sample)
         self._previous = parsed
-        self._heads = heads
+        self._lines = None
         if not samples and names.prefix is not None and names.prefix not in text:
             raise ValueError(
                 f"the page has no {names.prefix}* series: not this engine's metrics "
                 "(check the engine label and the metrics path)"
             )
-        return metrics_from_samples(samples, names, now)
+        metrics = metrics_from_samples(samples, names, now)
+        self._lines, self._names, self._metrics = lines, names, metrics
+        return metrics
 
 
-def _parse_changed(
-    line: str,
-    before: dict[str, tuple[str, dict[str, str]]],
-    heads: dict[str, tuple[str, dict[str, str]]],
-) -> Sample:
+def _parse_changed(line: str, heads: dict[str, tuple[str, dict[str, str]]]) -> Sample:
     """`line`, whose value changed since the previous page: its name and
     labels are parsed once (a histogram's buckets change at every step),
-    its value by `float`; anything else unusual goes to the full parser,
-    which raises on what is malformed."""
+    its value by `float`; a line without labels is one `select_lines`
+    picked by its whole name; anything else unusual goes to the full
+    parser, which raises on what is malformed."""
     brace = line.rfind("}")
-    if brace != -1:
-        head = line[: brace + 1]
-        rest = line[brace + 1 :].split()
-        labelled = before.get(head) or heads.get(head)
-        if labelled is None:
-            name, labels, _ = parse_line(head + " 0")
-            labelled = (name, labels)
-        heads[head] = labelled
-        if len(rest) in (1, 2) and "_" not in rest[0]:
+    if brace == -1:
+        rest = line.split()
+        if len(rest) in (2, 3) and "_" not in rest[1]:
             try:
-                return labelled[0], labelled[1], float(rest[0])
+                return rest[0], {}, float(rest[1])
             except ValueError:
                 pass
+        return parse_line(line)
+    head = line[: brace + 1]
+    labelled = heads.get(head)
+    if labelled is None:
+        name, labels, _ = parse_line(head + " 0")
+        labelled = heads[head] = (name, labels)
+    rest = line[brace + 1 :].split()
+    if len(rest) in (1, 2) and "_" not in rest[0]:
+        try:
+            return labelled[0], labelled[1], float(rest[0])
+        except ValueError:
+            pass
     return parse_line(line)
 
 

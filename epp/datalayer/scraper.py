@@ -7,7 +7,8 @@ reference's `insecureSkipVerify: true`); the engine comes from the
 endpoint's labels (`EngineLookup`). One asyncio task per endpoint reads its
 page every `interval` seconds (the source's own, else the scraper's; a read
 that takes longer delays only that endpoint's next read), with `timeout`
-seconds per read and at most `max_page_bytes` per page. A read that fails
+seconds per read and at most `max_page_bytes` per page, over one kept-alive
+connection per endpoint (`PageFetcher`). A read that fails
 (connection error, timeout, non-200 status, a JSON or oversized page, a
 page without any of the engine's series) marks the endpoint failing, hence
 stale, and keeps it in the pool; a page of the engine that lacks a load series reads as idle.
@@ -31,10 +32,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from epp.api.address import format_address, parse_address
 from epp.datalayer.engines import EngineLookup
+from epp.datalayer.fetch import PageFetcher, ScrapeError
 from epp.datalayer.reader import MetricsReader
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import Endpoint
@@ -44,14 +44,6 @@ log = logging.getLogger(__name__)
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 """A metrics page larger than this fails the read (a vLLM page is ~50 KiB)."""
-
-
-class ScrapeError(Exception):
-    """A metrics page could not be read; `reason` is a short label for metrics."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,7 +83,7 @@ class MetricsSource:
         return f"{self.scheme}://{format_address(ip, port)}{self.path or engine_path}"
 
     def ssl_context(self) -> ssl.SSLContext | bool:
-        """What aiohttp is given per request: False skips verification."""
+        """What a connection is opened with: False is plain HTTP."""
         if self.scheme != "https":
             return False
         if not self.verify_tls:
@@ -107,11 +99,17 @@ class MetricsSource:
 
 @dataclass(slots=True)
 class _Target:
-    """One endpoint's scrape state: its reader, and what its URL was built from."""
+    """One endpoint's scrape state: its reader, what its URL was built
+    from, and its connection."""
 
     reader: MetricsReader = field(default_factory=MetricsReader)
     labels: Mapping[str, str] | None = None
-    url: str = ""
+    fetcher: PageFetcher | None = None
+
+    def close(self) -> None:
+        if self.fetcher is not None:
+            self.fetcher.close()
+            self.fetcher = None
 
 
 class Coalesced:
@@ -168,8 +166,8 @@ class MetricsScraper:
         self.source = source if source is not None else MetricsSource()
         self.engines = engines if engines is not None else EngineLookup()
         self._ssl = self.source.ssl_context()
-        self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._targets: dict[str, _Target] = {}
         self.reads = 0
         self.failures = 0
         self.failures_by_reason: collections.Counter[str] = collections.Counter()
@@ -180,10 +178,6 @@ class MetricsScraper:
     async def start(self) -> None:
         if self._running:
             return
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
         self._running = True
         self.store.on_membership_change(self._follow_store)
         self._follow_store()
@@ -197,9 +191,9 @@ class MetricsScraper:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for target in self._targets.values():
+            target.close()
+        self._targets.clear()
 
     async def __aenter__(self) -> MetricsScraper:
         await self.start()
@@ -215,6 +209,9 @@ class MetricsScraper:
         for address in list(self._tasks):
             if address not in current:
                 self._tasks.pop(address).cancel()
+        for address in list(self._targets):
+            if address not in current:
+                self._targets.pop(address).close()
         for address in current:
             if address not in self._tasks:
                 self._tasks[address] = asyncio.get_running_loop().create_task(
@@ -222,31 +219,32 @@ class MetricsScraper:
                 )
 
     async def _scrape_forever(self, address: str) -> None:
-        target = _Target()
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self.scrape_once(address, target)
+            await self.scrape_once(address)
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
-    async def scrape_once(self, address: str, target: _Target | None = None) -> None:
+    async def scrape_once(self, address: str) -> None:
         """Read the page of `address` once into its store entry."""
         endpoint = self.store.get(address)
-        session = self._session
-        if endpoint is None or session is None:
+        if endpoint is None or not self._running:
             return
+        target = self._targets.get(address)
         if target is None:
-            target = _Target()
+            target = self._targets[address] = _Target()
         names = self.engines.names_for(endpoint.labels)
-        if target.labels is not endpoint.labels:
+        if target.labels is not endpoint.labels or target.fetcher is None:
             target.labels = endpoint.labels
-            target.url = self.source.url(endpoint, names.metrics_path)
-        url = target.url
+            url = self.source.url(endpoint, names.metrics_path)
+            if target.fetcher is None or target.fetcher.url != url:
+                target.close()
+                target.fetcher = PageFetcher(url, self._ssl, self.source.max_page_bytes)
         try:
             async with asyncio.timeout(self.timeout):
-                text = await _fetch(session, url, self._ssl, self.source.max_page_bytes)
+                text = await target.fetcher.get()
             metrics = target.reader.read(text, names, self._clock())
-        except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (ScrapeError, OSError, TimeoutError, ValueError) as error:
             self.failures += 1
             self.failures_by_reason[_reason(error)] += 1
             if self.store.mark_failing(address):
@@ -277,36 +275,6 @@ def _reason(error: Exception) -> str:
         return error.reason
     if isinstance(error, TimeoutError):
         return "timeout"
-    if isinstance(error, aiohttp.ClientError):
+    if isinstance(error, OSError):
         return "connection"
     return "unreadable"
-
-
-async def _fetch(
-    session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | bool, limit: int
-) -> str:
-    async with session.get(url, ssl=ssl_context) as response:
-        if response.status != 200:
-            raise ScrapeError(f"HTTP {response.status} from {url}", "http-status")
-        if response.content_type == "application/json":
-            raise ScrapeError(
-                f"{url} answers JSON, not Prometheus text (trtllm-serve serves its "
-                "Prometheus text at /prometheus/metrics)",
-                "not-prometheus-text",
-            )
-        if response.content_length is not None and response.content_length > limit:
-            raise ScrapeError(f"metrics page of {url} is over {limit} bytes", "too-large")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                raise ScrapeError(f"metrics page of {url} is over {limit} bytes", "too-large")
-            chunks.append(chunk)
-        body = b"".join(chunks)
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ScrapeError(
-            f"metrics page of {url} is not UTF-8: {error}", "not-prometheus-text"
-        ) from None

@@ -320,7 +320,7 @@ def test_the_histogram_search_stops_at_the_next_family():
         'vllm:inter_token_latency_seconds_sum{engine="9"} 9.0\n'
     )
     lines = select_lines(text, (), ("vllm:inter_token_latency_seconds",))
-    assert lines == [
-        'vllm:inter_token_latency_seconds_sum{engine="0"} 0.2',
+    assert sorted(lines) == [
         'vllm:inter_token_latency_seconds_count{engine="0"} 4.0',
+        'vllm:inter_token_latency_seconds_sum{engine="0"} 0.2',
     ]
