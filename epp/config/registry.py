@@ -1,6 +1,6 @@
 """The plugin registry: every plugin type epp knows, by name. The one list
 of plugin names; config loading, `epp validate`, `epp plugins` and the
-the docs' plugin catalogue (`epp.docgen`) all read it.
+the docs' plugin catalogue (`epp.cli.docgen`) all read it.
 
 A type is either supported (it has a factory) or refused (its entry says
 why, and loading a config that declares it fails naming the type and the

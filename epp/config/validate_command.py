@@ -21,7 +21,8 @@ from typing import TextIO
 from epp.api.manifests import Manifest, ManifestError, load_file, manifest_files
 from epp.api.models import InvalidObjectError, decode
 from epp.config.loader import ConfigError, experimental_errors, is_config, parse_config
-from epp.serve.options import PARSERS, Kind, flags
+from epp.serve.flags import PARSERS, Kind
+from epp.serve.options import flags
 
 SERVE_FLAGS = ("allow_experimental_plugins",)
 """The `epp serve` flags that change what a configuration may hold."""

@@ -2,7 +2,7 @@
 
 Every metric is declared once in `catalogue` (name, kind, labels, help,
 buckets, deprecated twin); the docs' metric table is generated from it
-(`python3 -m epp.docgen metrics`).
+(`python3 -m epp.cli.docgen metrics`).
 
 - `catalogue`: the metric list, the buckets, the table generator;
 - `series`: `Family` (one metric's series as plain numbers, and its twin),

@@ -11,7 +11,8 @@ import pytest
 
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.request import InferenceRequest
-from epp.serve.server import EppServer, ServeOptions, StartupError, read_endpoints
+from epp.serve.inputs import StartupError, read_endpoints
+from epp.serve.server import EppServer, ServeOptions
 from tests.support.disagg import disagg_config
 
 CONFIG = """\

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epp import docgen
 from epp.api.units import parse_duration
-from epp.cli import main
+from epp.cli import docgen, main
 from epp.config.loader import ConfigError, parse_config
 from epp.config.plugin import Kind, Param, ParamType, PluginType, Unsupported, configured
 from epp.config.registry import REGISTRY, Registry, markdown_table
@@ -22,7 +21,7 @@ HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
 def test_the_docs_plugin_catalogue_is_the_registry() -> None:
     assert docgen.current("plugins") is not None, "docs/configuration/plugins.md lost its table"
     assert docgen.current("plugins") == markdown_table(), (
-        "the plugin catalogue is stale: run python3 -m epp.docgen plugins"
+        "the plugin catalogue is stale: run python3 -m epp.cli.docgen plugins"
     )
 
 

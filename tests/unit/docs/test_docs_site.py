@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epp import docgen
+from epp.cli import docgen
 
 ROOT = Path(__file__).parents[3]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -78,7 +78,7 @@ def test_the_readme_links_only_to_pages_that_exist() -> None:
 def test_the_flag_reference_is_the_parser() -> None:
     assert docgen.current("flags") is not None, "docs/configuration/flags.md lost its flags"
     assert docgen.current("flags") == docgen.flag_reference(), (
-        "the flag reference is stale: run python3 -m epp.docgen flags"
+        "the flag reference is stale: run python3 -m epp.cli.docgen flags"
     )
 
 

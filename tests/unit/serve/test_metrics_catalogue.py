@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp import docgen
+from epp.cli import docgen
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.kvevents import KVEventStats
 from epp.datalayer.store import EndpointStore
@@ -107,7 +107,7 @@ def test_each_exposed_series_has_its_catalogued_type_and_labels():
 def test_the_docs_metric_table_is_the_catalogue():
     assert docgen.current("metrics") is not None, "docs/operations/metrics.md lost its table"
     assert docgen.current("metrics") == markdown_table(), (
-        "the metric table is stale: run python3 -m epp.docgen metrics"
+        "the metric table is stale: run python3 -m epp.cli.docgen metrics"
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.engines import ENGINES, Series
 from epp.datalayer.scraper import MetricsSource
-from epp.serve.server import StartupError, scrape_settings
+from epp.serve.inputs import StartupError, scrape_settings
 
 EXTRACTOR_REF = [{"pluginRef": "core-metrics-extractor"}]
 
