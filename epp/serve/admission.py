@@ -70,6 +70,7 @@ class AdmissionController:
         self._on_queued = on_queued
         self._on_cycle = on_cycle
         self._on_enqueued = on_enqueued
+        self._timed = on_cycle is not None or on_enqueued is not None
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = inf
@@ -102,15 +103,19 @@ class AdmissionController:
         (dispatched in the pass the enqueue starts, or rejected), else None
         and the request is queued: `await wait(request)` then."""
         now = self._clock()
-        start = perf_counter()
-        outcome, done = self.core.arrive(request, now)
-        took = perf_counter() - start
-        if self._on_cycle is not None:
-            self._on_cycle(took)
-        if self._on_enqueued is not None:
-            self._on_enqueued(request, took)
+        if not self._timed:
+            outcome, done = self.core.arrive(request, now)
+        else:
+            start = perf_counter()
+            outcome, done = self.core.arrive(request, now)
+            took = perf_counter() - start
+            if self._on_cycle is not None:
+                self._on_cycle(took)
+            if self._on_enqueued is not None:
+                self._on_enqueued(request, took)
         if outcome is not None:
-            self._report(request, now)
+            if self._on_outcome is not None:
+                self._on_outcome(request, now)
             return outcome
         self._settle(done, now)
         if request.outcome is None and self._on_queued is not None:
@@ -155,7 +160,12 @@ class AdmissionController:
         if request.state is not State.DISPATCHED:
             return
         now = self._clock()
-        settled = self._cycle(self.core.complete, request, now, input_tokens, output_tokens, itl)
+        if self._on_cycle is None:
+            settled = self.core.complete(request, now, input_tokens, output_tokens, itl)
+        else:
+            settled = self._cycle(
+                self.core.complete, request, now, input_tokens, output_tokens, itl
+            )
         if self._on_complete is not None:
             self._on_complete(request)
         self._settle(settled, now)
@@ -233,9 +243,6 @@ class AdmissionController:
         future = self._waiters.pop(request, None)
         if future is not None and not future.done():
             future.set_result(request.outcome)
-        self._report(request, now)
-
-    def _report(self, request: FlowRequest, now: float) -> None:
         if self._on_outcome is not None:
             self._on_outcome(request, now)
 
