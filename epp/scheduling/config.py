@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.scheduling.cache_scorers import prefix_cache_scorer
 from epp.scheduling.kvblocks import PreciseConfig
 from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.profiles import single_profile_handler
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS, SaturationThresholds
-from epp.scheduling.scorers import kv_cache_scorer, prefix_cache_scorer, queue_scorer
+from epp.scheduling.scorers import kv_cache_scorer, queue_scorer
 from epp.scheduling.spec import PluginSpec, spec
 
 
@@ -79,7 +80,7 @@ class SchedulingConfig:
     prefix_lru_capacity: int = 31_250
     prefix_auto_tune: bool = False
     """Block size and per-endpoint capacity from the endpoints' metrics
-    (the producer's `autoTune`; see `scorers.PrefixCacheScorer`)."""
+    (the producer's `autoTune`; see `cache_scorers.PrefixCacheScorer`)."""
     prefix_max_tokens: int = 0
     """`maxPrefixTokensToMatch`: with an auto-tuned block size, the blocks
     per prompt are these tokens over the block size (0: `prefix_max_blocks`)."""

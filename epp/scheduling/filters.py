@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 
 from epp.flowcontrol.gate import Credits
+from epp.scheduling.cache_scorers import PrefixCacheScorer, prefix_cache_scorer
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import PrefixCacheScorer, prefix_cache_scorer
 from epp.scheduling.spec import BuildContext
 
 

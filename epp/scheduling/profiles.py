@@ -30,9 +30,9 @@ from typing import Protocol
 
 from epp.api.address import format_address
 from epp.flowcontrol.outcome import Outcome
+from epp.scheduling.cache_scorers import CHARS_PER_TOKEN, PrefixCacheScorer
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import CHARS_PER_TOKEN, PrefixCacheScorer
 from epp.scheduling.spec import BuildContext, PluginSpec
 
 PREFILLER_HEADER = "x-prefiller-host-port"

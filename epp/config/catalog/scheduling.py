@@ -19,7 +19,7 @@ from epp.config.plugin import (
     Unsupported,
     configured,
 )
-from epp.scheduling import filters, pickers, scorers, sessions
+from epp.scheduling import cache_scorers, filters, pickers, scorers, sessions
 from epp.scheduling.saturation import DEFAULT_THRESHOLDS as SATURATION
 from epp.scheduling.spec import PluginSpec
 
@@ -77,13 +77,15 @@ def _prefix_scorer(parameters: Mapping[str, Any]) -> PluginSpec:
     producer = parameters["prefixMatchInfoProducerName"]
     if producer:
         return made(
-            scorers.prefix_cache_scorer,
+            cache_scorers.prefix_cache_scorer,
             match_length_weight=weight,
             match_length_scale_tokens=scale,
             producer=producer,
         )
     return made(
-        scorers.prefix_cache_scorer, match_length_weight=weight, match_length_scale_tokens=scale
+        cache_scorers.prefix_cache_scorer,
+        match_length_weight=weight,
+        match_length_scale_tokens=scale,
     )
 
 
@@ -432,7 +434,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("inFlightLoadProducerName", T.STRING, ""),
         ),
         factory=lambda p: made(
-            scorers.token_load_scorer,
+            cache_scorers.token_load_scorer,
             threshold=p["queueThresholdTokens"]
             if p["queueThresholdTokens"] > 0
             else _TOKEN_LOAD_THRESHOLD,
@@ -448,7 +450,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("prefixMatchInfoProducerName", T.STRING, ""),
             Param("lruSize", T.INT, 1024, "pods tracked", 1),
         ),
-        factory=lambda p: made(scorers.no_hit_lru_scorer, size=p["lruSize"]),
+        factory=lambda p: made(cache_scorers.no_hit_lru_scorer, size=p["lruSize"]),
     ),
     PluginType(
         "session-affinity-scorer",

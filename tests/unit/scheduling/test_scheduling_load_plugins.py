@@ -16,12 +16,12 @@ from epp.config.plugin import read_parameters
 from epp.config.registry import REGISTRY
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.core import build_core
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import PrefixCacheScorer
 from epp.scheduling.spec import BuildContext
 
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}

@@ -11,11 +11,11 @@ import yaml
 
 from epp.config.loader import EppConfig, load_config, parse_config
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.cache_scorers import PrecisePrefixCacheScorer
 from epp.scheduling.core import Core, build_core
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.kvblocks import AllBlocksCleared, BlockHasher, BlockStored
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scorers import PrecisePrefixCacheScorer
 
 SAMPLES = Path(__file__).parents[2] / "data" / "reference_configs"
 NOW = 100.0

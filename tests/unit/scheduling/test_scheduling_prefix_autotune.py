@@ -9,11 +9,11 @@ import random
 from typing import Any
 
 from epp.config.loader import parse_config
+from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.prefix import PrefixIndex
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.scorers import PrefixCacheScorer
 
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
 NOW = 100.0

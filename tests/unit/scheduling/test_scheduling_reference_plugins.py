@@ -12,6 +12,7 @@ from epp.config.plugin import read_parameters
 from epp.config.registry import REGISTRY
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.cache_scorers import NoHitLruScorer, PrefixCacheScorer
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics
 from epp.scheduling.filters import ROLE_LABEL
@@ -20,8 +21,6 @@ from epp.scheduling.scorers import (
     ActiveRequestScorer,
     ContextLengthAwareScorer,
     LoadAwareScorer,
-    NoHitLruScorer,
-    PrefixCacheScorer,
 )
 from epp.scheduling.spec import BuildContext
 

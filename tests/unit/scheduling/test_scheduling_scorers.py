@@ -1,12 +1,12 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import (
     KVCacheScorer,
     LoraAffinityScorer,
-    PrefixCacheScorer,
     QueueScorer,
     RunningRequestsScorer,
     lower_is_better,
