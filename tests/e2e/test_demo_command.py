@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import sys
@@ -18,37 +17,19 @@ from epp.demo.processes import PartFailed
 from epp.demo.stack import StackSettings, live_stack
 from epp.sim.scenario import Objective
 from epp.sim.server_model import ServerParams
+from tests.support.waiting import gone
 
 pytestmark = [pytest.mark.envoy]
 
 DEMO = ("-m", "epp", "demo")
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-async def eventually_gone(pid: int, timeout: float = 10.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not gone(pid):
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
-async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_path):
-    out = tmp_path / "demo.json"
+async def run_demo(out, *arguments: str) -> str:
+    """`epp demo ARGUMENTS --json OUT` to its end: what it printed (it exited 0)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *DEMO,
-        "--duration",
-        "6",
+        *arguments,
         "--json",
         str(out),
         stdout=asyncio.subprocess.PIPE,
@@ -57,6 +38,12 @@ async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_pa
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     text = output.decode()
     assert process.returncode == 0, text
+    return text
+
+
+async def test_demo_prints_the_tier_table_and_writes_simulate_shaped_json(tmp_path):
+    out = tmp_path / "demo.json"
+    text = await run_demo(out, "--duration", "6")
     assert re.search(r"premium \(priority 10\)\s+\d+", text)
     epp_pid = int(re.search(r"epp serve: pid (\d+)", text).group(1))
     assert gone(epp_pid)
@@ -73,21 +60,7 @@ async def test_demo_against_servers_posing_as_an_engine_reports_the_load_the_epp
     tmp_path, engine
 ):
     out = tmp_path / "demo.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *DEMO,
-        "--duration",
-        "4",
-        "--engine",
-        engine,
-        "--json",
-        str(out),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), 60)
-    text = output.decode()
-    assert process.returncode == 0, text
+    text = await run_demo(out, "--duration", "4", "--engine", engine)
     assert f"EPP's view of the {engine} servers" in text
     report = json.loads(out.read_text())
     view = report["load_view"]

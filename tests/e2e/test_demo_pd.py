@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import gone
+
 pytestmark = [pytest.mark.envoy]
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 PD = Path(__file__).resolve().parents[2] / "config" / "scenarios" / "pd.yaml"

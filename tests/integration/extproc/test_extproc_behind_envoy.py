@@ -22,6 +22,7 @@ from epp.flowcontrol.request import FlowRequest
 from epp.serve.tls import server_ssl_context
 from epp.transport import GrpcServer
 from tests.support.envoy import running_envoy
+from tests.support.upstream import http_upstream
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -98,25 +99,17 @@ class Stack:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack():
     upstream = Upstream()
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", upstream.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    upstream_port = site._server.sockets[0].getsockname()[1]
-
-    settings = StreamSettings(max_body_bytes=MAX_BODY)
-    admission = FixedAdmission(endpoint=f"127.0.0.1:{upstream_port}")
-    service = ExtProcService(admission, lambda headers: 0, settings)
-    server = GrpcServer({PROCESS_METHOD: service.open})
-    epp_port = await server.start("127.0.0.1", 0, server_ssl_context())
-    try:
-        async with running_envoy(epp_port=epp_port) as envoy:
-            yield Stack(f"http://127.0.0.1:{envoy.listen_port}", admission, upstream, service)
-    finally:
-        await server.stop(grace=None)
-        await runner.cleanup()
+    async with http_upstream(upstream.handle) as upstream_port:
+        settings = StreamSettings(max_body_bytes=MAX_BODY)
+        admission = FixedAdmission(endpoint=f"127.0.0.1:{upstream_port}")
+        service = ExtProcService(admission, lambda headers: 0, settings)
+        server = GrpcServer({PROCESS_METHOD: service.open})
+        epp_port = await server.start("127.0.0.1", 0, server_ssl_context())
+        try:
+            async with running_envoy(epp_port=epp_port) as envoy:
+                yield Stack(f"http://127.0.0.1:{envoy.listen_port}", admission, upstream, service)
+        finally:
+            await server.stop(grace=None)
 
 
 @pytest.fixture(autouse=True)

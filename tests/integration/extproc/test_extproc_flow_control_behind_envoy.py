@@ -24,6 +24,7 @@ from epp.serve.tls import server_ssl_context
 from epp.transport import GrpcServer
 from tests.support.envoy import running_envoy
 from tests.support.placers import LeastLoadedPlacer
+from tests.support.upstream import http_upstream
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -49,30 +50,23 @@ class HoldingUpstream:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack():
     upstream = HoldingUpstream()
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", upstream.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    endpoint = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    async with http_upstream(upstream.handle) as upstream_port:
+        endpoint = f"127.0.0.1:{upstream_port}"
+        gate = ConcurrencyGate(max_per_endpoint=1)
+        placer = LeastLoadedPlacer(lambda: [endpoint], gate)
+        admission = AdmissionController(Core(FlowController(FlowControlConfig(), gate, placer)))
 
-    gate = ConcurrencyGate(max_per_endpoint=1)
-    core = FlowController(FlowControlConfig(), gate, LeastLoadedPlacer(lambda: [endpoint], gate))
-    admission = AdmissionController(Core(core))
+        def priority_of(headers):
+            return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
 
-    def priority_of(headers):
-        return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
-
-    server = GrpcServer({PROCESS_METHOD: ExtProcService(admission, priority_of).open})
-    port = await server.start("127.0.0.1", 0, server_ssl_context())
-    try:
-        async with running_envoy(epp_port=port) as envoy:
-            yield f"http://127.0.0.1:{envoy.listen_port}/v1/completions", admission, upstream
-    finally:
-        upstream.release.set()
-        await server.stop(grace=None)
-        await runner.cleanup()
+        server = GrpcServer({PROCESS_METHOD: ExtProcService(admission, priority_of).open})
+        port = await server.start("127.0.0.1", 0, server_ssl_context())
+        try:
+            async with running_envoy(epp_port=port) as envoy:
+                yield f"http://127.0.0.1:{envoy.listen_port}/v1/completions", admission, upstream
+        finally:
+            upstream.release.set()
+            await server.stop(grace=None)
 
 
 async def send(session: aiohttp.ClientSession, url: str, prompt: str, objective: str = "low"):

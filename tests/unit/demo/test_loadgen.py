@@ -11,6 +11,7 @@ from epp.demo.report import live_report, render_live_text
 from epp.sim.scenario import parse_scenario
 from epp.sim.server_model import ServerParams
 from epp.sim.workload import workload
+from tests.support.upstream import http_upstream
 
 SCENARIO = parse_scenario(
     {
@@ -75,17 +76,9 @@ async def test_no_response_is_an_error_outcome_not_a_status():
         request.transport.close()
         return web.Response()
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", hang_up)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with http_upstream(hang_up, "/v1/completions") as port:
+        url = f"http://127.0.0.1:{port}"
         requests = await LoadGenerator(url, SCENARIO, max_requests=2, timeout=5).run()
-    finally:
-        await runner.cleanup()
     assert all(r.outcome.startswith("error: ") and not r.answered for r in requests)
 
 

@@ -95,6 +95,14 @@ class BlockingPlacer(LeastLoadedPlacer):
         return None if request.fairness_id in self.blocked else super().place(request)
 
 
+COMPLETION = {
+    "data": st.data(),
+    "real_input": st.one_of(st.none(), st.integers(0, 100)),
+    "output_tokens": st.integers(0, 60),
+}
+"""A completion rule's arguments: which running request, and its real usage."""
+
+
 class FairShareTracking:
     """Tracks every pair of flows of a band while both stay backlogged: their
     dispatches under round-robin, and their VTC counters against 2U, U the
@@ -105,6 +113,7 @@ class FairShareTracking:
     core: FlowController
     config: FlowControlConfig
     serial: bool
+    now: float
 
     def start_tracking(self) -> None:
         self.largest_cost: dict[int, float] = {}
@@ -134,6 +143,17 @@ class FairShareTracking:
             request.priority,
             config.input_weight * charged_input + config.output_weight * output_tokens,
         )
+
+    def complete_one(
+        self, data, requests: list[FlowRequest], real_input: int | None, output_tokens: int
+    ) -> FlowRequest:
+        """Complete one of the dispatched `requests`, drawn, with that usage."""
+        running = [r for r in requests if r.state is State.DISPATCHED]
+        request = data.draw(st.sampled_from(running))
+        self.count_completion(request, real_input, output_tokens)
+        self.core.complete(request, self.now, real_input, output_tokens)
+        assert request.state is State.COMPLETED
+        return request
 
     def check_fair_sharing(self) -> None:
         for band in self.core.bands():
@@ -309,17 +329,9 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
         self.placer.blocked ^= {fairness_id}
 
     @precondition(lambda self: self.core.in_flight)
-    @rule(
-        data=st.data(),
-        real_input=st.one_of(st.none(), st.integers(0, 100)),
-        output_tokens=st.integers(0, 60),
-    )
+    @rule(**COMPLETION)
     def complete(self, data, real_input, output_tokens):
-        running = [r for r in self.records if r.state is State.DISPATCHED]
-        request = data.draw(st.sampled_from(running))
-        self.count_completion(request, real_input, output_tokens)
-        self.core.complete(request, self.now, real_input, output_tokens)
-        assert request.state is State.COMPLETED
+        request = self.complete_one(data, list(self.records), real_input, output_tokens)
         assert self.core.complete(request, self.now, real_input, output_tokens) == []
 
     @rule(request=consumes(requests))
@@ -502,17 +514,9 @@ class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
             self.check_fair_sharing()
 
     @precondition(lambda self: self.core.in_flight)
-    @rule(
-        data=st.data(),
-        real_input=st.one_of(st.none(), st.integers(0, 100)),
-        output_tokens=st.integers(0, 60),
-    )
+    @rule(**COMPLETION)
     def complete(self, data, real_input, output_tokens):
-        running = [r for r in self.all if r.state is State.DISPATCHED]
-        request = data.draw(st.sampled_from(running))
-        self.count_completion(request, real_input, output_tokens)
-        self.core.complete(request, self.now, real_input, output_tokens)
-        assert request.state is State.COMPLETED
+        self.complete_one(data, self.all, real_input, output_tokens)
 
     @precondition(lambda self: self.core.queued_requests)
     @rule(data=st.data())
