@@ -71,6 +71,9 @@ TTFT_TARGET = (0.85, 1.18)
 COMPLETED_TARGET = (0.95, 1.05)
 STARVED_LATE_MS = 20.0
 """A load generator this late at p99 was short of CPU: the run is not a measurement."""
+FEW_COMPLETED = 30
+"""A tier that completes fewer requests live has a p90 of two or three of
+them: its TTFT ratios are one history's luck, and a warning says so."""
 LIVE_SERVER_REJECTED = "http-429"
 
 
@@ -256,6 +259,12 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
     ]
     sim_wall = time.perf_counter() - started
     objectives = compare(scenario, live, sims, single)
+    warnings.extend(
+        f"{name}: {o['live']['completed']:.0f} completed live, too few for its TTFT "
+        "quantiles to say much"
+        for name, o in objectives.items()
+        if o["live"]["completed"] < FEW_COMPLETED
+    )
     return {
         "objectives": objectives,
         "met": met(objectives),
