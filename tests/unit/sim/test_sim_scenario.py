@@ -33,7 +33,7 @@ SCENARIOS = [
         "precise-chat-restarts",
         "precise-mispredict",
     )
-]
+] + sorted((ROOT / "bench" / "scenarios").glob("*.yaml"))
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)
 name: overload-three-tiers
 seed: 7
