@@ -106,9 +106,12 @@ async def running_envoy(
     epp_port: int,
     template: Path = DEFAULT_TEMPLATE,
     ready_timeout: float = 30.0,
+    concurrency: int = 1,
     **values: object,
 ) -> AsyncIterator[RunningEnvoy]:
-    """Envoy with `template` pointing at an ext_proc server on loopback `epp_port`."""
+    """Envoy with `template` pointing at an ext_proc server on loopback
+    `epp_port`, with `concurrency` worker threads (each opens its own
+    connection to the EPP)."""
     if not template.exists():
         raise PartFailed("envoy", f"config template {template} not found")
     binary = envoy_binary()
@@ -133,7 +136,7 @@ async def running_envoy(
         os.fspath(workdir / "admin-address"),
         "--disable-hot-restart",
         "--concurrency",
-        "1",
+        str(concurrency),
         "--log-level",
         "warning",
         "--log-path",

@@ -71,6 +71,16 @@ class Admission(Protocol):
     def prefill_done(self, request: FlowRequest) -> None: ...
 
 
+class AdmissionDenied(Exception):
+    """Raised by an `Admission.wait` whose admitters refused the request
+    where they run (the core owner, under `epp serve --workers`): the call
+    answers it as a local `screen` denial."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 Screen = Callable[[FlowRequest], str | None]
 """Why a complete request is refused before flow control (None: it goes on):
 the configured admitters."""
@@ -263,6 +273,8 @@ class ExtProcCall:
             outcome = await self._service.admission.wait(request)
         except asyncio.CancelledError:
             raise
+        except AdmissionDenied as denial:
+            follow_up = self._machine.denied(denial.reason)
         except Exception:
             log.exception("admission failed for request %s", request.request_id)
             follow_up = self._machine.admission_failed()

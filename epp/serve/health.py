@@ -19,6 +19,8 @@ ext_proc port is at its connection cap; the ext_proc port answers them too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
@@ -54,6 +56,8 @@ class Health:
         self._leader_gated = leader_gated
         self._leading = not leader_gated
         self._watches: dict[str, set[HealthWatch]] = {}
+        self.on_change: list[Callable[[str, int], None]] = []
+        """Told of every status change (service, status): the protocol workers mirror them."""
 
     async def start(self) -> None:
         self._set(LIVENESS, SERVING)
@@ -96,10 +100,16 @@ class Health:
         for service in READY_SERVICES:
             self._set(service, NOT_SERVING)
 
+    def mirror(self, service: str, status: int) -> None:
+        """Take a status the core owner's `Health` changed (a protocol worker's)."""
+        self._set(service, status)
+
     def _set(self, service: str, status: int) -> None:
         if self.statuses.get(service) == status:
             return
         self.statuses[service] = status
+        for listener in self.on_change:
+            listener(service, status)
         for watch in list(self._watches.get(service, ())):
             watch.tell(status)
 

@@ -39,6 +39,9 @@ from epp.serve.flags import (
 )
 from epp.transport.limits import TransportLimits
 
+MAX_WORKERS = 64
+"""The most protocol worker processes `--workers` starts."""
+
 POOL_GROUP = "inference.networking.k8s.io"
 DEFAULT_NAMESPACE = "default"
 TLS_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
@@ -458,6 +461,17 @@ class ServeOptions:
     max_body_bytes: int = option(
         16 * 1024 * 1024, Flag(_O, "Larger request bodies get 413.", Kind.SIZE)
     )
+    workers: int = option(
+        0,
+        Flag(
+            _O,
+            "Protocol worker processes: this process keeps the decisions (flow control, "
+            "scheduling, watches, metrics) and hands each ext_proc connection to one of N "
+            "workers (TLS, HTTP/2, ext_proc, parsing); see docs/operations/workers.md. "
+            "0: one process does everything.",
+            Kind.INT,
+        ),
+    )
     seed: int | None = option(
         None, Flag(_O, "Seed of the scheduler's random choices; default: a random one.", Kind.INT)
     )
@@ -562,6 +576,8 @@ class ServeOptions:
                     f"--logger-levels {item!r}: write NAME=LEVEL with LEVEL one of "
                     + ", ".join(LOGGER_LEVELS)
                 )
+        if not 0 <= self.workers <= MAX_WORKERS:
+            found.append(f"--workers {self.workers}: use 0 to {MAX_WORKERS}")
         if self.enable_cert_reload and self.cert_path is None:
             found.append("--enable-cert-reload needs --cert-path")
         return found

@@ -79,6 +79,7 @@ from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
 from epp.scheduling.saturation import pool_saturation
 from epp.scheduling.sessions import bindings_of
@@ -104,7 +105,9 @@ from epp.serve.metrics import (
     serve_metrics,
 )
 from epp.serve.options import ServeOptions
-from epp.transport import HEALTH_LIMITS, GrpcServer
+from epp.serve.owner import Owner
+from epp.serve.worker import WorkerSpec
+from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
 
 if TYPE_CHECKING:
     from epp.k8s.cluster import ClusterMode
@@ -146,6 +149,18 @@ def at_end_of_turn(callback: Callable[..., None]) -> Callable[..., None]:
         asyncio.get_running_loop().call_soon(callback, *args)
 
     return deferred
+
+
+def decided_then(
+    decided: Callable[[FlowRequest], None], then: Callable[[FlowRequest, float], None]
+) -> Callable[[FlowRequest, float], None]:
+    """An `on_outcome` telling a worker its request's decision, then `then`."""
+
+    def on_outcome(request: FlowRequest, now: float) -> None:
+        decided(request)
+        then(request, now)
+
+    return on_outcome
 
 
 class EppServer:
@@ -207,9 +222,20 @@ class EppServer:
         self.metrics.watch_sessions(lambda: bindings_of(self.core.scheduler.plugins))
         self.metrics.watch_scheduling(self.config.scheduling.handler)
         self.core.watch_flows(self.metrics.on_flows_collected)
+        on_outcome = at_end_of_turn(self.metrics.on_outcome)
+        self.owner: Owner | None = None
+        if options.workers:
+            owner = self.owner = Owner(
+                options.workers,
+                self._worker_spec,
+                self.priority_of,
+                self.metrics.on_stream_event,
+                self.metrics.on_response_processed,
+            )
+            on_outcome = decided_then(owner.decided, on_outcome)
         self.admission = AdmissionController(
             self.core,
-            on_outcome=at_end_of_turn(self.metrics.on_outcome),
+            on_outcome=on_outcome,
             on_complete=self.metrics.on_complete,
             on_queued=self.metrics.on_queued,
             on_cycle=self.metrics.on_dispatch_cycle,
@@ -217,6 +243,13 @@ class EppServer:
         )
         self.core.on_evict = lambda request: self.service.evict(request)
         self.store.on_membership_change(self.admission.poke)
+        if self.owner is not None:
+            owner = self.owner
+            owner.admission = self.admission
+            self.core.on_evict = owner.evict
+            self.health.on_change.append(owner.publish_health)
+            self.store.on_membership_change(lambda: owner.publish_endpoints(self._addresses()))
+            self.metrics.watch_workers(owner.counts)
         self.settings = StreamSettings(
             max_body_bytes=options.max_body_bytes,
             honour_subset=not options.disable_endpoint_subset_filter,
@@ -234,6 +267,26 @@ class EppServer:
             listener=self.metrics.on_stream_event,
             screen=self.admission.screen,
             on_response_processed=self.metrics.on_response_processed,
+        )
+
+    def _addresses(self) -> list[str]:
+        return [endpoint.address for endpoint in self.store.snapshot().endpoints]
+
+    def _worker_spec(self, index: int, control_fd: int, handoff_fd: int) -> WorkerSpec:
+        return WorkerSpec(
+            index,
+            control_fd,
+            handoff_fd,
+            self.options,
+            self.config.parsers,
+            self._ext_proc_limits(),
+            self._rng.randrange(1 << 63),
+        )
+
+    def _ext_proc_limits(self) -> TransportLimits:
+        return self.options.transport_limits().sized_for(
+            queued_requests=_queue_capacity(self.config.flow_control),
+            reply_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
         )
 
     def _stage_saturation(self) -> dict[str, float]:
@@ -588,23 +641,25 @@ class EppServer:
     async def _start_servers(self) -> None:
         options = self.options
         address = options.bind_address
-        self._ext_proc_server = GrpcServer(
-            {PROCESS_METHOD: self.service.open, **self.health.routes()},
-            limits=options.transport_limits().sized_for(
-                queued_requests=_queue_capacity(self.config.flow_control),
-                reply_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
-            ),
+        servers: dict[str, GrpcServer] = {}
+        if self.owner is not None:
+            self.owner.publish_endpoints(self._addresses())
+            self.ports["grpc"] = await self.owner.start(address, options.grpc_port)
+        else:
+            self._ext_proc_server = servers["grpc"] = GrpcServer(
+                {PROCESS_METHOD: self.service.open, **self.health.routes()},
+                limits=self._ext_proc_limits(),
+            )
+            self.ports["grpc"] = await self._ext_proc_server.start(
+                address, options.grpc_port, self._ssl_context
+            )
+        self._health_server = servers["grpc_health"] = GrpcServer(
+            self.health.routes(), limits=HEALTH_LIMITS
         )
-        self.ports["grpc"] = await self._ext_proc_server.start(
-            address, options.grpc_port, self._ssl_context
-        )
-        self._health_server = GrpcServer(self.health.routes(), limits=HEALTH_LIMITS)
         self.ports["grpc_health"] = await self._health_server.start(
             address, options.grpc_health_port
         )
-        self.metrics.watch_transport(
-            {"grpc": self._ext_proc_server, "grpc_health": self._health_server}
-        )
+        self.metrics.watch_transport(servers)
 
         runner, self.ports["metrics"] = await serve_metrics(
             self.metrics, address, options.metrics_port, self._metrics_authorizer()
@@ -672,6 +727,8 @@ class EppServer:
         log.info("drain window over: %d requests still in flight", self.admission.in_flight)
         if self._ext_proc_server is not None:
             await self._ext_proc_server.stop(FINAL_FLUSH_S)
+        if self.owner is not None:
+            await self.owner.stop()
         if self._health_server is not None:
             await self._health_server.stop(None)
         if self._ready_task is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from collections import Counter
@@ -51,8 +52,23 @@ class GrpcServer:
             ssl=ssl_context,
             ssl_handshake_timeout=self.limits.handshake_timeout if ssl_context else None,
         )
-        self._timers = asyncio.create_task(self._run_timers(), name="grpc connection timers")
+        self._start_timers()
         return self._server.sockets[0].getsockname()[1]
+
+    async def adopt(self, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Serve a connection accepted elsewhere (a protocol worker is handed
+        the connections its core owner accepts), under the same limits."""
+        self._start_timers()
+        await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: GrpcConnection(self),
+            sock,
+            ssl=ssl_context,
+            ssl_handshake_timeout=self.limits.handshake_timeout if ssl_context else None,
+        )
+
+    def _start_timers(self) -> None:
+        if self._timers is None:
+            self._timers = asyncio.create_task(self._run_timers(), name="grpc connection timers")
 
     async def _run_timers(self) -> None:
         limits = self.limits

@@ -552,6 +552,24 @@ CATALOGUE: tuple[Spec, ...] = (
         ("reason",),
     ),
     Spec(
+        "epp_worker_requests_total",
+        C,
+        "Requests that reached the core through each protocol worker (--workers).",
+        ("worker",),
+    ),
+    Spec(
+        "epp_worker_connections_total",
+        C,
+        "ext_proc connections handed to each protocol worker (--workers).",
+        ("worker",),
+    ),
+    Spec(
+        "epp_worker_restarts_total",
+        C,
+        "Times each protocol worker was started again after it died (--workers).",
+        ("worker",),
+    ),
+    Spec(
         "epp_session_bindings",
         G,
         "Sessions bound to an endpoint, per session-affinity plugin (session_id).",

@@ -292,3 +292,19 @@ class TokenProducerCollector(Collector):
         yield from scraped(P + "token_producer_fallbacks_total", [
             ((reason,), stats.fallbacks[reason]) for reason in FALLBACK_REASONS
         ])  # fmt: skip
+
+
+WorkerCounts = Callable[[], Iterator[tuple[str, int, int, int]]]
+"""(worker, requests, connections, restarts) of each protocol worker."""
+
+
+class WorkersCollector(Collector):
+    def __init__(self, counts: WorkerCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = list(self._counts())
+        for column, name in enumerate(("requests", "connections", "restarts"), start=1):
+            yield from scraped(f"epp_worker_{name}_total", [
+                ((row[0],), row[column]) for row in counts
+            ])  # fmt: skip

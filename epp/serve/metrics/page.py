@@ -25,6 +25,8 @@ from epp.serve.metrics.collectors import (
     StageView,
     TokenProducerCollector,
     TransportCollector,
+    WorkerCounts,
+    WorkersCollector,
 )
 from epp.serve.metrics.recorder import RequestMetrics
 
@@ -70,6 +72,10 @@ class EppMetrics(RequestMetrics):
     def watch_transport(self, servers: Mapping[str, GrpcServer]) -> None:
         """Report each gRPC port's open connections and limit trips at scrape time."""
         self.registry.register(TransportCollector(servers))
+
+    def watch_workers(self, counts: WorkerCounts) -> None:
+        """Report each protocol worker's requests, connections and restarts at scrape time."""
+        self.registry.register(WorkersCollector(counts))
 
     def watch_sessions(self, stores: Callable[[], Mapping[str, SessionBindings]]) -> None:
         """Report the session bindings per plugin, and how many its limit

@@ -71,6 +71,7 @@ def fed_metrics() -> EppMetrics:
     events.replays["complete"] += 1
     metrics.watch_kv_cache(lambda: KVBlockIndex(size=10), events)
     metrics.watch_token_producer(TokenizerStats())
+    metrics.watch_workers(lambda: iter([("0", 3, 1, 0)]))
     return metrics
 
 

@@ -1,0 +1,337 @@
+"""The core owner of `epp serve --workers N`: the one process that decides,
+with N protocol workers (`epp.serve.worker`) doing the ext_proc work. See
+docs/operations/workers.md.
+
+    Envoy --TCP--> owner's ext_proc port --accept, hand the socket over
+                   (SCM_RIGHTS, round robin)--> worker i: TLS, HTTP/2, ext_proc,
+                                                parsing
+    worker i <--frames (epp.serve.wire)--> Owner --> AdmissionController --> Core
+
+`Owner` calls the `AdmissionController` exactly as the in-process
+`ExtProcService` does, one message at a time, in the order the worker sent
+them: an arrival is screened by the admitters, then offered; a completion,
+first token, end of prefill or cancel is the same call. Decisions go back
+through the controller's `on_outcome`, so a request decided at once and one
+dispatched later from its queue take the same path. Each request is known
+by (worker, rid) until the worker's last message about it.
+
+A worker that dies (its link closes) has each of its requests withdrawn:
+a queued one leaves its queue, a dispatched one completes, so its credits
+return once; the worker is started again after `RESTART_DELAY_S`.
+Connections go round robin to the live workers; with none, a connection
+is closed at once (Envoy retries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import socket
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from epp.extproc.events import Rejected, Release
+from epp.flowcontrol.request import FlowRequest, State
+from epp.serve import wire
+from epp.serve.admission import AdmissionController
+from epp.serve.worker import WorkerSpec
+
+log = logging.getLogger("epp.serve.owner")
+
+RESTART_DELAY_S = 0.5
+"""How long after a worker's death it is started again."""
+STOP_WAIT_S = 10.0
+"""How long a stopping worker gets to exit before it is killed."""
+LISTEN_BACKLOG = 1024
+
+
+@dataclass(slots=True, eq=False)
+class WorkerSlot:
+    """One worker: its process, its link and the requests it holds here."""
+
+    index: int
+    link: wire.Link | None = None
+    handoff: socket.socket | None = None
+    process: asyncio.subprocess.Process | None = None
+    requests: dict[int, FlowRequest] = field(default_factory=dict)
+    arrivals: int = 0
+    """Requests that arrived through this worker (all its processes)."""
+    connections: int = 0
+    """Connections handed to this worker (all its processes)."""
+    restarts: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.link is not None and not self.link.closed
+
+
+class Owner:
+    """See the module docstring. `spec(index, control_fd, handoff_fd)` is
+    the `WorkerSpec` of a worker about to start."""
+
+    def __init__(
+        self,
+        workers: int,
+        spec: Callable[[int, int, int], WorkerSpec],
+        priority_of: Callable[[Mapping[str, str]], int],
+        on_stream_event: Callable[[Rejected | Release], None] | None = None,
+        on_response_processed: Callable[[float], None] | None = None,
+    ) -> None:
+        self.admission: AdmissionController | None = None
+        self.slots = [WorkerSlot(index) for index in range(workers)]
+        self._spec = spec
+        self._priority_of = priority_of
+        self._on_stream_event = on_stream_event
+        self._on_response_processed = on_response_processed
+        self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
+        self._health: dict[str, int] = {}
+        self._endpoints: list[str] = []
+        self._listener: socket.socket | None = None
+        self._next = 0
+        self._stopping = False
+        self._watches: set[asyncio.Task[None]] = set()
+
+    def counts(self) -> Iterator[tuple[str, int, int, int]]:
+        """(worker, requests, connections, restarts) of each worker, for the metrics."""
+        for slot in self.slots:
+            yield str(slot.index), slot.arrivals, slot.connections, slot.restarts
+
+    # -- the core's side ---------------------------------------------------------------
+
+    def decided(self, request: FlowRequest) -> None:
+        """`on_outcome`: tell the request's worker what the core decided."""
+        origin = self._origin.get(request)
+        if origin is not None:
+            slot, rid = origin
+            if slot.link is not None:
+                slot.link.send([wire.DECISION, rid, *wire.decision_fields(request)])
+
+    def evict(self, request: FlowRequest) -> None:
+        """`Core.on_evict`: the worker ends the stream and then completes it."""
+        origin = self._origin.get(request)
+        if origin is not None and origin[0].link is not None:
+            origin[0].link.send([wire.EVICT, origin[1]])
+
+    def publish_health(self, service: str, status: int) -> None:
+        self._health[service] = status
+        for slot in self.slots:
+            if slot.link is not None:
+                slot.link.send([wire.READY, service, status])
+
+    def publish_endpoints(self, addresses: list[str]) -> None:
+        self._endpoints = addresses
+        for slot in self.slots:
+            if slot.link is not None:
+                slot.link.send([wire.ENDPOINTS, addresses])
+
+    # -- a worker's messages ----------------------------------------------------------
+
+    def on_messages(self, slot: WorkerSlot, messages: list[wire.Message]) -> None:
+        admission = self.admission
+        assert admission is not None
+        requests = slot.requests
+        for message in messages:
+            kind = message[0]
+            if kind == wire.ARRIVE:
+                self._arrive(slot, message[1], message[2:])
+                continue
+            if kind == wire.PROCESSED:
+                if self._on_response_processed is not None:
+                    self._on_response_processed(message[1])
+                continue
+            rid = message[1]
+            if kind == wire.REJECTED:
+                request = requests.get(rid) if rid is not None else None
+                if self._on_stream_event is not None:
+                    self._on_stream_event(Rejected(message[2], message[3], request))
+                if request is not None and request.state is not State.DISPATCHED:
+                    self._forget(slot, rid)
+                continue
+            request = requests.get(rid)
+            if request is None:
+                continue
+            if kind == wire.COMPLETE:
+                self._forget(slot, rid)
+                input_tokens, output_tokens, itl, size, first, streaming, cached, status = message[
+                    2:
+                ]
+                admission.complete(request, input_tokens, output_tokens, itl)
+                if size is not None and self._on_stream_event is not None:
+                    self._on_stream_event(
+                        Release(
+                            request, input_tokens, output_tokens, size, first, streaming, cached,
+                            status,
+                        )
+                    )  # fmt: skip
+            elif kind == wire.FIRST_TOKEN:
+                admission.first_token(request)
+            elif kind == wire.PREFILL_DONE:
+                admission.prefill_done(request)
+            elif kind == wire.CANCEL:
+                self._forget(slot, rid)
+                admission.withdraw(request)
+
+    def _arrive(self, slot: WorkerSlot, rid: int, fields: wire.Message) -> None:
+        admission = self.admission
+        assert admission is not None and slot.link is not None
+        request = wire.request_from_fields(fields, self._priority_of)
+        slot.arrivals += 1
+        slot.requests[rid] = request
+        self._origin[request] = (slot, rid)
+        try:
+            denial = admission.screen(request)
+            if denial is not None:
+                slot.link.send([wire.DENIED, rid, denial])
+                return
+            admission.offer(request)  # the decision goes out through `decided`
+        except Exception:
+            log.exception("admission failed for request %s", request.request_id)
+            slot.link.send([wire.DECISION, rid, None, None, None, None, None, None])
+
+    def _forget(self, slot: WorkerSlot, rid: int) -> None:
+        request = slot.requests.pop(rid, None)
+        if request is not None:
+            self._origin.pop(request, None)
+
+    def _lost(self, slot: WorkerSlot) -> None:
+        """The worker's link closed: what it held ends here, credits returned once."""
+        admission = self.admission
+        held = list(slot.requests.items())
+        for rid, _request in held:
+            self._forget(slot, rid)
+        if admission is not None:
+            for _, request in held:
+                admission.withdraw(request)
+        if held:
+            log.warning("epp worker %d gone: %d of its requests withdrawn", slot.index, len(held))
+
+    # -- processes -------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on the ext_proc port, start the workers; the port bound."""
+        listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG, reuse_port=False)
+        listener.setblocking(False)
+        self._listener = listener
+        for slot in self.slots:
+            await self._spawn(slot)
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
+        return listener.getsockname()[1]
+
+    async def _spawn(self, slot: WorkerSlot) -> None:
+        loop = asyncio.get_running_loop()
+        control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        handoff, child_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handoff.setblocking(False)
+        spec = self._spec(slot.index, child_control.fileno(), child_handoff.fileno())
+        slot.requests = {}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "epp.serve.worker",
+            stdin=asyncio.subprocess.PIPE,
+            pass_fds=(child_control.fileno(), child_handoff.fileno()),
+        )
+        child_control.close()
+        child_handoff.close()
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(spec))
+        await process.stdin.drain()
+        process.stdin.close()
+        await self.attach(slot, control, handoff)
+        slot.process = process
+        watch = loop.create_task(self._watch(slot, process), name=f"epp worker {slot.index}")
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
+        log.info("epp worker %d started (pid %d)", slot.index, process.pid)
+
+    async def attach(
+        self, slot: WorkerSlot, control: socket.socket, handoff: socket.socket | None = None
+    ) -> wire.Link:
+        """Serve a worker's link on `control` (and hand it connections on
+        `handoff`); it first gets the health statuses and the endpoints."""
+        link = wire.Link(
+            lambda messages: self.on_messages(slot, messages), lambda: self._lost(slot)
+        )
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: link, control)
+        slot.link, slot.handoff = link, handoff
+        for service, status in self._health.items():
+            link.send([wire.READY, service, status])
+        if self._endpoints:
+            link.send([wire.ENDPOINTS, self._endpoints])
+        return link
+
+    async def _watch(self, slot: WorkerSlot, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if slot.link is not None:
+            slot.link.close()
+        if slot.handoff is not None:
+            slot.handoff.close()
+            slot.handoff = None
+        if self._stopping:
+            return
+        slot.restarts += 1
+        log.error(
+            "epp worker %d (pid %d) exited with %s; starting it again",
+            slot.index,
+            process.pid,
+            code,
+        )
+        await asyncio.sleep(RESTART_DELAY_S)
+        if not self._stopping:
+            await self._spawn(slot)
+
+    def _accept(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                log.warning("ext_proc accept failed: %s", error)
+                return
+            with connection:
+                self._hand_over(connection)
+
+    def _hand_over(self, connection: socket.socket) -> None:
+        slots = self.slots
+        for _ in range(len(slots)):
+            slot = slots[self._next % len(slots)]
+            self._next += 1
+            if not slot.live or slot.handoff is None:
+                continue
+            try:
+                socket.send_fds(slot.handoff, [b"c"], [connection.fileno()])
+            except OSError:
+                continue
+            slot.connections += 1
+            return
+
+    async def stop(self) -> None:
+        """Stop accepting, end the links (the workers then close their
+        connections and exit) and wait for the processes."""
+        self._stopping = True
+        listener = self._listener
+        if listener is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(listener.fileno())
+            listener.close()
+        for slot in self.slots:
+            if slot.link is not None:
+                slot.link.close()
+        for slot in self.slots:
+            process = slot.process
+            if process is None or process.returncode is not None:
+                continue
+            try:
+                await asyncio.wait_for(process.wait(), STOP_WAIT_S)
+            except TimeoutError:
+                log.error("epp worker %d did not stop; killing it", slot.index)
+                process.kill()
+                await process.wait()
+        for watch in list(self._watches):
+            watch.cancel()

@@ -1,0 +1,236 @@
+"""The framed protocol between the core owner and its protocol workers
+(`epp serve --workers N`; docs/operations/workers.md).
+
+A frame is a 4-byte big-endian length, then an orjson array of messages:
+everything one side has to say in one turn of its event loop goes out as
+one frame. Each message is an array whose first item is its kind.
+
+Worker -> owner (`rid` numbers a request on its worker's link):
+
+    ARRIVE       rid + the request's scheduling inputs (`arrival_fields`)
+    COMPLETE     rid, input tokens, output tokens, itl; then for metrics
+                 response bytes, first byte time, streaming, cached tokens,
+                 upstream status (all null when the stream ended without a
+                 response: a withdraw)
+    FIRST_TOKEN  rid
+    PREFILL_DONE rid
+    CANCEL       rid (the stream went away before a decision came)
+    REJECTED     rid or null, HTTP status, reason (a local error reply)
+    PROCESSED    seconds spent on one call's response (a metric)
+
+Owner -> worker:
+
+    DECISION     rid, outcome value (null: admission failed), endpoint,
+                 destination, fallbacks, routing, response headers
+    DENIED       rid, the admitter's reason
+    EVICT        rid
+    ENDPOINTS    the pool's addresses (requests without a body go to one)
+    READY        whether readiness is SERVING
+
+Times are `time.monotonic()` seconds, one clock for every process of a host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.request import InferenceRequest
+
+# worker -> owner
+ARRIVE = 1
+COMPLETE = 2
+FIRST_TOKEN = 3
+PREFILL_DONE = 4
+CANCEL = 5
+REJECTED = 6
+PROCESSED = 7
+# owner -> worker
+DECISION = 11
+DENIED = 12
+EVICT = 13
+ENDPOINTS = 14
+READY = 15
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""A frame larger than this ends the link: a request's fields are bounded by
+the body limit (16 MiB by default), and a frame holds one turn's messages."""
+
+Message = list[Any]
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def arrival_fields(request: FlowRequest) -> Message:
+    """The scheduling inputs of a request the stream machine built, as the
+    owner rebuilds it (`request_from_fields`). The priority is not among
+    them: the owner holds the objectives and resolves it from the headers."""
+    payload: InferenceRequest = request.payload
+    return [
+        request.request_id,
+        request.fairness_id,
+        request.arrival,
+        request.byte_size,
+        request.input_tokens,
+        request.ttl,
+        request.ttft_slo,
+        payload.model,
+        payload.target_model,
+        payload.prompt,
+        payload.stream,
+        payload.max_tokens,
+        sorted(payload.subset) if payload.subset is not None else None,
+        payload.multimodal,
+        payload.headers,
+    ]
+
+
+def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], int]) -> FlowRequest:
+    """The request `arrival_fields` describes, its priority from `priority`."""
+    (
+        request_id,
+        fairness_id,
+        arrival,
+        byte_size,
+        input_tokens,
+        ttl,
+        ttft_slo,
+        model,
+        target_model,
+        prompt,
+        stream,
+        max_tokens,
+        subset,
+        multimodal,
+        headers,
+    ) = fields
+    return FlowRequest(
+        request_id=request_id,
+        fairness_id=fairness_id,
+        priority=priority(headers),
+        arrival=arrival,
+        byte_size=byte_size,
+        input_tokens=input_tokens,
+        ttl=ttl,
+        ttft_slo=ttft_slo,
+        payload=InferenceRequest(
+            model=model,
+            target_model=target_model,
+            prompt=prompt,
+            stream=stream,
+            max_tokens=max_tokens,
+            subset=frozenset(subset) if subset is not None else None,
+            input_tokens=input_tokens,
+            multimodal=multimodal,
+            headers=headers,
+        ),
+    )
+
+
+def decision_fields(request: FlowRequest) -> Message:
+    """What the scheduler wrote on a decided request that its reply needs."""
+    outcome = request.outcome
+    payload: InferenceRequest | None = request.payload
+    if payload is None or outcome is None or not outcome.is_dispatched:
+        return [outcome.value if outcome is not None else None, None, None, None, None, None]
+    return [
+        outcome.value,
+        request.endpoint,
+        payload.destination,
+        payload.fallbacks,
+        payload.routing,
+        payload.response_headers,
+    ]
+
+
+class Link(asyncio.Protocol):
+    """One end of a local socket carrying frames. `send` queues a message;
+    the queue goes out as one frame at the end of the loop's turn.
+    `on_messages` gets each received frame's messages; `on_lost` is called
+    once when the peer is gone (or sent a bad frame)."""
+
+    def __init__(
+        self,
+        on_messages: Callable[[list[Message]], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._on_messages = on_messages
+        self._on_lost = on_lost
+        self._transport: asyncio.Transport | None = None
+        self._inbox = bytearray()
+        self._outbox: list[Message] = []
+        self._flush_armed = False
+        self.closed = False
+        self.frames_in = 0
+        self.frames_out = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def send(self, message: Message) -> None:
+        if self.closed:
+            return
+        self._outbox.append(message)
+        if not self._flush_armed:
+            self._flush_armed = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_armed = False
+        outbox, self._outbox = self._outbox, []
+        if not outbox or self.closed or self._transport is None:
+            return
+        body = orjson.dumps(outbox)
+        self._transport.write(HEADER.pack(len(body)) + body)
+        self.frames_out += 1
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self._inbox
+        inbox += data
+        start = 0
+        size = len(inbox)
+        while size - start >= 4:
+            (length,) = HEADER.unpack_from(inbox, start)
+            if length > MAX_FRAME_BYTES:
+                self._fail()
+                return
+            end = start + 4 + length
+            if end > size:
+                break
+            try:
+                messages = orjson.loads(memoryview(inbox)[start + 4 : end])
+            except orjson.JSONDecodeError:
+                self._fail()
+                return
+            start = end
+            self.frames_in += 1
+            self._on_messages(messages)
+            if self.closed:
+                return
+        if start:
+            del inbox[:start]
+
+    def _fail(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self.connection_lost(FrameError("bad frame"))
+
+    def close(self) -> None:
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._inbox.clear()
+        self._on_lost()

@@ -1,0 +1,377 @@
+"""A protocol worker of `epp serve --workers N`: the transport, the ext_proc
+stream machines and the parsing, in a process of its own, with the
+decisions made by the core owner (`epp.serve.owner`) over a local socket
+(`epp.serve.wire`). See docs/operations/workers.md.
+
+`RemoteAdmission` is the worker's `Admission` (what `ExtProcService`
+needs from flow control): it mirrors the in-process `AdmissionController`
+call for call, as messages. Every request offered waits for the owner's
+decision; the decision's fields (endpoint, destination, fallbacks,
+routing, response headers) are written on the worker's copy of the
+request, which the stream machine then reads as it would in one process.
+
+The worker runs `python -m epp.serve.worker`, reads its `WorkerSpec`
+(pickled) from stdin, and is handed its connections by the owner, which
+accepts them on the ext_proc port. It ignores SIGINT and SIGTERM: the owner
+drains and stops it. When the owner is gone, requests waiting for a
+decision get 503 rejected-shutting-down, new ones too, and after
+`FINAL_FLUSH_S` the connections close and the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+from random import Random
+
+from epp.extproc.events import FirstToken, PrefillDone, Rejected, Release
+from epp.extproc.parsers import Parser, parser_set
+from epp.extproc.server import PROCESS_METHOD, AdmissionDenied, ExtProcService
+from epp.extproc.stream import StreamSettings
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+from epp.serve import wire
+from epp.serve.health import Health
+from epp.serve.options import ServeOptions
+from epp.transport import GrpcServer, TransportLimits
+
+log = logging.getLogger("epp.serve.worker")
+
+FINAL_FLUSH_S = 1.0
+"""Once the owner is gone: how long open calls get before the connections close."""
+
+OUTCOMES = {outcome.value: outcome for outcome in Outcome}
+
+
+class AdmissionFailed(Exception):
+    """The owner's core raised on this request (the call answers 500)."""
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerSpec:
+    """What a worker process is told at start (pickled on its stdin)."""
+
+    index: int
+    control_fd: int
+    """The worker's end of its framed link to the owner."""
+    handoff_fd: int
+    """The worker's end of the socket its connections arrive on (SCM_RIGHTS)."""
+    options: ServeOptions
+    parsers: tuple[Parser, ...]
+    limits: TransportLimits
+    seed: int
+
+
+class RemoteAdmission:
+    """`Admission` over the link to the owner (see the module docstring).
+    A request is known by its `rid` from `offer` until its last message
+    (COMPLETE, CANCEL, or REJECTED of an undispatched request)."""
+
+    def __init__(self, link: wire.Link | None = None, seed: int = 0) -> None:
+        self.link = link
+        self.on_evict: Callable[[FlowRequest], None] | None = None
+        self.health: Health | None = None
+        self.owner_gone = asyncio.Event()
+        self._rids = count()
+        self._requests: dict[int, FlowRequest] = {}
+        self._rid_of: dict[FlowRequest, int] = {}
+        self._waiters: dict[FlowRequest, asyncio.Future[Outcome | Exception]] = {}
+        self._early: dict[FlowRequest, Exception] = {}
+        """A failure or denial that came before `wait` was called."""
+        self._endpoints: list[str] = []
+        self._rng = Random(seed)
+        self._gone = False
+
+    @property
+    def pending(self) -> int:
+        """Requests the owner knows of through this worker."""
+        return len(self._requests)
+
+    # -- Admission ---------------------------------------------------------------
+
+    def offer(self, request: FlowRequest) -> Outcome | None:
+        if self._gone or self.link is None:
+            request.state = State.DROPPED
+            request.outcome = Outcome.REJECTED_SHUTTING_DOWN
+            return request.outcome
+        rid = next(self._rids)
+        self._requests[rid] = request
+        self._rid_of[request] = rid
+        self.link.send([wire.ARRIVE, rid, *wire.arrival_fields(request)])
+        return None
+
+    async def wait(self, request: FlowRequest) -> Outcome:
+        error = self._early.pop(request, None)
+        if error is not None:
+            raise error
+        if request.outcome is not None:
+            return request.outcome
+        future: asyncio.Future[Outcome | Exception] = asyncio.get_running_loop().create_future()
+        self._waiters[request] = future
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            self.withdraw(request)
+            raise
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def withdraw(self, request: FlowRequest) -> None:
+        self._waiters.pop(request, None)
+        if request.state is State.DISPATCHED:
+            self.complete(request)
+            return
+        rid = self._forget(request)
+        if rid is not None:
+            self._send([wire.CANCEL, rid])
+
+    def complete(
+        self,
+        request: FlowRequest,
+        input_tokens: int | None = None,
+        output_tokens: int = 0,
+        itl: float | None = None,
+    ) -> None:
+        self._complete(request, [input_tokens, output_tokens, itl, None, None, None, None, None])
+
+    def first_token(self, request: FlowRequest) -> None:
+        rid = self._rid_of.get(request)
+        if rid is not None:
+            self._send([wire.FIRST_TOKEN, rid])
+
+    def prefill_done(self, request: FlowRequest) -> None:
+        rid = self._rid_of.get(request)
+        if rid is not None:
+            self._send([wire.PREFILL_DONE, rid])
+
+    # -- what the worker's service reports ------------------------------------------
+
+    def released(self, event: Release, itl: float | None) -> None:
+        """A dispatched request is over, with what its response showed."""
+        self._complete(
+            event.request,
+            [
+                event.input_tokens,
+                event.output_tokens,
+                itl,
+                event.response_bytes,
+                event.first_byte_at,
+                event.streaming,
+                event.cached_tokens,
+                event.upstream_status,
+            ],
+        )
+
+    def rejected(self, event: Rejected) -> None:
+        """A local error reply (for the owner's metrics)."""
+        request = event.request
+        rid = self._rid_of.get(request) if request is not None else None
+        if request is not None and request.state is not State.DISPATCHED:
+            self._forget(request)
+        self._send([wire.REJECTED, rid, event.http_status, event.reason])
+
+    def processed(self, seconds: float) -> None:
+        self._send([wire.PROCESSED, seconds])
+
+    def any_endpoint(self) -> str | None:
+        """A random endpoint of the pool as the owner last told it."""
+        return self._rng.choice(self._endpoints) if self._endpoints else None
+
+    # -- the owner's messages --------------------------------------------------------
+
+    def on_messages(self, messages: list[wire.Message]) -> None:
+        for message in messages:
+            kind = message[0]
+            if kind == wire.DECISION:
+                self._decided(message[1], message[2:])
+            elif kind == wire.DENIED:
+                self._settle(message[1], AdmissionDenied(message[2]))
+            elif kind == wire.EVICT:
+                request = self._requests.get(message[1])
+                if request is not None and self.on_evict is not None:
+                    self.on_evict(request)
+            elif kind == wire.ENDPOINTS:
+                self._endpoints = message[1]
+            elif kind == wire.READY and self.health is not None:
+                self.health.mirror(message[1], message[2])
+
+    def on_lost(self) -> None:
+        """The owner is gone: nothing waits for it any more."""
+        self._gone = True
+        for request, future in list(self._waiters.items()):
+            if request.outcome is None:
+                request.state = State.DROPPED
+                request.outcome = Outcome.REJECTED_SHUTTING_DOWN
+            if not future.done():
+                future.set_result(Outcome.REJECTED_SHUTTING_DOWN)
+        self._waiters.clear()
+        self._requests.clear()
+        self._rid_of.clear()
+        self.owner_gone.set()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _decided(self, rid: int, fields: wire.Message) -> None:
+        request = self._requests.get(rid)
+        if request is None:
+            return  # withdrawn meanwhile: the owner had its CANCEL
+        value, endpoint, destination, fallbacks, routing, response_headers = fields
+        if value is None:
+            self._settle(rid, AdmissionFailed(f"request {request.request_id}"))
+            return
+        outcome = OUTCOMES[value]
+        if outcome.is_dispatched:
+            request.state = State.DISPATCHED
+            request.endpoint = endpoint
+            payload = request.payload
+            payload.destination = destination
+            payload.fallbacks = tuple(fallbacks)
+            payload.routing = routing
+            payload.response_headers = response_headers
+        else:
+            request.state = State.DROPPED
+        request.outcome = outcome
+        future = self._waiters.pop(request, None)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    def _settle(self, rid: int, error: Exception) -> None:
+        request = self._requests.get(rid)
+        if request is None:
+            return
+        request.state = State.DROPPED
+        future = self._waiters.pop(request, None)
+        if future is None:
+            self._early[request] = error
+        elif not future.done():
+            future.set_result(error)
+
+    def _complete(self, request: FlowRequest, fields: list[object]) -> None:
+        if request.state is not State.DISPATCHED:
+            return
+        request.state = State.COMPLETED
+        rid = self._forget(request)
+        if rid is not None:
+            self._send([wire.COMPLETE, rid, *fields])
+
+    def _forget(self, request: FlowRequest) -> int | None:
+        rid = self._rid_of.pop(request, None)
+        if rid is not None:
+            del self._requests[rid]
+        return rid
+
+    def _send(self, message: wire.Message) -> None:
+        if self.link is not None:
+            self.link.send(message)
+
+
+class WorkerService(ExtProcService):
+    """The ext_proc service of a worker: what the in-process service hands
+    the admission controller and the metrics, it hands `RemoteAdmission`."""
+
+    admission: RemoteAdmission
+
+    def settle(self, event: Rejected | Release | PrefillDone | FirstToken) -> None:
+        admission = self.admission
+        if isinstance(event, FirstToken):
+            admission.first_token(event.request)
+        elif isinstance(event, PrefillDone):
+            admission.prefill_done(event.request)
+        elif isinstance(event, Release):
+            admission.released(event, event.time_per_output_token(self.clock()))
+        else:
+            admission.rejected(event)
+
+
+def no_priority(headers: object) -> int:
+    """The worker leaves the priority to the owner, which holds the objectives."""
+    return 0
+
+
+async def run(spec: WorkerSpec) -> int:
+    loop = asyncio.get_running_loop()
+    options = spec.options
+    admission = RemoteAdmission(seed=spec.seed)
+    link = wire.Link(admission.on_messages, admission.on_lost)
+    admission.link = link
+    control = socket.socket(fileno=spec.control_fd)
+    await loop.connect_accepted_socket(lambda: link, control)
+    health = admission.health = Health()
+    await health.start()
+    settings = StreamSettings(
+        max_body_bytes=options.max_body_bytes,
+        honour_subset=not options.disable_endpoint_subset_filter,
+        default_model=options.default_model,
+        parsers=parser_set(spec.parsers),
+        any_endpoint=admission.any_endpoint,
+    )
+    service = WorkerService(
+        admission, no_priority, settings, on_response_processed=admission.processed
+    )
+    admission.on_evict = service.evict
+    server = GrpcServer({PROCESS_METHOD: service.open, **health.routes()}, limits=spec.limits)
+    ssl_context = None
+    if options.secure_serving:
+        from epp.serve.tls import server_ssl_context
+
+        ssl_context = server_ssl_context(
+            options.cert_files, options.tls_min_version, options.tls_cipher_suites
+        )
+    handoff = socket.socket(fileno=spec.handoff_fd)
+    handoff.setblocking(False)
+    adopting: set[asyncio.Task[None]] = set()
+
+    def receive_connections() -> None:
+        try:
+            _, fds, _, _ = socket.recv_fds(handoff, 64, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            fds = []
+        if not fds:
+            loop.remove_reader(handoff.fileno())  # the owner closed it
+            return
+        for fd in fds:
+            task = loop.create_task(server.adopt(socket.socket(fileno=fd), ssl_context))
+            adopting.add(task)
+            task.add_done_callback(adopting.discard)
+
+    loop.add_reader(handoff.fileno(), receive_connections)
+    log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
+    await admission.owner_gone.wait()
+    with contextlib.suppress(ValueError, OSError):
+        loop.remove_reader(handoff.fileno())
+    await server.stop(FINAL_FLUSH_S)
+    handoff.close()
+    log.info("epp worker %d stopped", spec.index)
+    return 0
+
+
+def main() -> int:
+    spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
+    from epp.serve import logs
+    from epp.serve.command import _loop_factory
+
+    logs.configure(spec.options)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    with (
+        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        return runner.run(run(spec))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The core owner and its protocol workers over real local sockets
+(`epp.serve.owner`, `epp.serve.worker`, `epp.serve.wire`), in one event
+loop: the same trace of events through the in-process admission controller
+and through owner plus workers decides the same requests, on the same
+endpoints, in the same order; a worker's death returns its credits once;
+the owner's death ends what waits with a clear outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from dataclasses import dataclass, field
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from epp.config.loader import parse_config
+from epp.datalayer.endpoints import EndpointSpec
+from epp.datalayer.store import EndpointStore
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.core import Core, build_core
+from epp.scheduling.request import InferenceRequest
+from epp.serve import wire
+from epp.serve.admission import AdmissionController
+from epp.serve.owner import Owner, WorkerSlot
+from epp.serve.server import decided_then
+from epp.serve.worker import RemoteAdmission
+
+CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: prefix-cache-scorer
+- type: approx-prefix-cache-producer
+  parameters: {autoTune: false, blockSizeTokens: 2, maxPrefixBlocksToMatch: 16}
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+flowControl:
+  defaultRequestTTL: 0s
+  gate: {kinds: [concurrency], maxPerEndpoint: 2}
+"""
+ENDPOINTS = [EndpointSpec(f"pod-{i}", f"10.0.0.{i}:8000") for i in range(1, 4)]
+PRIORITIES = {"high": 10, "low": -1}
+PROMPTS = ["alpha beta gamma", "alpha beta delta", "zeta eta theta", "iota kappa", ""]
+
+
+def priority_of(headers) -> int:
+    return PRIORITIES.get(headers.get("x-llm-d-inference-objective", ""), 0)
+
+
+def make_core(clock) -> Core:
+    config = parse_config(yaml.safe_load(CONFIG))
+    store = EndpointStore()
+    store.replace_all(ENDPOINTS)
+    core = build_core(
+        config.flow_control, config.scheduling, store.snapshot, clock, random.Random(7)
+    )
+    core.ensure_bands(PRIORITIES.values())
+    return core
+
+
+def make_request(number: int, tenant: str, objective: str, prompt: str, now: float) -> FlowRequest:
+    """A request as the stream machine builds it (priority from its headers)."""
+    headers = {"x-llm-d-inference-objective": objective} if objective else {}
+    return FlowRequest(
+        request_id=f"r{number}",
+        fairness_id=tenant,
+        priority=priority_of(headers),
+        arrival=now,
+        byte_size=40 + len(prompt),
+        input_tokens=1 + len(prompt) // 4,
+        payload=InferenceRequest(model="m", target_model="m", prompt=prompt, headers=headers),
+    )
+
+
+Decision = tuple[str, str, str | None]
+
+
+def decision(request: FlowRequest) -> Decision:
+    assert request.outcome is not None
+    return request.request_id, request.outcome.value, request.endpoint
+
+
+@dataclass
+class Remote:
+    """Owner (its own core) plus `workers` RemoteAdmissions over socketpairs."""
+
+    owner: Owner
+    core: Core
+    admission: AdmissionController
+    workers: list[RemoteAdmission]
+    worker_links: list[wire.Link]
+    owner_decided: list[Decision] = field(default_factory=list)
+
+
+async def remote_stack(workers: int, clock) -> Remote:
+    core = make_core(clock)
+    owner = Owner(workers, spec=None, priority_of=priority_of)  # type: ignore[arg-type]
+    decided: list[Decision] = []
+    admission = AdmissionController(
+        core,
+        clock,
+        on_outcome=decided_then(
+            owner.decided, lambda request, now: decided.append(decision(request))
+        ),
+    )
+    owner.admission = admission
+    core.on_evict = owner.evict
+    remotes, links = [], []
+    loop = asyncio.get_running_loop()
+    for slot in owner.slots:
+        owner_end, worker_end = socket.socketpair()
+        await owner.attach(slot, owner_end)
+        remote = RemoteAdmission()
+        link = wire.Link(remote.on_messages, remote.on_lost)
+        remote.link = link
+        await loop.connect_accepted_socket(lambda link=link: link, worker_end)
+        remotes.append(remote)
+        links.append(link)
+    return Remote(owner, core, admission, remotes, links, decided)
+
+
+async def settled(condition, timeout: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "the owner and workers never caught up"
+        await asyncio.sleep(0.001)
+
+
+arrive = st.tuples(
+    st.just("arrive"),
+    st.integers(0, 1),
+    st.sampled_from(["a", "b", "c"]),
+    st.sampled_from(["", "high", "low"]),
+    st.sampled_from(PROMPTS),
+)
+complete = st.tuples(st.just("complete"), st.integers(0, 50), st.integers(0, 300))
+cancel = st.tuples(st.just("cancel"), st.integers(0, 50))
+traces = st.lists(st.one_of(arrive, arrive, complete, cancel), min_size=1, max_size=40)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces)
+def test_a_trace_decides_the_same_through_owner_and_workers_as_in_process(trace) -> None:
+    asyncio.run(run_both(trace))
+
+
+async def run_both(trace) -> None:
+    now = [100.0]
+
+    def clock() -> float:
+        return now[0]
+
+    local_decided: list[Decision] = []
+    local = AdmissionController(
+        make_core(clock), clock, on_outcome=lambda r, _: local_decided.append(decision(r))
+    )
+    remote = await remote_stack(2, clock)
+    # what each side holds, in arrival order: (local request, worker request, worker)
+    held: list[tuple[FlowRequest, FlowRequest, RemoteAdmission]] = []
+    worker_decided: list[Decision] = []
+    waits: list[asyncio.Task] = []
+    withdrawn: set[str] = set()
+
+    async def wait_on(worker: RemoteAdmission, request: FlowRequest) -> None:
+        await worker.wait(request)
+        worker_decided.append(decision(request))
+
+    for number, op in enumerate(trace):
+        now[0] += 0.01
+        if op[0] == "arrive":
+            _, index, tenant, objective, prompt = op
+            mine = make_request(number, tenant, objective, prompt, now[0])
+            theirs = make_request(number, tenant, objective, prompt, now[0])
+            worker = remote.workers[index]
+            held.append((mine, theirs, worker))
+            local.offer(mine)
+            assert worker.offer(theirs) is None
+            waits.append(asyncio.create_task(wait_on(worker, theirs)))
+        else:
+            state = State.DISPATCHED if op[0] == "complete" else State.QUEUED
+            chosen = [entry for entry in held if entry[0].state is state]
+            if not chosen:
+                continue
+            mine, theirs, worker = chosen[op[1] % len(chosen)]
+            if op[0] == "complete":
+                assert theirs.state is State.DISPATCHED
+                local.complete(mine, mine.input_tokens, op[2])
+                worker.complete(theirs, theirs.input_tokens, op[2])
+            else:
+                withdrawn.add(mine.request_id)
+                local.withdraw(mine)
+                worker.withdraw(theirs)
+        await settled(lambda: len(remote.owner_decided) == len(local_decided))
+        told = sum(d[0] not in withdrawn for d in remote.owner_decided)
+        await settled(lambda told=told: len(worker_decided) == told)
+    assert remote.owner_decided == local_decided
+    assert worker_decided == [d for d in local_decided if d[0] not in withdrawn]
+    for task in waits:
+        task.cancel()
+    for link in remote.worker_links:
+        link.close()
+
+
+async def test_a_dead_workers_requests_leave_the_queue_and_return_their_credits_once() -> None:
+    remote = await remote_stack(2, lambda: 5.0)
+    dying, surviving = remote.workers
+    held = [make_request(n, "a", "", "p", 5.0) for n in range(7)]  # 3 endpoints x 2 credits
+    for request in held:
+        dying.offer(request)
+    await settled(lambda: remote.core.in_flight == 6 and remote.core.queued_requests == 1)
+    waiting = make_request(99, "b", "", "q", 5.0)
+    surviving.offer(waiting)
+    outcome = asyncio.create_task(surviving.wait(waiting))
+    await settled(lambda: remote.core.queued_requests == 2)
+
+    remote.worker_links[0].close()  # the worker's process is gone
+
+    assert await asyncio.wait_for(outcome, 2.0) is Outcome.DISPATCHED
+    await settled(lambda: remote.core.queued_requests == 0)
+    assert remote.core.in_flight == 1  # only the survivor's request holds a credit
+    assert remote.core.credits is not None and remote.core.credits.in_flight == 1
+    assert remote.owner.slots[0].requests == {}
+
+
+async def test_when_the_owner_is_gone_waiting_and_new_requests_end_shutting_down() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    for request in [make_request(n, "a", "", "p", 5.0) for n in range(6)]:
+        worker.offer(request)
+    queued = make_request(50, "a", "", "p", 5.0)
+    worker.offer(queued)
+    outcome = asyncio.create_task(worker.wait(queued))
+    await settled(lambda: remote.core.queued_requests == 1)
+
+    slot: WorkerSlot = remote.owner.slots[0]
+    assert slot.link is not None
+    slot.link.close()  # the owner's end: as if its process died
+
+    assert await asyncio.wait_for(outcome, 2.0) is Outcome.REJECTED_SHUTTING_DOWN
+    later = make_request(51, "a", "", "p", 5.0)
+    assert worker.offer(later) is Outcome.REJECTED_SHUTTING_DOWN
+    assert worker.owner_gone.is_set()
+
+
+async def test_an_evicted_request_is_ended_by_its_worker() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    evicted: list[str] = []
+    worker.on_evict = lambda request: evicted.append(request.request_id)
+    request = make_request(1, "a", "", "p", 5.0)
+    worker.offer(request)
+    await settled(lambda: remote.core.in_flight == 1)
+
+    remote.owner.evict(next(iter(remote.owner.slots[0].requests.values())))
+
+    await settled(lambda: evicted == ["r1"])
