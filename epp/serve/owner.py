@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scorers import PrefixCacheScorer
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
 from epp.serve.worker import WorkerSpec
@@ -89,6 +91,10 @@ class Owner:
         self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
         self._health: dict[str, int] = {}
         self._endpoints: list[str] = []
+        self._geometry: tuple[int, int] | None = None
+        self._scheduler: Scheduler | None = None
+        self._scorer: PrefixCacheScorer | None = None
+        """The first prefix scorer of `_scheduler`, whose geometry the workers hash with."""
         self._listener: socket.socket | None = None
         self._next = 0
         self._stopping = False
@@ -173,6 +179,21 @@ class Owner:
             elif kind == wire.CANCEL:
                 self._forget(slot, rid)
                 admission.withdraw(request)
+        self._publish_geometry(admission)
+
+    def _publish_geometry(self, admission: AdmissionController) -> None:
+        """Tell the workers how the prefix scorer hashes prompts now, when that changed."""
+        scheduler = admission.core.scheduler
+        if scheduler is not self._scheduler:
+            self._scheduler = scheduler
+            plugins = scheduler.plugins.values() if scheduler is not None else ()
+            self._scorer = next((p for p in plugins if isinstance(p, PrefixCacheScorer)), None)
+        geometry = self._scorer.geometry() if self._scorer is not None else None
+        if geometry != self._geometry:
+            self._geometry = geometry
+            for slot in self.slots:
+                if slot.link is not None:
+                    slot.link.send([wire.GEOMETRY, *(geometry or (0, 0))])
 
     def _arrive(self, slot: WorkerSlot, rid: int, fields: wire.Message) -> None:
         admission = self.admission
@@ -215,6 +236,8 @@ class Owner:
         listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG, reuse_port=False)
         listener.setblocking(False)
         self._listener = listener
+        if self.admission is not None:
+            self._publish_geometry(self.admission)
         for slot in self.slots:
             await self._spawn(slot)
         asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
@@ -261,6 +284,8 @@ class Owner:
             link.send([wire.READY, service, status])
         if self._endpoints:
             link.send([wire.ENDPOINTS, self._endpoints])
+        if self._geometry is not None:
+            link.send([wire.GEOMETRY, *self._geometry])
         return link
 
     async def _watch(self, slot: WorkerSlot, process: asyncio.subprocess.Process) -> None:

@@ -25,7 +25,10 @@ Owner -> worker:
     DENIED       rid, the admitter's reason
     EVICT        rid
     ENDPOINTS    the pool's addresses (requests without a body go to one)
-    READY        whether readiness is SERVING
+    READY        a health service and its status
+    GEOMETRY     block characters and blocks per prompt of the prefix scorer:
+                 the worker hashes prompts with it (a request hashed with a
+                 geometry the scorer no longer uses is hashed again there)
 
 Times are `time.monotonic()` seconds, one clock for every process of a host.
 """
@@ -56,6 +59,7 @@ DENIED = 12
 EVICT = 13
 ENDPOINTS = 14
 READY = 15
+GEOMETRY = 16
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -90,6 +94,7 @@ def arrival_fields(request: FlowRequest) -> Message:
         sorted(payload.subset) if payload.subset is not None else None,
         payload.multimodal,
         payload.headers,
+        payload.prefix_hashes,
     ]
 
 
@@ -111,6 +116,7 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
         subset,
         multimodal,
         headers,
+        hashes,
     ) = fields
     return FlowRequest(
         request_id=request_id,
@@ -131,6 +137,7 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
             input_tokens=input_tokens,
             multimodal=multimodal,
             headers=headers,
+            prefix_hashes=(hashes[0], hashes[1], tuple(hashes[2])) if hashes else None,
         ),
     )
 

@@ -39,6 +39,7 @@ from epp.extproc.server import PROCESS_METHOD, AdmissionDenied, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.health import Health
 from epp.serve.options import ServeOptions
@@ -88,6 +89,8 @@ class RemoteAdmission:
         self._early: dict[FlowRequest, Exception] = {}
         """A failure or denial that came before `wait` was called."""
         self._endpoints: list[str] = []
+        self._geometry: tuple[int, int] | None = None
+        """The owner's prefix scorer's (block characters, blocks per prompt)."""
         self._rng = Random(seed)
         self._gone = False
 
@@ -103,6 +106,12 @@ class RemoteAdmission:
             request.state = State.DROPPED
             request.outcome = Outcome.REJECTED_SHUTTING_DOWN
             return request.outcome
+        geometry = self._geometry
+        payload = request.payload
+        if geometry is not None and payload.prefix_hashes is None:
+            block_chars, max_blocks = geometry
+            hashes = block_hashes(payload.prompt, payload.target_model, block_chars, max_blocks)
+            payload.prefix_hashes = (block_chars, max_blocks, hashes)
         rid = next(self._rids)
         self._requests[rid] = request
         self._rid_of[request] = rid
@@ -202,6 +211,8 @@ class RemoteAdmission:
                     self.on_evict(request)
             elif kind == wire.ENDPOINTS:
                 self._endpoints = message[1]
+            elif kind == wire.GEOMETRY:
+                self._geometry = (message[1], message[2]) if message[1] else None
             elif kind == wire.READY and self.health is not None:
                 self.health.mirror(message[1], message[2])
 

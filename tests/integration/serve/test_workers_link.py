@@ -22,6 +22,7 @@ from epp.datalayer.store import EndpointStore
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.core import Core, build_core
+from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
@@ -267,3 +268,22 @@ async def test_an_evicted_request_is_ended_by_its_worker() -> None:
     remote.owner.evict(next(iter(remote.owner.slots[0].requests.values())))
 
     await settled(lambda: evicted == ["r1"])
+
+
+async def test_the_worker_hashes_prompts_with_the_owners_prefix_geometry() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    first = make_request(1, "a", "", "alpha beta gamma", 5.0)
+    worker.offer(first)  # the owner answers with its geometry after this frame
+    await settled(lambda: remote.core.in_flight == 1)
+    await settled(lambda: worker._geometry is not None)
+
+    second = make_request(2, "a", "", "alpha beta delta", 5.0)
+    worker.offer(second)
+    await settled(lambda: remote.core.in_flight == 2)
+
+    block_chars, max_blocks = worker._geometry
+    expected = block_hashes("alpha beta delta", "m", block_chars, max_blocks)
+    assert second.payload.prefix_hashes == (block_chars, max_blocks, expected)
+    at_owner = next(r for r in remote.owner.slots[0].requests.values() if r.request_id == "r2")
+    assert at_owner.payload.prefix_hashes == (block_chars, max_blocks, expected)
