@@ -45,6 +45,8 @@ log = logging.getLogger("epp.serve.owner")
 
 RESTART_DELAY_S = 0.5
 """How long after a worker's death it is started again."""
+START_TIMEOUT_S = 60.0
+"""How long `start` waits for every worker to serve."""
 STOP_WAIT_S = 10.0
 """How long a stopping worker gets to exit before it is killed."""
 LISTEN_BACKLOG = 1024
@@ -65,9 +67,12 @@ class WorkerSlot:
     """Connections handed to this worker (all its processes)."""
     restarts: int = 0
 
+    serving: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when this worker process said it serves; cleared when it is gone."""
+
     @property
     def live(self) -> bool:
-        return self.link is not None and not self.link.closed
+        return self.link is not None and not self.link.closed and self.serving.is_set()
 
 
 class Owner:
@@ -144,6 +149,9 @@ class Owner:
             if kind == wire.ARRIVE:
                 self._arrive(slot, message[1], message[2:])
                 continue
+            if kind == wire.SERVING:
+                slot.serving.set()
+                continue
             if kind == wire.PROCESSED:
                 if self._on_response_processed is not None:
                     self._on_response_processed(message[1])
@@ -219,6 +227,7 @@ class Owner:
 
     def _lost(self, slot: WorkerSlot) -> None:
         """The worker's link closed: what it held ends here, credits returned once."""
+        slot.serving.clear()
         admission = self.admission
         held = list(slot.requests.items())
         for rid, _request in held:
@@ -240,6 +249,15 @@ class Owner:
             self._publish_geometry(self.admission)
         for slot in self.slots:
             await self._spawn(slot)
+        waits = [asyncio.ensure_future(slot.serving.wait()) for slot in self.slots]
+        _, late = await asyncio.wait(waits, timeout=START_TIMEOUT_S)
+        for wait in late:
+            wait.cancel()
+        if late:
+            raise RuntimeError(
+                f"{len(late)} of {len(self.slots)} epp workers not serving "
+                f"after {START_TIMEOUT_S:.0f} s"
+            )
         asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
         return listener.getsockname()[1]
 

@@ -187,11 +187,17 @@ class EppServer:
         self._ready_task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
         self._ssl_context: ssl.SSLContext | None = None
+        self._self_signed: tuple[bytes, bytes] | None = None
         if options.secure_serving:
-            from epp.serve.tls import server_ssl_context
+            from epp.serve.tls import self_signed_certificate, server_ssl_context
 
+            if options.cert_files is None and options.workers:
+                self._self_signed = self_signed_certificate()
             self._ssl_context = server_ssl_context(
-                options.cert_files, options.tls_min_version, options.tls_cipher_suites
+                options.cert_files,
+                options.tls_min_version,
+                options.tls_cipher_suites,
+                self._self_signed,
             )
         self.store = EndpointStore()
         self.kv_subscribers: Any = None
@@ -281,6 +287,7 @@ class EppServer:
             self.config.parsers,
             self._ext_proc_limits(),
             self._rng.randrange(1 << 63),
+            self._self_signed,
         )
 
     def _ext_proc_limits(self) -> TransportLimits:

@@ -108,9 +108,11 @@ def server_ssl_context(
     cert_files: tuple[str, str] | None = None,
     min_version: str | None = None,
     cipher_suites: tuple[str, ...] = (),
+    self_signed: tuple[bytes, bytes] | None = None,
 ) -> ssl.SSLContext:
     """TLS for the ext_proc port from (certificate, key) PEM files, or
-    self-signed when none are given: TLS 1.2 or later unless `min_version`
+    self-signed when none are given (`self_signed`, else a fresh pair: the
+    protocol workers of one EPP share one): TLS 1.2 or later unless `min_version`
     says otherwise, ALPN `h2` (gRPC clients require it). `load_cert_chain`
     on the returned context again swaps the certificate for new connections
     (`--enable-cert-reload`)."""
@@ -126,7 +128,7 @@ def server_ssl_context(
     if cert_files is not None:
         context.load_cert_chain(*cert_files)
         return context
-    certificate, key = self_signed_certificate()
+    certificate, key = self_signed or self_signed_certificate()
     with tempfile.TemporaryDirectory(prefix="epp-tls-") as directory:
         chain = Path(directory) / "chain.pem"
         chain.write_bytes(key + certificate)

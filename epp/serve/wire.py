@@ -17,6 +17,7 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     CANCEL       rid (the stream went away before a decision came)
     REJECTED     rid or null, HTTP status, reason (a local error reply)
     PROCESSED    seconds spent on one call's response (a metric)
+    SERVING      the worker is ready for connections (its first message)
 
 Owner -> worker:
 
@@ -53,6 +54,7 @@ PREFILL_DONE = 4
 CANCEL = 5
 REJECTED = 6
 PROCESSED = 7
+SERVING = 8
 # owner -> worker
 DECISION = 11
 DENIED = 12

@@ -70,6 +70,8 @@ class WorkerSpec:
     parsers: tuple[Parser, ...]
     limits: TransportLimits
     seed: int
+    self_signed: tuple[bytes, bytes] | None = None
+    """The EPP's self-signed (certificate, key) PEM when TLS has no files."""
 
 
 class RemoteAdmission:
@@ -315,10 +317,10 @@ async def run(spec: WorkerSpec) -> int:
     admission = RemoteAdmission(seed=spec.seed)
     link = wire.Link(admission.on_messages, admission.on_lost)
     admission.link = link
+    health = admission.health = Health()
+    await health.start()  # before the link: the owner's statuses then replace these
     control = socket.socket(fileno=spec.control_fd)
     await loop.connect_accepted_socket(lambda: link, control)
-    health = admission.health = Health()
-    await health.start()
     settings = StreamSettings(
         max_body_bytes=options.max_body_bytes,
         honour_subset=not options.disable_endpoint_subset_filter,
@@ -336,7 +338,10 @@ async def run(spec: WorkerSpec) -> int:
         from epp.serve.tls import server_ssl_context
 
         ssl_context = server_ssl_context(
-            options.cert_files, options.tls_min_version, options.tls_cipher_suites
+            options.cert_files,
+            options.tls_min_version,
+            options.tls_cipher_suites,
+            spec.self_signed,
         )
     handoff = socket.socket(fileno=spec.handoff_fd)
     handoff.setblocking(False)
@@ -358,6 +363,7 @@ async def run(spec: WorkerSpec) -> int:
             task.add_done_callback(adopting.discard)
 
     loop.add_reader(handoff.fileno(), receive_connections)
+    link.send([wire.SERVING])
     log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
     await admission.owner_gone.wait()
     with contextlib.suppress(ValueError, OSError):

@@ -81,7 +81,7 @@ async def burst(stack, count: int) -> list[tuple[int, bytes]]:
 async def test_requests_are_served_through_both_workers(stack) -> None:
     results = await burst(stack, 60)
 
-    assert [status for status, _ in results] == [200] * 60
+    assert [status for status, _ in results] == [200] * 60, stack.epp.log()[-4000:]
     assert all(b"choices" in body for _, body in results)
     async with aiohttp.ClientSession() as session:
         requests = await stack.counters(session, "epp_worker_requests_total")
@@ -100,7 +100,7 @@ async def test_a_killed_worker_is_started_again_and_the_pool_keeps_serving(stack
         restarts = await stack.counters(session, "epp_worker_restarts_total")
     assert restarts == {"0": 0, "1": 1}
     results = await burst(stack, 20)
-    assert [status for status, _ in results] == [200] * 20
+    assert [status for status, _ in results] == [200] * 20, stack.epp.log()[-4000:]
 
 
 async def test_sigterm_stops_the_owner_and_every_worker(stack) -> None:

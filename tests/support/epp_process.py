@@ -7,7 +7,8 @@ All ports are 0 (the EPP binds free ones) and read back from the JSON that
 `--ready-file` gets once the EPP serves. Its drain window is 0 unless a
 test gives `--drain-timeout`. On exit the EPP gets SIGTERM (killed after a
 grace period); its log (stderr) stays readable through `log()`
-until then.
+until then. `EPP_TEST_WORKERS=N` in the environment runs every EPP with
+`--workers N` (the e2e suite against the core owner and its workers).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from pathlib import Path
 import aiohttp
 
 LOOPBACK = "127.0.0.1"
+WORKERS = (
+    (f"--workers={os.environ['EPP_TEST_WORKERS']}",) if os.environ.get("EPP_TEST_WORKERS") else ()
+)
 
 
 @dataclass(slots=True)
@@ -107,6 +111,7 @@ async def start_epp(
             f"--bind-address={LOOPBACK}",
             f"--ready-file={ready}",
             "--drain-timeout=0s",  # a test that drains gives its own window
+            *WORKERS,
             *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
