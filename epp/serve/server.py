@@ -582,6 +582,8 @@ class EppServer:
             raise StartupError(f"token-producer: {error}") from None
         if backend is None:
             return
+        if self.owner is not None:
+            raise StartupError("token-producer: a tokenizing backend does not run with --workers")
         name = next(n for n, t in self.config.plugins if t in ("token-producer", "tokenizer"))
         tally = self.plugin_durations.family.tally(("DataProducer", "token-producer", name))
         producer = TokenProducer(settings, backend, tally.add)
