@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.scorers import PrefixCacheScorer
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
 from epp.serve.worker import WorkerSpec
