@@ -112,29 +112,25 @@ def file_discovery(parameters: Mapping[str, Any]) -> FileDiscovery:
 
 def metrics_source(parameters: Mapping[str, Any]) -> MetricsSourceSettings:
     """The `metrics-data-source` factory."""
-    return MetricsSourceSettings(
-        scheme=parameters["scheme"],
-        path=parameters["path"],
-        port=parameters["port"],
-        insecure_skip_verify=parameters["insecureSkipVerify"],
-        ca_cert_path=parameters["caCertPath"],
-        client_cert_path=parameters["clientCertPath"],
-        client_key_path=parameters["clientKeyPath"],
-        interval=parameters["interval"],
-    )
+    return MetricsSourceSettings(port=parameters["port"], **_http_source(parameters))
 
 
 def models_source(parameters: Mapping[str, Any]) -> ModelsSourceSettings:
     """The `models-data-source` factory."""
-    return ModelsSourceSettings(
-        scheme=parameters["scheme"],
-        path=parameters["path"],
-        insecure_skip_verify=parameters["insecureSkipVerify"],
-        ca_cert_path=parameters["caCertPath"],
-        client_cert_path=parameters["clientCertPath"],
-        client_key_path=parameters["clientKeyPath"],
-        interval=parameters["interval"],
-    )
+    return ModelsSourceSettings(**_http_source(parameters))
+
+
+def _http_source(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings both http sources share, from their parameters."""
+    return {
+        "scheme": parameters["scheme"],
+        "path": parameters["path"],
+        "insecure_skip_verify": parameters["insecureSkipVerify"],
+        "ca_cert_path": parameters["caCertPath"],
+        "client_cert_path": parameters["clientCertPath"],
+        "client_key_path": parameters["clientKeyPath"],
+        "interval": parameters["interval"],
+    }
 
 
 def core_metrics(parameters: Mapping[str, Any]) -> CoreMetricsSettings:

@@ -23,7 +23,6 @@ Cost: the answer is built once per change of the lists or the membership.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from typing import Any
@@ -32,6 +31,7 @@ import aiohttp
 import orjson
 
 from epp.api.address import format_address, parse_address
+from epp.datalayer.polling import EndpointPolls
 from epp.datalayer.store import EndpointStore
 
 log = logging.getLogger(__name__)
@@ -146,46 +146,23 @@ class ModelsScraper:
         self.path = path
         self._ssl = ssl_context
         self.max_page_bytes = max_page_bytes
+        self._polls = EndpointPolls(store, self._read_forever, "models", lists.forget_missing)
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._running = False
         self.failures = 0
 
     async def __aenter__(self) -> ModelsScraper:
+        # Each read has its own timeout, so the session has none.
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         )
-        self._running = True
-        self.store.on_membership_change(self._follow_store)
-        self._follow_store()
+        self._polls.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._running = False
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._polls.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    def _follow_store(self) -> None:
-        if not self._running:
-            return
-        current = set(self.store.addresses())
-        for address in list(self._tasks):
-            if address not in current:
-                self._tasks.pop(address).cancel()
-        for address in current:
-            if address not in self._tasks:
-                self._tasks[address] = asyncio.get_running_loop().create_task(
-                    self._read_forever(address), name=f"models {address}"
-                )
-        self.lists.forget_missing()
 
     async def _read_forever(self, address: str) -> None:
         loop = asyncio.get_running_loop()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import ssl
 import time
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from epp.api.address import format_address, parse_address
 from epp.datalayer.engines import EngineLookup
 from epp.datalayer.fetch import PageFetcher, ScrapeError
+from epp.datalayer.polling import EndpointPolls
 from epp.datalayer.reader import MetricsReader
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import Endpoint
@@ -166,31 +166,19 @@ class MetricsScraper:
         self.source = source if source is not None else MetricsSource()
         self.engines = engines if engines is not None else EngineLookup()
         self._ssl = self.source.ssl_context()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._polls = EndpointPolls(store, self._scrape_forever, "scrape", self._forget_left)
         self._targets: dict[str, _Target] = {}
         self.reads = 0
         self.failures = 0
         self.failures_by_reason: collections.Counter[str] = collections.Counter()
         """Failed reads by reason: timeout, connection, http-status,
         not-prometheus-text, too-large, unreadable (no engine series, bad value)."""
-        self._running = False
 
     async def start(self) -> None:
-        if self._running:
-            return
-        self._running = True
-        self.store.on_membership_change(self._follow_store)
-        self._follow_store()
+        self._polls.start()
 
     async def stop(self) -> None:
-        self._running = False
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._polls.stop()
         for target in self._targets.values():
             target.close()
         self._targets.clear()
@@ -202,21 +190,11 @@ class MetricsScraper:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    def _follow_store(self) -> None:
-        if not self._running:
-            return
+    def _forget_left(self) -> None:
         current = set(self.store.addresses())
-        for address in list(self._tasks):
-            if address not in current:
-                self._tasks.pop(address).cancel()
         for address in list(self._targets):
             if address not in current:
                 self._targets.pop(address).close()
-        for address in current:
-            if address not in self._tasks:
-                self._tasks[address] = asyncio.get_running_loop().create_task(
-                    self._scrape_forever(address), name=f"scrape {address}"
-                )
 
     async def _scrape_forever(self, address: str) -> None:
         loop = asyncio.get_running_loop()
@@ -228,7 +206,7 @@ class MetricsScraper:
     async def scrape_once(self, address: str) -> None:
         """Read the page of `address` once into its store entry."""
         endpoint = self.store.get(address)
-        if endpoint is None or not self._running:
+        if endpoint is None or not self._polls.running:
             return
         target = self._targets.get(address)
         if target is None:
@@ -266,7 +244,7 @@ class MetricsScraper:
             self._changed()
 
     def _changed(self) -> None:
-        if self._on_change is not None and self._running:
+        if self._on_change is not None and self._polls.running:
             self._on_change()
 
 

@@ -16,6 +16,14 @@ from epp.config.plugin import (
 
 PART3 = "issue #14, data layer"
 
+TLS_PARAMS = (
+    Param("insecureSkipVerify", T.BOOL, True, "skip TLS verification with https"),
+    Param("caCertPath", T.STRING, ""),
+    Param("clientCertPath", T.STRING, ""),
+    Param("clientKeyPath", T.STRING, ""),
+)
+"""How an http source reads a pod over https (`metrics-data-source`, `models-data-source`)."""
+
 ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "metrics-data-source",
@@ -25,10 +33,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("scheme", T.STRING, "http", "", choices=("http", "https")),
             Param("path", T.STRING, "/metrics"),
             Param("port", T.INT, None, "scrape port; default the pod's serving port", 1, 65535),
-            Param("insecureSkipVerify", T.BOOL, True, "skip TLS verification with https"),
-            Param("caCertPath", T.STRING, ""),
-            Param("clientCertPath", T.STRING, ""),
-            Param("clientKeyPath", T.STRING, ""),
+            *TLS_PARAMS,
             Param(
                 "interval",
                 T.DURATION,
@@ -91,10 +96,7 @@ ENTRIES: tuple[PluginType, ...] = (
         (
             Param("scheme", T.STRING, "http", "", choices=("http", "https")),
             Param("path", T.STRING, "/v1/models"),
-            Param("insecureSkipVerify", T.BOOL, True, "skip TLS verification with https"),
-            Param("caCertPath", T.STRING, ""),
-            Param("clientCertPath", T.STRING, ""),
-            Param("clientKeyPath", T.STRING, ""),
+            *TLS_PARAMS,
             Param(
                 "interval",
                 T.DURATION,

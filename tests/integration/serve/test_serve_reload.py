@@ -232,3 +232,37 @@ async def test_a_reload_that_turns_disaggregation_on_bounds_and_times_the_prefil
     assert server.core.prefill_credits is not None
     assert server.core.prefill_credits.in_flight_at("10.0.0.2:8000") == 2  # its two credits
     assert server.core.in_prefill == 2
+
+
+def test_a_reload_turns_priority_propagation_on_and_off(server, files):
+    config, _, _ = files
+    server.watch_files()
+    assert server.service.settings.priority_in_body is None
+    on = CONFIG.format(max_requests=10) + "requestHandler: {propagatePriority: true}\n"
+    write(config, on)
+    server.watcher.check()
+    labels_of = server.service.settings.priority_in_body
+    assert labels_of is not None and labels_of("10.0.0.1:8000") == {}
+    write(config, CONFIG.format(max_requests=10))
+    server.watcher.check()
+    assert server.service.settings.priority_in_body is None
+
+
+def test_a_reload_that_adds_the_models_responder_waits_for_a_restart(files, caplog):
+    config, objectives, endpoints = files
+    server = EppServer(
+        ServeOptions(
+            config_file=str(config),
+            objectives=(str(objectives),),
+            pool_name="reload-pool",
+            endpoints=f"@{endpoints}",
+            allow_experimental_plugins=True,  # models-responder is alpha
+        )
+    )
+    server.watch_files()
+    added = CONFIG.format(max_requests=10) + "plugins: [{type: models-responder}]\n"
+    write(config, added)
+    with caplog.at_level(logging.WARNING):
+        server.watcher.check()
+    assert server.config.models is None
+    assert "models-responder changes apply at the next restart" in caplog.text

@@ -1,0 +1,72 @@
+"""One asyncio task per endpoint of the store, for what reads every model
+server on its own period (the metrics scraper, the model-list reader).
+
+`EndpointPolls` starts `poll(address)` as an endpoint joins the store and
+cancels it as the endpoint leaves; `after_change` runs after each change
+was followed (a reader drops what it kept for the endpoints that left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from epp.datalayer.store import EndpointStore
+
+
+class EndpointPolls:
+    """The per-endpoint tasks (see the module docstring)."""
+
+    __slots__ = ("_after_change", "_label", "_poll", "_tasks", "running", "store")
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        poll: Callable[[str], Coroutine[Any, Any, None]],
+        label: str,
+        after_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self._poll = poll
+        self._label = label
+        self._after_change = after_change
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.running = False
+        """Between `start` and `stop`."""
+
+    def start(self) -> None:
+        """Poll every endpoint, and each one that joins; call on the event loop."""
+        if self.running:
+            return
+        self.running = True
+        self.store.on_membership_change(self._follow)
+        self._follow()
+
+    async def stop(self) -> None:
+        """Cancel every poll and wait for them to end."""
+        self.running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _follow(self) -> None:
+        if not self.running:
+            return
+        current = set(self.store.addresses())
+        for address in list(self._tasks):
+            if address not in current:
+                self._tasks.pop(address).cancel()
+        loop = asyncio.get_running_loop()
+        for address in current:
+            if address not in self._tasks:
+                self._tasks[address] = loop.create_task(
+                    self._poll(address), name=f"{self._label} {address}"
+                )
+        if self._after_change is not None:
+            self._after_change()
