@@ -64,8 +64,6 @@ class _Connection(asyncio.Protocol):
         self._until_close = True
         """No Content-Length nor chunked coding: the body ends with the connection."""
         self._headers_done = False
-        self.answered = False
-        """Some response came on this connection (it is a kept-alive one)."""
         self.closed = False
 
     # -- asyncio.Protocol
@@ -129,7 +127,6 @@ class _Connection(asyncio.Protocol):
         )
         keep = not self.closed and self._parser.should_keep_alive()
         self._reset()
-        self.answered = True
         if not keep:
             self.close()
         if waiter is not None and not waiter.done():
