@@ -4,7 +4,7 @@ band below the top applies with them (`fits`)."""
 
 from __future__ import annotations
 
-from math import ceil
+from math import ceil, exp
 
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Sample
 from epp.flowcontrol.adaptive.latency import LatencySignal
@@ -30,6 +30,7 @@ class LimitEstimator:
 
     __slots__ = (
         "adjustments",
+        "admitting",
         "budget",
         "crowded",
         "done",
@@ -105,6 +106,10 @@ class LimitEstimator:
         self.slowed = False
         """Its latency grew more than the pool's: the limit holds (no probe)."""
         self.factor = 1.0
+        self.admitting = 0.0
+        """About the share of its recent steps that admitted a request: what
+        it took per sampling interval times its mean step over the interval,
+        averaged over about `window` (near 1: every step prefills)."""
         """How much more its latency grew than the pool's, at the last comparison."""
 
     def compare(self, relative: float, now: float) -> int:
@@ -113,6 +118,9 @@ class LimitEstimator:
         size it was found at, at a healthy speed; once the reference has
         enough seconds, the limit follows how much `relative` grew over it
         (`slow_down`). Returns the change of the limit."""
+        if self.admitting >= PREFILLING:
+            # Its steps read the prompts it is sent, not how fast it runs.
+            return 0
         limit = self.limit
         full = (
             self.found
@@ -193,6 +201,12 @@ class LimitEstimator:
         self.pending = max(waiting, min(held - running, self.sent_before))
         self.running = running
         self.latency.observe(sample, now)
+        step = self.latency.mean_itl
+        if last is not None and step > 0.0:
+            elapsed = now - last
+            share = took * step / elapsed
+            keep = exp(-elapsed / self.settings.window)
+            self.admitting = self.admitting * keep + share * (1.0 - keep)
         # What it is sent during a step waits for the step's end.
         long_steps = last is not None and self.latency.mean_itl >= (now - last) * LONG_STEP
         settings = self.settings
@@ -280,6 +294,11 @@ class LimitEstimator:
         budget = min(max(pending, pace), max(pending, room))
         return max(budget, int(limit * FAST_FILL) - running)
 
+
+PREFILLING = 0.25
+"""A server whose steps admitted requests at this share or more is not
+judged on its latency: the median of its steps is a decode step only while
+fewer than half of them prefill, and the share swings within a window."""
 
 FAST_FILL = 0.5
 """The share of its limit an idle server of known size may be sent at once."""

@@ -938,10 +938,15 @@ def latency_pool(limit: int) -> tuple[Pool, AdaptiveGate]:
     return pool, gate
 
 
-def serve(pool: Pool, gate: AdaptiveGate, itl: dict[str, float], seconds: float) -> None:
-    """`seconds` of samples every 50 ms, each server running 30 at its `itl`."""
+def serve(
+    pool: Pool, gate: AdaptiveGate, itl: dict[str, float], seconds: float, admit: str = ""
+) -> None:
+    """`seconds` of samples every 50 ms, each server running 30 at its `itl`;
+    `admit` takes one more request in every interval."""
     servers = pool.histograms = getattr(pool, "histograms", {A: Histogram(), B: Histogram()})
     for _ in range(round(seconds / 0.05)):
+        if admit:
+            dispatch(gate, admit)
         pool.publish(
             pool.now + 0.05,
             a=(30, 0, *servers[A].run(0.05, itl[A])),
@@ -956,6 +961,14 @@ def test_the_gate_slows_down_the_endpoint_whose_server_slowed_and_not_the_others
     serve(pool, gate, {A: 0.12, B: 0.04}, 6.0)  # A three times slower, B not
     assert gate.limits()[B] == 30
     assert gate.limits()[A] <= 30 / 2
+
+
+def test_a_server_whose_steps_mostly_admit_requests_is_not_judged_on_its_latency():
+    pool, gate = latency_pool(30)
+    serve(pool, gate, {A: 0.04, B: 0.04}, REFERENCE_SPAN + 1.0)
+    serve(pool, gate, {A: 0.04, B: 0.04}, 3.0, admit=A)  # a prefill at almost every step
+    serve(pool, gate, {A: 0.12, B: 0.04}, 6.0, admit=A)  # they lengthen its steps
+    assert gate.limits() == {A: 30, B: 30}
 
 
 def test_a_pool_that_slows_alike_keeps_its_limits():
