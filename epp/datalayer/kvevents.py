@@ -210,10 +210,13 @@ class KVEventStats:
     """Replays by result (`complete`, `failed`)."""
     resets: int = 0
     active: int = 0
+    reconnections: Counter[str] = field(default_factory=Counter)
+    """Publishers that came back after a disconnection, by endpoint address."""
 
     def forget(self, address: str) -> None:
         """Drop the per-endpoint series of an endpoint that left."""
         self.messages.pop(address, None)
+        self.reconnections.pop(address, None)
         for key in [key for key in self.errors if key[0] == address]:
             del self.errors[key]
 
@@ -283,6 +286,7 @@ class EndpointSubscriber:
                         disconnected = True
                     elif disconnected:
                         disconnected = False
+                        self._stats.reconnections[self.address] += 1
                         await self._reconnected()
                 if socket not in ready:
                     continue

@@ -18,7 +18,7 @@ from epp.scheduling.endpoint import Endpoint, PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
 from epp.scheduling.kvblocks import KVBlockIndex, PreciseConfig
 from epp.scheduling.prefix import PrefixIndex, block_hashes
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.scorers import PerCandidates, StatelessScorer
 from epp.scheduling.spec import BuildContext
 
@@ -56,6 +56,11 @@ def tuned_geometry(
     return block_chars, max_blocks
 
 
+APPROX_PRODUCER = "approx-prefix-cache-producer"
+PRECISE_PRODUCER = "precise-prefix-cache-producer"
+"""The producer types of the approximate and the precise prefix index."""
+
+
 class PrefixCacheScorer:
     """Matched leading prompt blocks / all prompt blocks (see `prefix`).
 
@@ -72,6 +77,7 @@ class PrefixCacheScorer:
     __slots__ = (
         "_addresses",
         "_index",
+        "_last",
         "_pool",
         "_tuned",
         "_tuned_version",
@@ -80,6 +86,7 @@ class PrefixCacheScorer:
         "match_length_weight",
         "max_blocks",
         "max_tokens",
+        "producer",
     )
 
     def __init__(
@@ -91,6 +98,7 @@ class PrefixCacheScorer:
         match_length_scale_tokens: int = 8192,
         pool: Callable[[], PoolSnapshot] | None = None,
         max_tokens: int = 0,
+        producer: tuple[str, str] = (APPROX_PRODUCER, APPROX_PRODUCER),
     ) -> None:
         if block_chars <= 0 or max_blocks <= 0:
             raise ValueError(
@@ -106,6 +114,10 @@ class PrefixCacheScorer:
         self.max_tokens = max_tokens
         self._tuned = (block_chars, max_blocks)
         self._tuned_version: int | None = None
+        self.producer = producer
+        """(name, type) of the producer whose index this is (the prefix metrics' labels)."""
+        self._last: tuple[InferenceRequest | None, Mapping[str, int]] = (None, NO_MATCHES)
+        """The latest request scored and its matches, for `picked`."""
 
     def geometry(self) -> tuple[int, int]:
         """(block characters, blocks per prompt) now."""
@@ -137,6 +149,7 @@ class PrefixCacheScorer:
     def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
         hashes = self.hashes(request)
         matched = self._index.matches(hashes) if hashes else None
+        self._last = (request, matched or NO_MATCHES)
         if not matched:
             return NO_SCORES
         scale = 1.0 / len(hashes)
@@ -149,6 +162,10 @@ class PrefixCacheScorer:
             address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
             for address, count in matched.items()
         }
+
+    def index_entries(self) -> int:
+        """Blocks the index holds, over every endpoint."""
+        return self._index.entries()
 
     def share_index(self, other: PrefixCacheScorer) -> None:
         """Read and record into `other`'s index from now on."""
@@ -176,7 +193,25 @@ class PrefixCacheScorer:
             return [0.0] * len(endpoints)
         return list(map(scores.get, self._addresses.of(endpoints), repeat(0.0)))
 
+    def note_match(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """Tell `request` what this index predicts for `endpoint` (unless an
+        earlier scorer told it: the first profile's placement is the one
+        the metrics report)."""
+        if request.prefix_match is not None:
+            return
+        scored, matches = self._last
+        matched = (matches if scored is request else self.matches(request)).get(endpoint.address, 0)
+        tokens = request.token_ids
+        request.prefix_match = PrefixMatch(
+            *self.producer,
+            matched,
+            len(self.hashes(request)),
+            self.block_chars_of(request) // CHARS_PER_TOKEN,
+            len(tokens) if tokens else request.input_tokens,
+        )
+
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        self.note_match(request, endpoint)
         capacity = None
         if self._pool is not None:
             blocks = endpoint.metrics.num_gpu_blocks
@@ -211,6 +246,7 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
             1,
             match_length_weight,
             match_length_scale_tokens,
+            producer=(config.name, PRECISE_PRODUCER),
         )
         self._index = index  # type: ignore[assignment]
         self._config = config
@@ -218,13 +254,9 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
     def hashes(self, request: InferenceRequest) -> Sequence[int]:
         keys = request.kv_block_keys
         if keys is None:
-            tokens = request.token_ids
-            keys = (
-                self._config.hasher.keys(tokens, self._config.max_blocks, None, request.cache_salt)
-                if tokens
-                else ()
+            keys = request.kv_block_keys = self._config.keys_of(
+                request.token_ids or (), request.cache_salt
             )
-            request.kv_block_keys = keys
         return keys
 
     def block_chars_of(self, request: InferenceRequest) -> int:
@@ -234,6 +266,7 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
         """The precise index is the core's, already shared."""
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        self.note_match(request, endpoint)
         self._index.record(endpoint.address, self.hashes(request))
 
     def forget(self, address: str) -> None:
@@ -353,6 +386,7 @@ def prefix_cache_scorer(
         match_length_scale_tokens,
         context.pool if config.prefix_auto_tune else None,
         config.prefix_max_tokens,
+        (config.prefix_producer, APPROX_PRODUCER),
     )
     if existing is not None:
         scorer.share_index(existing)

@@ -78,6 +78,8 @@ class SchedulingConfig:
     prefix_block_chars: int = 64
     prefix_max_blocks: int = 256
     prefix_lru_capacity: int = 31_250
+    prefix_producer: str = "approx-prefix-cache-producer"
+    """The approx-prefix-cache-producer's configured name (its metrics' `plugin_name`)."""
     prefix_auto_tune: bool = False
     """Block size and per-endpoint capacity from the endpoints' metrics
     (the producer's `autoTune`; see `cache_scorers.PrefixCacheScorer`)."""

@@ -198,6 +198,10 @@ def medium_bit(medium: str | None) -> int:
     return GPU if medium is None or medium.upper() == "GPU" else OFFLOADED
 
 
+def _ignore(_: float) -> None:
+    pass
+
+
 @dataclass(slots=True)
 class IndexCounters:
     """What the index did since it was made (the shell exports them)."""
@@ -228,6 +232,8 @@ class KVBlockIndex:
         "_guesses",
         "_held",
         "_holders",
+        "_lookup_clock",
+        "_on_lookup",
         "counters",
         "pods_per_key",
         "size",
@@ -253,6 +259,8 @@ class KVBlockIndex:
         self._held: dict[str, dict[int, None]] = {}
         self._guesses: deque[tuple[float, str, tuple[int, ...]]] = deque()
         self.counters = IndexCounters()
+        self._lookup_clock: Callable[[], float] | None = None
+        self._on_lookup: Callable[[float], None] = _ignore
 
     # -- size ----------------------------------------------------------------
 
@@ -379,9 +387,24 @@ class KVBlockIndex:
 
     # -- lookup ------------------------------------------------------------------
 
+    def watch_lookups(self, clock: Callable[[], float], observe: Callable[[float], None]) -> None:
+        """Tell `observe` how long each lookup took on `clock` (the shell's
+        lookup-latency histogram)."""
+        self._lookup_clock = clock
+        self._on_lookup = observe
+
     def matches(self, keys: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first key: how many leading keys it
         holds (matching stops at its first miss)."""
+        clock = self._lookup_clock
+        if clock is None:
+            return self._matches(keys)
+        start = clock()
+        matched = self._matches(keys)
+        self._on_lookup(clock() - start)
+        return matched
+
+    def _matches(self, keys: Sequence[int]) -> dict[str, int]:
         counters = self.counters
         counters.lookups += 1
         if self._guesses:
@@ -429,6 +452,10 @@ class PreciseConfig:
     index_size: int = 100_000_000
     pods_per_key: int = 10
     speculative_ttl: float | None = None
+
+    def keys_of(self, tokens: Sequence[int], cache_salt: str | None = None) -> tuple[int, ...]:
+        """The block keys a prompt of `tokens` is looked up by."""
+        return self.hasher.keys(tokens, self.max_blocks, None, cache_salt) if tokens else ()
 
     def index(self, clock: Callable[[], float]) -> KVBlockIndex:
         return KVBlockIndex(self.index_size, self.pods_per_key, self.speculative_ttl, clock)

@@ -174,6 +174,10 @@ class PrefixIndex:
     def endpoints(self) -> set[str]:
         return set(self._held)
 
+    def entries(self) -> int:
+        """Blocks held, over every endpoint."""
+        return sum(len(held) for held in self._held.values())
+
     def size(self, endpoint: str) -> int:
         """How many blocks `endpoint` holds."""
         held = self._held.get(endpoint)

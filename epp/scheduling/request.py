@@ -6,6 +6,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
+@dataclass(slots=True, frozen=True)
+class PrefixMatch:
+    """What a prefix-cache producer's index predicted for the endpoint a
+    request was placed on: `matched` of the prompt's `blocks` blocks of
+    `block_tokens` tokens held there, of a prompt of `prompt_tokens` tokens
+    (the prefix metrics, `llm_d_epp_prefix_*`, read it)."""
+
+    producer: str
+    producer_type: str
+    matched: int
+    blocks: int
+    block_tokens: int
+    prompt_tokens: int
+
+    @property
+    def cached_tokens(self) -> int:
+        return min(self.matched * self.block_tokens, self.prompt_tokens)
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """The parsed inference request, as the scheduler needs it.
@@ -45,7 +64,9 @@ class InferenceRequest:
     `token_ids` are the prompt's tokens as the model server will see them,
     when a token producer tokenized it (None otherwise: the precise prefix
     cache then matches nothing); `cache_salt` is the body's `cache_salt`.
-    `kv_block_keys` caches their vLLM block keys (`kvblocks`). `body` is the
+    `kv_block_keys` caches their vLLM block keys (`kvblocks`).
+    `prefix_match` is what the first prefix-cache scorer's index predicted
+    for the endpoint it was placed on. `body` is the
     request body as sent upstream and `chat` whether it is a chat (messages)
     request, for the token producer.
     """
@@ -72,3 +93,4 @@ class InferenceRequest:
     body: bytes = field(default=b"", repr=False, compare=False)
     chat: bool = False
     kv_block_keys: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    prefix_match: PrefixMatch | None = None

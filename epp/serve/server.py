@@ -50,7 +50,7 @@ import random
 import signal
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,6 +226,7 @@ class EppServer:
             self.metrics.watch_limits(self.core.adaptive)
         self.metrics.watch_credits(self._credits_in_use)
         self.metrics.watch_sessions(lambda: bindings_of(self.core.scheduler.plugins))
+        self.metrics.watch_prefix_index(lambda: self.core.scheduler.plugins)
         self.metrics.watch_scheduling(self.config.scheduling.handler)
         self.core.watch_flows(self.metrics.on_flows_collected)
         on_outcome = at_end_of_turn(self.metrics.on_outcome)
@@ -586,7 +587,12 @@ class EppServer:
             raise StartupError("token-producer: a tokenizing backend does not run with --workers")
         name = next(n for n, t in self.config.plugins if t in ("token-producer", "tokenizer"))
         tally = self.plugin_durations.family.tally(("DataProducer", "token-producer", name))
-        producer = TokenProducer(settings, backend, tally.add)
+
+        def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
+            precise = self.config.scheduling.precise  # the configuration now
+            return precise.keys_of(tokens, salt) if precise is not None else None
+
+        producer = TokenProducer(settings, backend, tally.add, keys=keys)
         self._stack.push_async_callback(producer.close)
         self.service.tokenize = producer.tokenize
         self.token_producer = producer

@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -214,12 +214,17 @@ class TokenProducer:
         backend: Backend,
         observe: Callable[[float], None] | None = None,
         stats: TokenizerStats | None = None,
+        keys: Callable[[Sequence[int], str | None], tuple[int, ...] | None] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.stats = stats if stats is not None else TokenizerStats()
         self._observe = observe
         self._in_flight = 0
+        self._keys = keys
+        """The precise prefix cache's block keys of the tokens (None: not
+        configured now), hashed in a worker thread: a long prompt's keys
+        take tens of milliseconds, which the event loop must not spend."""
 
     async def tokenize(self, request: InferenceRequest) -> None:
         """Set `request.token_ids` (and its token count); on any failure
@@ -252,6 +257,8 @@ class TokenProducer:
         request.token_ids = tokens
         request.input_tokens = len(tokens)
         self.stats.tokenized += 1
+        if self._keys is not None and tokens:
+            request.kv_block_keys = await asyncio.to_thread(self._keys, tokens, request.cache_salt)
 
     async def close(self) -> None:
         await self.backend.close()

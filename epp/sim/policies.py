@@ -214,6 +214,7 @@ class EppPolicy:
             b"",  # body
             False,  # chat
             self.sim.keys_of(request, *precise) if precise is not None else None,
+            None,  # prefix match
             request,
         )
         # All positional: calling a class with a keyword builds a dict.

@@ -248,6 +248,9 @@ def read_scheduling(
             for p in plugins.values()
             if p.kind is Kind.PRODUCER and isinstance(p.value, PluginSpec)
         ),
+        prefix_producer=next(
+            (name for name, p in plugins.items() if p.type == PREFIX_PRODUCER), PREFIX_PRODUCER
+        ),
         prefix_block_chars=block_chars,
         prefix_max_blocks=max_blocks,
         prefix_lru_capacity=lru_capacity,

@@ -109,6 +109,10 @@ RESPONSE_PROCESSING_BUCKETS = (
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 CYCLE_BUCKETS = SCHEDULER_BUCKETS
 """The reference's buckets for the enqueue and dispatch-cycle durations (the same list)."""
+LOOKUP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Prometheus's default buckets, which the reference's lookup latency uses."""
+HIT_RATIO_BUCKETS = tuple(step / 10 for step in range(11))
+HIT_BYTES_BUCKETS = (0, *(2**power for power in range(4, 17)))
 QUEUE_BUCKETS = (
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0,
@@ -122,6 +126,7 @@ POOL_STAGE = ("inference_pool", "stage")
 PER_ENDPOINT = ("name", "model_server_endpoint")
 LIMIT = ("inference_pool", "endpoint")
 SESSIONS = ("inference_pool", "plugin")
+PLUGIN = ("plugin_name", "plugin_type")
 POD = ("pod_identifier",)
 
 C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
@@ -477,6 +482,17 @@ CATALOGUE: tuple[Spec, ...] = (
         "max_pod_hit_count", "Longest contiguous per-pod prefix chain observed per lookup"
     ),
     Spec(
+        P + "kv_cache_index_lookup_latency_seconds",
+        H,
+        "Latency of Lookup calls in seconds.",
+        buckets=LOOKUP_BUCKETS,
+        twin=Twin(
+            KVCACHE_INDEX + "lookup_latency_seconds",
+            help=f"Deprecated: use {P}kv_cache_index_lookup_latency_seconds. Latency of "
+            "Lookup calls in seconds",
+        ),
+    ),
+    Spec(
         P + "kv_cache_index_blocks",
         G,
         "Block keys the precise index holds (some endpoint reported storing each).",
@@ -497,6 +513,13 @@ CATALOGUE: tuple[Spec, ...] = (
         G,
         "Number of ZMQ subscribers currently managed, including those retrying a failed "
         "connection.",
+    ),
+    Spec(
+        P + "kv_cache_events_subscriber_reconnections_total",
+        C,
+        "Times a subscriber's publisher came back after a disconnection (its blocks are "
+        "dropped and replayed).",
+        POD,
     ),
     Spec(
         P + "kv_cache_events_messages_received_total",
@@ -538,6 +561,47 @@ CATALOGUE: tuple[Spec, ...] = (
         P + "kv_cache_events_resets_total",
         C,
         "Times a server's blocks were dropped because it restarted or reconnected.",
+    ),
+    Spec(
+        P + "prefix_indexer_size",
+        G,
+        "Blocks the approximate prefix index holds, over every endpoint.",
+        PLUGIN,
+        twin=Twin(EXTENSION + "prefix_indexer_size", ()),
+    ),
+    Spec(
+        P + "prefix_indexer_hit_ratio",
+        H,
+        "Ratio of prefix length matched to total prefix length in the cache lookup, on the "
+        "endpoint chosen.",
+        PLUGIN,
+        HIT_RATIO_BUCKETS,
+        Twin(EXTENSION + "prefix_indexer_hit_ratio", ()),
+    ),
+    Spec(
+        P + "prefix_indexer_hit_bytes",
+        H,
+        "Length of the prefix match in bytes (4 a token) in the cache lookup, on the "
+        "endpoint chosen.",
+        PLUGIN,
+        HIT_BYTES_BUCKETS,
+        Twin(EXTENSION + "prefix_indexer_hit_bytes", ()),
+    ),
+    Spec(
+        P + "prefix_predicted_cached_tokens",
+        H,
+        "Prompt tokens the prefix-cache producer's index predicted cached on the endpoint "
+        "chosen, per request.",
+        PLUGIN,
+        INPUT_TOKEN_BUCKETS,
+    ),
+    Spec(
+        P + "prefix_prompt_tokens",
+        H,
+        "Prompt tokens of the requests the prefix-cache producer predicted for (the "
+        "denominator of the predicted hit rate).",
+        PLUGIN,
+        INPUT_TOKEN_BUCKETS,
     ),
     Spec(
         P + "token_producer_tokenized_total",

@@ -30,13 +30,14 @@ connections and limit trips, the session bindings.
   ours: the blocks held against the index's limit, events applied and
   dropped, sequence gaps, replays and resets. The token producer's
   tokenized requests and fallbacks by reason (`TokenProducerCollector`).
+  The approximate prefix index's size per producer (`PrefixIndexCollector`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.scheduling.endpoint import PoolSnapshot
+from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.sessions import SessionBindings
 from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.series import scraped
@@ -259,6 +261,9 @@ class KVCacheCollector(Collector):
             )
         stats = self._stats
         yield from scraped(P + "kv_cache_events_active_subscribers", [((), stats.active)])
+        yield from scraped(P + "kv_cache_events_subscriber_reconnections_total", [
+            ((pod,), count) for pod, count in sorted(stats.reconnections.items())
+        ])  # fmt: skip
         yield from scraped(P + "kv_cache_events_messages_received_total", [
             ((pod,), count) for pod, count in sorted(stats.messages.items())
         ])  # fmt: skip
@@ -308,3 +313,18 @@ class WorkersCollector(Collector):
             yield from scraped(f"epp_worker_{name}_total", [
                 ((row[0],), row[column]) for row in counts
             ])  # fmt: skip
+
+
+class PrefixIndexCollector(Collector):
+    """The approximate prefix index's size, per producer (`plugins()` are the
+    scheduler's plugins now: a reload may bring another index)."""
+
+    def __init__(self, plugins: Callable[[], Iterable[object]]) -> None:
+        self._plugins = plugins
+
+    def collect(self) -> Iterator[Metric]:
+        sizes: dict[tuple[str, str], int] = {}
+        for plugin in self._plugins():
+            if type(plugin) is PrefixCacheScorer:  # the precise index has its own series
+                sizes[plugin.producer] = plugin.index_entries()
+        yield from scraped(P + "prefix_indexer_size", list(sizes.items()))

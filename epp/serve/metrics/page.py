@@ -4,7 +4,7 @@ scrape-time collectors on one registry) and the HTTP server that serves it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from epp.serve.metrics.collectors import (
     KVCacheCollector,
     LimitsCollector,
     PoolCollector,
+    PrefixIndexCollector,
     SaturationCollector,
     ScrapeFailures,
     SessionsCollector,
@@ -84,8 +85,15 @@ class EppMetrics(RequestMetrics):
 
     def watch_kv_cache(self, index: Callable[[], KVBlockIndex | None], stats: KVEventStats) -> None:
         """Report the precise index's counters and the KV-event subscribers'
-        stats at scrape time."""
+        stats at scrape time; time its lookups (`kv_cache_index_lookup_latency_seconds`)."""
         self.registry.register(KVCacheCollector(index, stats))
+        found = index()
+        if found is not None:
+            found.watch_lookups(time.perf_counter, self.kv_lookups.tally(()).add)
+
+    def watch_prefix_index(self, plugins: Callable[[], Iterable[object]]) -> None:
+        """Report the approximate prefix index's size at scrape time."""
+        self.registry.register(PrefixIndexCollector(plugins))
 
     def watch_token_producer(self, stats: TokenizerStats) -> None:
         """Report the token producer's tokenized requests and fallbacks at scrape time."""

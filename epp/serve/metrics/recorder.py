@@ -56,7 +56,8 @@ from epp.flowcontrol.gate import Placement, Placer
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import InferenceRequest, PrefixMatch
+from epp.scheduling.cache_scorers import APPROX_PRODUCER
 from epp.scheduling.spec import PluginSpec
 from epp.scheduling.stages import DISAGG_HANDLERS
 from epp.serve.metrics.catalogue import SCHEDULER_BUCKETS, P
@@ -239,6 +240,11 @@ class RequestMetrics:
             SCHEDULER_BUCKETS
         )
         self.disagg_decisions = Family(P + "disagg_decision_total")
+        self.prefix_hit_ratio = Family(P + "prefix_indexer_hit_ratio")
+        self.prefix_hit_bytes = Family(P + "prefix_indexer_hit_bytes")
+        self.prefix_predicted = Family(P + "prefix_predicted_cached_tokens")
+        self.prefix_prompt = Family(P + "prefix_prompt_tokens")
+        self.kv_lookups = Family(P + "kv_cache_index_lookup_latency_seconds")
         self.disagg_handler: tuple[str, str] | None = None
         """The profile handler's (name, type) when it disaggregates."""
         info = Family(P + "info")
@@ -255,6 +261,8 @@ class RequestMetrics:
             self.flow_control_total, self.queue_size,
             self.queue_bytes, self.attempts, self.scheduler_e2e,
             self.plugin_durations.family, self.disagg_decisions, info,
+            self.prefix_hit_ratio, self.prefix_hit_bytes, self.prefix_predicted,
+            self.prefix_prompt, self.kv_lookups,
         ]))  # fmt: skip
 
     def _request_labels(self, request: FlowRequest | None) -> tuple[str, str, str, str]:
@@ -325,13 +333,28 @@ class RequestMetrics:
             if model:
                 self.running.add(labels)
             self._attempt("success", target, request.endpoint)
+            payload = request.payload
             handler = self.disagg_handler
             if handler is not None:
-                payload = request.payload
                 decision = decision_type(payload.routing if payload is not None else None)
                 self.disagg_decisions.add((*handler, target, decision))
+            match = payload.prefix_match if isinstance(payload, InferenceRequest) else None
+            if match is not None:
+                self._prefix_match(match)
         elif outcome is Outcome.REJECTED_NO_ENDPOINTS or outcome is Outcome.REJECTED_FILTERED:
             self._attempt("failure", target, None)
+
+    def _prefix_match(self, match: PrefixMatch) -> None:
+        """The prefix series of a dispatched request: what its producer's index
+        predicted on the endpoint chosen (the approximate producer's ratio
+        and bytes too, 4 bytes a token, as the reference reports them)."""
+        producer = (match.producer, match.producer_type)
+        self.prefix_predicted.observe(producer, match.cached_tokens)
+        self.prefix_prompt.observe(producer, match.prompt_tokens)
+        if match.producer_type == APPROX_PRODUCER:
+            self.prefix_hit_bytes.observe(producer, match.matched * match.block_tokens * 4)
+            if match.blocks:
+                self.prefix_hit_ratio.observe(producer, match.matched / match.blocks)
 
     def watch_scheduling(self, handler: PluginSpec) -> None:
         """Count disaggregation decisions when the profile `handler` disaggregates."""

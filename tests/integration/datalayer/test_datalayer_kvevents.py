@@ -201,6 +201,7 @@ async def test_a_server_that_restarts_loses_what_it_held_before_its_new_blocks_a
         await wait_until(lambda: recorder.index.holds("10.0.0.1:8000", 9))
         assert not recorder.index.holds("10.0.0.1:8000", 1)
         assert stats.resets == 1
+        assert stats.reconnections == {"10.0.0.1:8000": 1}
         await stop(context, task)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.demo.model_server import SimulatedServer
 from epp.demo.server_formats import token_ids
+from epp.scheduling.kvblocks import BlockHasher, PreciseConfig
 from epp.scheduling.request import InferenceRequest
 from epp.serve.tokenizer import LocalTokenizer, TokenProducer, UdsSidecar, backend_for
 from epp.sim.server_model import ServerParams
@@ -69,6 +71,27 @@ async def test_the_vllm_backend_gets_the_servers_own_tokens(render: bool) -> Non
     assert completion.input_tokens == len(completion.token_ids)
     assert tokens.stats.tokenized == 2
     assert not tokens.stats.fallbacks
+
+
+async def test_the_precise_block_keys_are_hashed_off_the_event_loop() -> None:
+    precise = PreciseConfig(hasher=BlockHasher(16))
+    threads = []
+
+    def keys(tokens, salt):
+        threads.append(threading.get_ident())
+        return precise.keys_of(tokens, salt)
+
+    async with vllm_server() as url:
+        settings = TokenizerSettings(TokenizerBackend.VLLM, "m", url)
+        backend = backend_for(settings)
+        assert backend is not None
+        tokens = TokenProducer(settings, backend, keys=keys)
+        request = completion_request()
+        await tokens.tokenize(request)
+        await tokens.close()
+    assert request.kv_block_keys == precise.keys_of(token_ids(COMPLETION["prompt"]))
+    assert len(request.kv_block_keys) == len(request.token_ids) // 16
+    assert threads and threading.get_ident() not in threads
 
 
 async def test_a_tokenizer_slower_than_its_timeout_leaves_the_estimate() -> None:

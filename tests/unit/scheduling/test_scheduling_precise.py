@@ -15,7 +15,7 @@ from epp.scheduling.cache_scorers import PrecisePrefixCacheScorer
 from epp.scheduling.core import Core, build_core
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.kvblocks import AllBlocksCleared, BlockHasher, BlockStored
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import InferenceRequest, PrefixMatch
 
 SAMPLES = Path(__file__).parents[2] / "data" / "reference_configs"
 NOW = 100.0
@@ -95,6 +95,26 @@ def test_requests_go_where_the_servers_report_their_prompts_blocks() -> None:
     core.kv_events("10.0.0.3:8000", [BlockStored(keys(TOKENS)[:2])])
     for _ in range(5):
         assert choose(core, TOKENS) == "10.0.0.2:8000"
+
+
+def test_a_placed_request_carries_what_the_index_predicted_for_its_endpoint() -> None:
+    core = core_for(precise_config(), Pool(endpoint(1), endpoint(2)))
+    core.kv_events("10.0.0.2:8000", [BlockStored(keys(TOKENS)[:6])])
+    request = InferenceRequest("m", "m", token_ids=TOKENS)
+    core.scheduler.choose(request)
+    producer = "precise-prefix-cache-producer"
+    assert request.prefix_match == PrefixMatch(producer, producer, 6, 8, 16, len(TOKENS))
+    assert request.prefix_match.cached_tokens == 96
+
+
+def test_the_approximate_index_predicts_the_blocks_it_sent_the_endpoint_before() -> None:
+    core = core_for(EppConfig(), Pool(endpoint(1), endpoint(2)))
+    prompt = "p" * 64 * 5 + "tail"
+    first, second = (InferenceRequest("m", "m", prompt=prompt, input_tokens=81) for _ in "12")
+    assert core.scheduler.choose(first) == core.scheduler.choose(second)
+    producer = "approx-prefix-cache-producer"
+    assert first.prefix_match == PrefixMatch(producer, producer, 0, 5, 16, 81)
+    assert second.prefix_match == PrefixMatch(producer, producer, 5, 5, 16, 81)
 
 
 def test_the_servers_hash_seed_from_the_config_is_used() -> None:

@@ -18,12 +18,15 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.endpoint import EndpointMetrics
 from epp.scheduling.kvblocks import KVBlockIndex
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import InferenceRequest, PrefixMatch
+from epp.scheduling.cache_scorers import APPROX_PRODUCER, PrefixCacheScorer
 from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics, StageView
 from epp.serve.metrics.catalogue import CATALOGUE, SPECS, Kind, Spec, Twin, markdown_table
 from epp.serve.tokenizer import TokenizerStats
+
+APPROX = (APPROX_PRODUCER, APPROX_PRODUCER)
 
 
 def fed_metrics() -> EppMetrics:
@@ -33,7 +36,7 @@ def fed_metrics() -> EppMetrics:
     for outcome in Outcome:
         request = FlowRequest(
             outcome.name, "tenant", 3, arrival=1.0, byte_size=10,
-            payload=InferenceRequest("m", "t"),
+            payload=InferenceRequest("m", "t", prefix_match=PrefixMatch(*APPROX, 2, 4, 16, 70)),
         )  # fmt: skip
         metrics.on_queued(request)
         request.outcome = outcome
@@ -69,7 +72,10 @@ def fed_metrics() -> EppMetrics:
     events.events["BlockStored"] += 1
     events.dropped["malformed"] += 1
     events.replays["complete"] += 1
-    metrics.watch_kv_cache(lambda: KVBlockIndex(size=10), events)
+    index = KVBlockIndex(size=10)
+    metrics.watch_kv_cache(lambda: index, events)
+    index.matches([1])
+    metrics.watch_prefix_index(lambda: [PrefixCacheScorer(64, 4, 10)])
     metrics.watch_token_producer(TokenizerStats())
     metrics.watch_workers(lambda: iter([("0", 3, 1, 0)]))
     return metrics
