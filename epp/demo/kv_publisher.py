@@ -119,7 +119,9 @@ def _bind(socket: zmq.asyncio.Socket, host: str, port: int) -> int:
 class KVEventPublisher:
     """An async context manager: binds the PUB (and, with `replay_port`, the
     ROUTER) socket on `host` (port 0: a free one, then in `port` and
-    `replay_port`); `publish` sends one batch."""
+    `replay_port`), or with `connect` connects the PUB socket to that
+    endpoint (an EPP's bound `kvEventsConfig.zmqEndpoint`, as vLLM's
+    publisher does for an endpoint it is not to bind); `publish` sends one batch."""
 
     def __init__(
         self,
@@ -129,8 +131,10 @@ class KVEventPublisher:
         replay_port: int | None = None,
         buffer_steps: int = 10_000,
         map_encoded: bool = False,
+        connect: str = "",
     ) -> None:
         self.host = host
+        self.connect = connect
         self.port = port
         self.replay_port = replay_port
         self.topic = topic.encode()
@@ -143,12 +147,22 @@ class KVEventPublisher:
         self.seq = 0
         self.skip_next = False
         """Tests: number the next batch but do not send it (a lost message)."""
+        self.connected = asyncio.Event()
+        """Set once the PUB socket has a peer (at once when it binds): a PUB
+        drops what it sends before a subscriber's connection is up."""
+        self._watch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> KVEventPublisher:
         self._pub = self._context.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
-        self.port = _bind(self._pub, self.host, self.port)
+        if self.connect:
+            monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self._watch = asyncio.create_task(self._await_peer(monitor))
+            self._pub.connect(self.connect)
+        else:
+            self.port = _bind(self._pub, self.host, self.port)
+            self.connected.set()
         if self.replay_port is not None:
             self._router = self._context.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
@@ -157,11 +171,19 @@ class KVEventPublisher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._replays is not None:
-            self._replays.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replays
+        for task in (self._replays, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._context.destroy(linger=0)
+
+    async def _await_peer(self, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            await monitor.recv_multipart()
+            self.connected.set()
+        finally:
+            monitor.close()
 
     async def publish(self, events: Sequence[object]) -> int:
         """Send `events` as one batch; its sequence number."""

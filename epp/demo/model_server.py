@@ -84,14 +84,16 @@ STORED_RESPONSES = 1000
 class KVEventsPublishing:
     """How a simulated server publishes its KV-cache events, as vLLM's
     `--kv-events-config` does: on `host` (default: the server's) at `port`
-    (0: a free one), its replay socket at `replay_port` (None: none), its
-    block keys vLLM's for `hash_seed` (PYTHONHASHSEED) and `algorithm`."""
+    (0: a free one), its replay socket at `replay_port` (None: none), or
+    connected to `connect` (an EPP's bound endpoint) instead; its block keys
+    vLLM's for `hash_seed` (PYTHONHASHSEED) and `algorithm`."""
 
     port: int = 0
     replay_port: int | None = 0
     host: str = ""
     hash_seed: str = ""
     algorithm: HashAlgorithm = HashAlgorithm.SHA256_CBOR
+    connect: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -322,7 +324,8 @@ class SimulatedServer:
                 publishing.host or host,
                 publishing.port,
                 f"kv@{publishing.host or host}@{self.served[0]}",
-                publishing.replay_port,
+                None if publishing.connect else publishing.replay_port,
+                connect=publishing.connect,
             )
             await self.publisher.__aenter__()
             self._kv_task = asyncio.create_task(self._publish(self.publisher))

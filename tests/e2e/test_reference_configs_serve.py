@@ -2,7 +2,8 @@
 servers, `epp serve --config-file <sample>` and Envoy on loopback. A few
 representative samples (single profile with the decode filter, load-aware
 scoring, P/D disaggregation, program-aware fairness, P/D gated by a
-max-saturation-detector) answer a chat request through Envoy; the
+max-saturation-detector, the precise prefix cache without a tokenizer beside
+the no-hit LRU scorer) answer a chat request through Envoy; the
 OpenAI Python SDK lists models (a request without a body, which goes to a
 random ready endpoint) and chats through the same Envoy."""
 
@@ -28,6 +29,7 @@ SAMPLES = Path(__file__).parents[1] / "data" / "reference_configs"
         "epp-estimate-prefix-cache-config.yaml",
         "pd-epp-config.yaml",
         "sim-program-aware-config.yaml",
+        "sim-epp-no-hit-lru.yaml",
     ],
 )
 async def test_a_reference_sample_config_serves_a_chat_request(sample: str) -> None:

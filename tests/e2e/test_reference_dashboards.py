@@ -31,7 +31,10 @@ flowControl:
     kinds: [concurrency]
     maxPerEndpoint: 1
 """
-PRECISE = "the precise prefix cache (precise-prefix-cache-producer), not in this load's config"
+PRECISE = (
+    "the precise prefix cache, which this load does not configure: "
+    "tests/e2e/test_precise_prefix_envoy.py checks them under precise routing"
+)
 REFUSED = {
     ("llm-d_guides_epp_panels.yaml", alert): PRECISE
     for alert in (
@@ -43,12 +46,12 @@ REFUSED = {
         "KVCacheEventsSubscriberReconnecting",
         "KVCacheEventsZMQErrors",
         "KVCacheEventsStalled",
-        "KVCacheEventsPoolBacklog",
+        "KVCacheTokenizationSlow",
     )
 }
-REFUSED["llm-d_guides_epp_panels.yaml", "KVCacheTokenizationSlow"] = (
-    "token-producer's tokenizer backends, not in this load's config; its estimate runs in "
-    "the parser, not as a timed plugin call"
+REFUSED["llm-d_guides_epp_panels.yaml", "KVCacheEventsPoolBacklog"] = (
+    "the reference's KV-event worker pool's queue depth: epp has no such pool, it applies "
+    "each message as it reads it"
 )
 
 

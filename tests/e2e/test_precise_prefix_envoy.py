@@ -1,0 +1,240 @@
+"""The reference's precise prefix-cache samples served through a real Envoy:
+three simulated vLLM servers on their own loopback addresses publish their
+KV-cache events over ZMQ as vLLM does (on a port of their own that the EPP
+subscribes to, `podDiscoveryConfig.socketPort`, or connected to the EPP's
+bound `kvEventsConfig.zmqEndpoint`), the EPP tokenizes each prompt through
+a server's render endpoint, and a request goes to the server that holds its
+prefix. Each prefix is stored on its server by a request sent to that
+server directly, past the EPP, so only the server's events can tell the EPP
+where it is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.demo.model_server import KVEventsPublishing, SimulatedServer
+from epp.demo.server_formats import token_ids
+from epp.sim.server_model import ServerParams
+from tests.support.dashboards import read_page, reference_queries, unmet
+from tests.support.envoy import running_envoy
+from tests.support.epp_process import running_epp
+
+pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
+
+SAMPLES_DIR = Path(__file__).parents[1] / "data" / "reference_configs"
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+MODEL = "hf-repo/model-name"
+
+
+@dataclass(slots=True, frozen=True)
+class Sample:
+    """A sample and what its servers run with: its block size and hash seed,
+    and whether they connect to the EPP's bound endpoint."""
+
+    file: str
+    block: int
+    seed: str = ""
+    bound: bool = False
+
+
+SAMPLES = (
+    Sample("epp-precise-prefix-cache-config.yaml", 64),
+    Sample("sim-epp-kvcache-config.yaml", 16, bound=True),
+    Sample("sim-epp-tokenizer-vllm-http-config.yaml", 16, "42", bound=True),
+)
+
+
+def shared_free_port() -> int:
+    """A port free on every host of HOSTS (the sample's one socketPort)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((HOSTS[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in HOSTS[1:]:
+                with socket.socket() as other:
+                    other.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no port free on every loopback host")
+
+
+def sample_config(folder: Path, sample: Sample, render_url: str, events: str, replay: int) -> Path:
+    """The sample as written, with what a deployment fills in: the model, the
+    render service's URL and where the KV-cache events come from."""
+    config = yaml.safe_load((SAMPLES_DIR / sample.file).read_text())
+    for plugin in config["plugins"]:
+        parameters = plugin.get("parameters") or {}
+        if plugin["type"] == "token-producer":
+            parameters["modelName"] = MODEL
+            parameters["vllm"]["url"] = render_url
+        if plugin["type"] == "precise-prefix-cache-producer":
+            if sample.bound:
+                parameters["kvEventsConfig"]["zmqEndpoint"] = events
+            else:
+                port = int(events.rsplit(":", 1)[1])
+                parameters["kvEventsConfig"] = {
+                    "podDiscoveryConfig": {"socketPort": port, "replaySocketPort": replay}
+                }
+    path = folder / "precise.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def servers(
+    sample: Sample, events: str, replay: int, replays: int = len(HOSTS)
+) -> AsyncIterator[list[SimulatedServer]]:
+    """A server on each of HOSTS publishing as `sample` says; only the first
+    `replays` of them keep a replay socket."""
+    port = int(events.rsplit(":", 1)[1])
+    started = []
+    try:
+        for index, host in enumerate(HOSTS):
+            publishing = (
+                KVEventsPublishing(hash_seed=sample.seed, connect=events)
+                if sample.bound
+                else KVEventsPublishing(
+                    port, replay if index < replays else None, hash_seed=sample.seed
+                )
+            )
+            params = ServerParams(block_size=sample.block, kv_blocks=4000)
+            server = SimulatedServer(params, MODEL, kv_events=publishing)
+            await server.start(host)
+            started.append(server)
+        yield started
+    finally:
+        for server in started:
+            await server.stop()
+
+
+def prompt(prefix: str, turn: int) -> str:
+    return f"{prefix} " * 160 + f" question {turn}"
+
+
+async def series(session: aiohttp.ClientSession, url: str, name: str) -> dict:
+    """The samples of `name` on the page at `url`: labels -> value."""
+    async with session.get(url) as reply:
+        text = await reply.text()
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+async def complete(session: aiohttp.ClientSession, url: str, text: str) -> dict:
+    body = {"model": MODEL, "prompt": text, "max_tokens": 2}
+    async with session.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda sample: sample.file)
+@contextlib.asynccontextmanager
+async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
+    """The servers, the EPP serving `sample` and Envoy; each prefix of HOMES
+    stored on its server directly, and the EPP's index holding them."""
+    events = f"tcp://{HOSTS[0]}:{shared_free_port()}"
+    replay = shared_free_port()
+    async with servers(sample, events, replay, replays) as pool:
+        addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
+        config = sample_config(tmp_path, sample, f"http://{addresses[0]}", events, replay)
+        async with (
+            running_epp(f"--config-file={config}", f"--endpoints={','.join(addresses)}") as epp,
+            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+            aiohttp.ClientSession() as session,
+        ):
+            for server in pool:  # a PUB drops what it sends before it is connected
+                assert server.publisher is not None
+                await asyncio.wait_for(server.publisher.connected.wait(), 10)
+            for prefix, home in HOMES.items():
+                direct = f"http://{addresses[home]}/v1/completions"
+                await complete(session, direct, prompt(prefix, 0))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            blocks = sum(len(token_ids(prompt(p, 0))) // sample.block for p in HOMES)
+            name = "llm_d_epp_kv_cache_index_blocks"
+            while (await series(session, epp.metrics_url, name)).get((), 0) < blocks:
+                assert loop.time() < deadline, f"the index never held {blocks} blocks:\n{epp.log()}"
+                await asyncio.sleep(0.05)
+            yield (
+                pool,
+                addresses,
+                epp,
+                f"http://127.0.0.1:{envoy.listen_port}/v1/completions",
+                session,
+            )
+
+
+HOMES = {"alpha": 1, "beta": 2}
+"""Each prefix and the server it is stored on."""
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda sample: sample.file)
+async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(tmp_path, sample):
+    async with stack(tmp_path, sample) as (pool, addresses, epp, gateway, session):
+        before = [server.model.admitted_total for server in pool]
+        for turn in range(1, 4):
+            for prefix in HOMES:
+                await complete(session, gateway, prompt(prefix, turn))
+        served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+        assert served == [0, 3, 3], served
+        received = await series(
+            session, epp.metrics_url, "llm_d_epp_kv_cache_events_messages_received_total"
+        )
+        assert {dict(labels)["pod_identifier"] for labels in received} >= set(addresses[1:])
+
+
+KV_CACHE_ALERTS = "llm-d_guides_epp_panels.yaml"
+NO_WORKER_POOL = "KVCacheEventsPoolBacklog"
+"""The one KV-cache alert that reads a series epp does not emit: the depth of
+the reference's event worker pool; epp applies each message as it reads it."""
+
+
+async def test_the_kv_cache_alert_rules_read_series_the_epp_emits(tmp_path):
+    # The last server has no replay socket (a replay error); one server
+    # restarts on its address (a reconnection).
+    sample = SAMPLES[0]
+    async with stack(tmp_path, sample, replays=2) as (pool, _, epp, gateway, session):
+        old = pool[1]
+        await old.stop()
+        pool[1] = SimulatedServer(old.params, MODEL, kv_events=old.kv_events)
+        await pool[1].start(HOSTS[1], old.port)
+        for turn in range(1, 3):
+            for prefix in HOMES:
+                await complete(session, gateway, prompt(prefix, turn))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        name = "llm_d_epp_kv_cache_events_subscriber_reconnections_total"
+        while not await series(session, epp.metrics_url, name):
+            assert loop.time() < deadline, "the subscriber never saw its publisher come back"
+            await asyncio.sleep(0.05)
+        async with session.get(epp.metrics_url) as reply:
+            page = read_page(await reply.text())
+    failures, checked = {}, set()
+    for query in reference_queries():
+        alert = (query.source, query.panel)
+        if query.source != KV_CACHE_ALERTS or not query.panel.startswith("KVCache"):
+            continue
+        if query.panel == NO_WORKER_POOL:
+            continue
+        for selector in query.epp_selectors():
+            checked.add(alert)
+            missing = unmet(selector, page)
+            if missing:
+                failures.setdefault(query.panel, set()).update(missing)
+    assert not failures, failures
+    assert len(checked) == 9
