@@ -1,0 +1,196 @@
+"""Precise against approximate prefix routing, live through Envoy.
+
+    python3 -m bench.precise_live [--seconds S] [--rate RPS] [--json]
+
+Four simulated vLLM servers (`epp.demo.model_server`, real time) on their own
+loopback addresses publish their KV-cache events over ZMQ; `epp serve` with
+`config/epp/precise-prefix.yaml` (precise) or `config/epp/default.yaml`
+(approximate) behind a real Envoy, and round-robin straight to the servers
+(a Kubernetes Service). The load is shared system prompts under KV pressure,
+as `config/scenarios/precise-system-prompts.yaml`: GROUPS prompts of
+PREFIX_TOKENS tokens and a tail of the request's own, Poisson arrivals,
+streamed; each policy gets fresh servers. Hit rate: cached prompt tokens
+over prompt tokens, summed over the servers; TTFT: the client's, to the
+first streamed chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from epp.demo.envoy_process import running_envoy
+from epp.demo.model_server import KVEventsPublishing, SimulatedServer
+from epp.sim.server_model import ServerParams
+from tests.support.epp_process import running_epp
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
+MODEL = "model"
+GROUPS = 16
+PREFIX_TOKENS = 1500
+TAIL_TOKENS = (50, 300)
+PARAMS = ServerParams(
+    max_num_seqs=16, prefill_ms_per_token=0.2, decode_ms_per_token=12, kv_blocks=500, block_size=16
+)
+
+
+def free_port() -> int:
+    """A port free on every host of HOSTS."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind((HOSTS[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in HOSTS[1:]:
+                with socket.socket() as other:
+                    other.bind((host, port))
+        except OSError:
+            continue
+        return port
+
+
+@contextlib.asynccontextmanager
+async def servers(events_port: int) -> AsyncIterator[list[SimulatedServer]]:
+    started = []
+    try:
+        for host in HOSTS:
+            server = SimulatedServer(PARAMS, MODEL, kv_events=KVEventsPublishing(events_port, None))
+            await server.start(host)
+            started.append(server)
+        yield started
+    finally:
+        for server in started:
+            await server.stop()
+
+
+def precise_config(folder: Path, render: str, events_port: int) -> Path:
+    config = yaml.safe_load((ROOT / "config" / "epp" / "precise-prefix.yaml").read_text())
+    for plugin in config["plugins"]:
+        parameters = plugin.get("parameters") or {}
+        if plugin["type"] == "token-producer":
+            parameters["modelName"] = MODEL
+            parameters["vllm"]["url"] = render
+        if plugin["type"] == "precise-prefix-cache-producer":
+            parameters["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] = events_port
+    path = folder / "precise.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def workload(seconds: float, rate: float, seed: int) -> list[tuple[float, str]]:
+    rng = random.Random(seed)
+    prefixes = [f"<system prompt {g:02d}|" * (PREFIX_TOKENS * 4 // 19 + 1) for g in range(GROUPS)]
+    prefixes = [p[: PREFIX_TOKENS * 4] for p in prefixes]
+    arrivals, at = [], rng.expovariate(rate)
+    while at < seconds:
+        tail = rng.randint(*TAIL_TOKENS) * 4
+        text = prefixes[rng.randrange(GROUPS)] + "".join(
+            rng.choice("abcdefghijklmnop ") for _ in range(tail)
+        )
+        arrivals.append((at, text))
+        at += rng.expovariate(rate)
+    return arrivals
+
+
+async def drive(urls: list[str], arrivals: list[tuple[float, str]]) -> list[float]:
+    """Send each arrival at its time (round-robin over `urls`); each one's TTFT."""
+    ttfts: list[float] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def one(index: int, text: str) -> None:
+            body = {"model": MODEL, "prompt": text, "max_tokens": 20, "stream": True}
+            sent = time.perf_counter()
+            async with session.post(urls[index % len(urls)], json=body) as response:
+                first = None
+                async for _ in response.content.iter_any():
+                    if first is None:
+                        first = time.perf_counter() - sent
+                if response.status == 200 and first is not None:
+                    ttfts.append(first)
+
+        start = time.perf_counter()
+        tasks = []
+        for index, (at, text) in enumerate(arrivals):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(index, text)))
+        await asyncio.gather(*tasks)
+    return ttfts
+
+
+def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[str, float]:
+    models = [server.model.model for server in pool if server.model is not None]
+    prompt = sum(model.prompt_tokens for model in models)
+    ordered = sorted(ttfts)
+    return {
+        "requests": sent,
+        "completed": len(ttfts),
+        "hit_rate": sum(model.cached_tokens for model in models) / prompt if prompt else 0.0,
+        "ttft_p50_s": statistics.median(ordered) if ordered else float("nan"),
+        "ttft_p90_s": ordered[int(0.9 * (len(ordered) - 1))] if ordered else float("nan"),
+    }
+
+
+async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, float]:
+    events_port = free_port()
+    async with servers(events_port) as pool:
+        addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
+        if policy == "round-robin":
+            urls = [f"http://{address}/v1/completions" for address in addresses]
+            return summary(pool, await drive(urls, arrivals), len(arrivals))
+        with tempfile.TemporaryDirectory() as folder:
+            config = (
+                precise_config(Path(folder), f"http://{addresses[0]}", events_port)
+                if policy == "precise"
+                else ROOT / "config" / "epp" / "default.yaml"
+            )
+            async with (
+                running_epp(f"--config-file={config}", f"--endpoints={','.join(addresses)}") as epp,
+                running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+            ):
+                url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
+                return summary(pool, await drive([url], arrivals), len(arrivals))
+
+
+async def main_async(seconds: float, rate: float, seed: int) -> dict[str, dict[str, float]]:
+    arrivals = workload(seconds, rate, seed)
+    return {
+        policy: await run(policy, arrivals) for policy in ("precise", "approximate", "round-robin")
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args()
+    results = asyncio.run(main_async(options.seconds, options.rate, options.seed))
+    if options.json:
+        print(json.dumps(results, indent=2))
+        return
+    for policy, result in results.items():
+        p50, p90 = result["ttft_p50_s"] * 1e3, result["ttft_p90_s"] * 1e3
+        print(
+            f"{policy:12s} hit {result['hit_rate']:.1%}  TTFT p50 {p50:.0f} ms  p90 {p90:.0f} ms"
+            f"  ({result['completed']}/{result['requests']})"
+        )
+
+
+if __name__ == "__main__":
+    main()
