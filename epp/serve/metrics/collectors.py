@@ -45,8 +45,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from epp.flowcontrol.adaptive import AdaptiveGate
-from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.cache_scorers import PrefixCacheScorer
+from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.sessions import SessionBindings
 from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.series import scraped

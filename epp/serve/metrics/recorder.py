@@ -55,9 +55,9 @@ from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.gate import Placement, Placer
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.cache_scorers import APPROX_PRODUCER
 from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest, PrefixMatch
-from epp.scheduling.cache_scorers import APPROX_PRODUCER
 from epp.scheduling.spec import PluginSpec
 from epp.scheduling.stages import DISAGG_HANDLERS
 from epp.serve.metrics.catalogue import SCHEDULER_BUCKETS, P

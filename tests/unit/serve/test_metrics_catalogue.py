@@ -16,10 +16,10 @@ from epp.datalayer.store import EndpointStore
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.cache_scorers import APPROX_PRODUCER, PrefixCacheScorer
 from epp.scheduling.endpoint import EndpointMetrics
 from epp.scheduling.kvblocks import KVBlockIndex
 from epp.scheduling.request import InferenceRequest, PrefixMatch
-from epp.scheduling.cache_scorers import APPROX_PRODUCER, PrefixCacheScorer
 from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics, StageView
