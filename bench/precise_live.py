@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import random
-import socket
 import statistics
 import tempfile
 import time
@@ -32,6 +31,7 @@ import aiohttp
 import yaml
 
 from epp.demo.envoy_process import running_envoy
+from epp.demo.kv_publisher import port_free_on_every
 from epp.demo.model_server import KVEventsPublishing, SimulatedServer
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp
@@ -45,21 +45,6 @@ TAIL_TOKENS = (50, 300)
 PARAMS = ServerParams(
     max_num_seqs=16, prefill_ms_per_token=0.2, decode_ms_per_token=12, kv_blocks=500, block_size=16
 )
-
-
-def free_port() -> int:
-    """A port free on every host of HOSTS."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind((HOSTS[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for host in HOSTS[1:]:
-                with socket.socket() as other:
-                    other.bind((host, port))
-        except OSError:
-            continue
-        return port
 
 
 @contextlib.asynccontextmanager
@@ -146,7 +131,7 @@ def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[
 
 
 async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, float]:
-    events_port = free_port()
+    events_port = port_free_on_every(HOSTS)
     async with servers(events_port) as pool:
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         if policy == "round-robin":

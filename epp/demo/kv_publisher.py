@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -24,6 +25,23 @@ import zmq
 import zmq.asyncio
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def port_free_on_every(hosts: Sequence[str], attempts: int = 50) -> int:
+    """A TCP port free on each of `hosts`: pods on loopback hosts share the one
+    `socketPort` a configuration names for their KV-cache events."""
+    for _ in range(attempts):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as other:
+                    other.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on every one of {', '.join(hosts)}")
 
 
 class _EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.demo.kv_publisher import port_free_on_every
 from epp.demo.model_server import KVEventsPublishing, SimulatedServer
 from epp.demo.server_formats import token_ids
 from epp.sim.server_model import ServerParams
@@ -52,22 +52,6 @@ SAMPLES = (
     Sample("sim-epp-kvcache-config.yaml", 16, bound=True),
     Sample("sim-epp-tokenizer-vllm-http-config.yaml", 16, "42", bound=True),
 )
-
-
-def shared_free_port() -> int:
-    """A port free on every host of HOSTS (the sample's one socketPort)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((HOSTS[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for host in HOSTS[1:]:
-                with socket.socket() as other:
-                    other.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no port free on every loopback host")
 
 
 def sample_config(folder: Path, sample: Sample, render_url: str, events: str, replay: int) -> Path:
@@ -147,8 +131,8 @@ async def complete(session: aiohttp.ClientSession, url: str, text: str) -> dict:
 async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
     """The servers, the EPP serving `sample` and Envoy; each prefix of HOMES
     stored on its server directly, and the EPP's index holding them."""
-    events = f"tcp://{HOSTS[0]}:{shared_free_port()}"
-    replay = shared_free_port()
+    events = f"tcp://{HOSTS[0]}:{port_free_on_every(HOSTS)}"
+    replay = port_free_on_every(HOSTS)
     async with servers(sample, events, replay, replays) as pool:
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         config = sample_config(tmp_path, sample, f"http://{addresses[0]}", events, replay)
