@@ -28,9 +28,9 @@ PART3 = "issue #14, scheduling plugins"
 _TOPOLOGY = "needs node topology attributes (topology-extractor), which epp does not collect"
 _ENDPOINT_ATTRIBUTE = "needs endpoint attributes from plugins epp does not run"
 _MM_CACHE = "needs multimodal embedding hashes (mm-embeddings-cache-producer)"
-_PRECISE = (
-    "needs vLLM KV-cache events over ZMQ and a real tokenizer (precise prefix cache); "
-    "planned in a later issue"
+_PRECISE_SCORER_REMOVED = (
+    "removed by the reference (llm-d-router PR #2844): use precise-prefix-cache-producer "
+    "with prefix-cache-scorer and its prefixMatchInfoProducerName"
 )
 
 
@@ -487,7 +487,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "precise-prefix-cache-scorer",
         Kind.SCORER,
         "prefix affinity from vLLM KV-cache events",
-        refusal=_PRECISE,
+        refusal=_PRECISE_SCORER_REMOVED,
     ),
     PluginType(
         "mm-embeddings-cache-scorer",

@@ -115,6 +115,15 @@ def test_types_that_need_what_epp_cannot_run_are_refused_with_a_reason(name: str
     assert raised.value.reason
 
 
+def test_the_removed_precise_scorer_points_to_its_replacement() -> None:
+    entry = REGISTRY.get("precise-prefix-cache-scorer")
+    assert entry is not None and not entry.supported
+    with pytest.raises(Unsupported) as raised:
+        entry.build({})
+    assert "precise-prefix-cache-producer" in raised.value.reason
+    assert "prefix-cache-scorer" in raised.value.reason.replace("precise-prefix-cache-", "")
+
+
 def test_every_supported_type_builds_from_its_defaults() -> None:
     from epp.config.fieldreader import FieldReader
     from epp.config.plugin import read_parameters
