@@ -12,8 +12,8 @@ down gracefully:
                                              |
                      ExtProcService + Health (epp.transport, port 9002); Health (9003)
 
-Where the pool, objectives and endpoints come from (`Inputs`):
-- files (`--endpoints` given): `--pool FILE`, `--objectives PATH...`,
+Where the pool, objectives and endpoints come from:
+- files (`--endpoints` given; `epp.serve.file_mode`): `--pool FILE`, `--objectives PATH...`,
   `--endpoints ip:port,...|@FILE`, each reloaded when it changes
   (`epp.serve.filewatch`). Without `--objectives` the objectives shipped with the
   package (copies of config/samples/) are used; without `--pool`, a pool
@@ -50,30 +50,19 @@ import random
 import signal
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from epp import defaults
-from epp.api.manifests import ManifestError, load_objectives, load_pool
-from epp.api.models import InferencePool
+from epp.api.manifests import ManifestError
 from epp.api.registry import ObjectiveRegistry
 from epp.config.datalayer import (
     FileDiscovery,
-    ModelsSourceSettings,
 )
-from epp.config.loader import (
-    ConfigError,
-    EppConfig,
-    experimental_errors,
-    load_config,
-    parse_config,
-)
-from epp.datalayer.models import ModelLists, ModelsScraper
-from epp.datalayer.scraper import MetricsScraper, MetricsSource
+from epp.config.loader import EppConfig
+from epp.datalayer.models import ModelLists
+from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.extproc.parsers import parser_set
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
@@ -81,16 +70,14 @@ from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import build_core
-from epp.scheduling.saturation import pool_saturation
 from epp.scheduling.sessions import bindings_of
-from epp.scheduling.stages import DECODE, PREFILL, stage_pools
 from epp.serve.admission import AdmissionController
+from epp.serve.configuration import live_part, load_serve_config
+from epp.serve.file_mode import FileMode
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
 from epp.serve.inputs import (
     StartupError,
-    initial_pool,
-    read_endpoints,
     scrape_settings,
     with_file_discovery,
 )
@@ -99,13 +86,19 @@ from epp.serve.metrics import (
     Authorize,
     EppMetrics,
     PluginDurations,
-    StageView,
     Tally,
     TimedPlacer,
     serve_metrics,
 )
 from epp.serve.options import ServeOptions
 from epp.serve.owner import Owner
+from epp.serve.producers import (
+    SCRAPE_TIMEOUT,
+    models_scraper,
+    start_kv_events,
+    start_token_producer,
+)
+from epp.serve.views import PoolViews
 from epp.serve.worker import WorkerSpec
 from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
 
@@ -114,7 +107,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epp.serve.server")
 
-SCRAPE_TIMEOUT = 1.0
 GRPC_FRAMING_ALLOWANCE = 1024 * 1024
 """Room over the body limit for the rest of an ext_proc message."""
 
@@ -176,14 +168,10 @@ class EppServer:
         self.health = Health(leader_gated=options.cluster and options.ha_enable_leader_election)
         self._health_updates: set[asyncio.Task[None]] = set()
         self.ports: dict[str, int] = {}
-        self.registry: ObjectiveRegistry | None = None
         self.watcher = FileWatcher(options.file_watch_interval)
         self._stack = contextlib.AsyncExitStack()
         self._ext_proc_server: GrpcServer | None = None
         self._health_server: GrpcServer | None = None
-        self._objectives_paths: tuple[str | Path, ...] = options.objectives or (
-            defaults.OBJECTIVES,
-        )
         self._ready_task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
         self._ssl_context: ssl.SSLContext | None = None
@@ -207,24 +195,22 @@ class EppServer:
         self.scheduler_latency = Tally(SCHEDULER_BUCKETS)
         self.plugin_durations = PluginDurations()
         self._build_core(self.config)
-        self._pool: InferencePool | None = None
+        self.files: FileMode | None = None
         if not options.cluster:
-            self._load_files()
-        pool_name = self._pool.name if self._pool is not None else options.served_pool_name
+            self.files = FileMode(options, self.store, self.core.ensure_bands)
+        pool_name = self.files.pool.name if self.files is not None else options.served_pool_name
         self.metrics = EppMetrics(
             pool_name or "default",
             endpoint_names=self._endpoint_names,
             scheduler_latency=self.scheduler_latency,
             plugin_durations=self.plugin_durations,
         )
-        self.metrics.watch_core(
-            lambda: self.core.saturation(),
-            StageView(self._stage_saturation, self._stale_endpoints, self._queued_by_stage),
-        )
+        views = PoolViews(self.store, self.core, lambda: self.config.scheduling.saturation)
+        self.metrics.watch_core(lambda: self.core.saturation(), views.stage_view())
         self.metrics.watch_pool(self.store.snapshot, options.metrics_staleness_threshold)
         if self.core.adaptive is not None:
             self.metrics.watch_limits(self.core.adaptive)
-        self.metrics.watch_credits(self._credits_in_use)
+        self.metrics.watch_credits(views.credits_in_use)
         self.metrics.watch_sessions(lambda: bindings_of(self.core.scheduler.plugins))
         self.metrics.watch_prefix_index(lambda: self.core.scheduler.plugins)
         self.metrics.watch_scheduling(self.config.scheduling.handler)
@@ -297,63 +283,10 @@ class EppServer:
             reply_bytes=self.settings.max_body_bytes + GRPC_FRAMING_ALLOWANCE,
         )
 
-    def _stage_saturation(self) -> dict[str, float]:
-        """Each stage's saturation: the saturation rule over its endpoints,
-        with the saturation filter's thresholds."""
-        now = time.monotonic()
-        thresholds = self.config.scheduling.saturation
-        return {
-            stage: pool_saturation(part, now, thresholds)[0]
-            for stage, part in stage_pools(self.store.snapshot()).items()
-        }
-
-    def _stale_endpoints(self) -> tuple[str, int]:
-        """The endpoints the saturation filter counts stale (and saturated)."""
-        now = time.monotonic()
-        staleness = self.config.scheduling.saturation.staleness
-        endpoints = self.store.snapshot().endpoints
-        return "saturation-filter", sum(e.metrics.is_stale(now, staleness) for e in endpoints)
-
-    def _queued_by_stage(self) -> dict[str, int]:
-        """The queued requests under the stage that holds them: the one the
-        scheduler last waited for, else the gate (`effective`)."""
-        stages = dict.fromkeys(
-            (DECODE, PREFILL, "effective")
-            if self.core.prefill_credits is not None
-            else (DECODE, "effective"),
-            0,
-        )
-        queued = self.core.queued_requests
-        if queued:
-            stages[self.core.scheduler.waiting_for or "effective"] = queued
-        return stages
-
     # -- building ------------------------------------------------------------
 
     def _load_config(self) -> EppConfig:
-        config = self._read_config()
-        if not self.options.allow_experimental_plugins:
-            experimental = experimental_errors(config)
-            if experimental:
-                raise ConfigError(experimental, self.options.config_file or "--config-text")
-        return config
-
-    def _read_config(self) -> EppConfig:
-        options = self.options
-        if options.config_text is not None:
-            try:
-                config = parse_config(yaml.safe_load(options.config_text))
-            except yaml.YAMLError as error:
-                raise ConfigError([f"cannot read: {error}"], "--config-text") from None
-            except ConfigError as error:
-                raise ConfigError(error.errors, "--config-text", error.unsupported) from None
-        elif options.config_file is None:
-            return EppConfig()
-        else:
-            config = load_config(options.config_file)
-        for warning in config.warnings:
-            log.warning("configuration: %s", warning)
-        return config
+        return load_serve_config(self.options)
 
     def _build_core(self, config: EppConfig) -> None:
         seed = self.options.seed if self.options.seed is not None else random.randrange(1 << 63)
@@ -371,41 +304,11 @@ class EppServer:
             admission_rng=self._rng,
         )
 
-    def _credits_in_use(self) -> dict[str, int]:
-        stages: dict[str, int] = {}
-        credits, prefill = self.core.credits, self.core.prefill_credits
-        if credits is not None:
-            stages["decode"] = credits.in_flight
-        if prefill is not None:
-            stages["prefill"] = prefill.in_flight
-        return stages
-
-    def _load_files(self) -> None:
-        options = self.options
-        if options.endpoints is None:
-            raise StartupError(
-                "no endpoints: give --endpoints ip:port,... (or @FILE), or --pool-name "
-                "(or --endpoint-selector with --endpoint-target-ports) without --endpoints "
-                "to take the pods from Kubernetes"
-            )
-        self._pool = initial_pool(options)
-        self.registry = ObjectiveRegistry(self._pool, publish=self.core.ensure_bands)
-        self._objectives = load_objectives(self._objectives_paths)
-        self.registry.replace(self._objectives)
-        self.store.replace_all(read_endpoints(options.endpoints))
-        log.info(
-            "pool %s/%s: %d objectives apply (priorities %s), %d endpoints",
-            self._pool.namespace,
-            self._pool.name,
-            len(self.registry.objectives()),
-            sorted(self.registry.priorities),
-            len(self.store),
-        )
-
     def _endpoint_names(self, address: str) -> tuple[str, str]:
         """(pod name, namespace) of an endpoint, for the scheduler's metrics."""
         endpoint = self.store.get(address)
-        pool = self._pool if self._mode is None else self._mode.pool
+        mode = self.files if self._mode is None else self._mode
+        pool = mode.pool if mode is not None else None
         return (
             endpoint.name if endpoint is not None else "",
             pool.namespace if pool is not None else self.options.namespace,
@@ -413,34 +316,16 @@ class EppServer:
 
     def priority_of(self, headers: Mapping[str, str]) -> int:
         """The request's priority from its objective (0 until objectives are known)."""
-        registry = self.registry if self._mode is None else self._mode.registry
+        mode = self.files if self._mode is None else self._mode
+        registry = mode.registry if mode is not None else None
         return registry.resolve(headers).priority if registry is not None else 0
 
     # -- reloading -------------------------------------------------------------
 
     def reload_config(self) -> None:
-        new = self._load_config()
         old = self.config
-        gate, old_gate = new.flow_control.gate, old.flow_control.gate
-        if replace(gate, prefill_timeout=old_gate.prefill_timeout) != old_gate:
-            log.warning("%s: gate changes apply at the next restart", self.options.config_file)
-            gate = replace(old_gate, prefill_timeout=gate.prefill_timeout)
-            new = replace(new, flow_control=replace(new.flow_control, gate=gate))
-        if new.flow_plugins.eviction != old.flow_plugins.eviction:
-            log.warning(
-                "%s: enableEviction changes apply at the next restart", self.options.config_file
-            )
-            plugins = replace(new.flow_plugins, eviction=old.flow_plugins.eviction)
-            new = replace(new, flow_plugins=plugins)
-        if new.data_layer != old.data_layer:
-            log.warning("%s: dataLayer changes apply at the next restart", self.options.config_file)
-            new = replace(new, data_layer=old.data_layer)
+        new = live_part(old, self._load_config(), self.options.config_file)
         rescheduled = new.scheduling != old.scheduling
-        if new.models != old.models:
-            log.warning(
-                "%s: models-responder changes apply at the next restart", self.options.config_file
-            )
-            new = replace(new, models=old.models)
         if new.parsers != old.parsers or new.propagate_priority != old.propagate_priority:
             self.settings = replace(
                 self.settings,
@@ -468,42 +353,6 @@ class EppServer:
         endpoints = self.store.snapshot().endpoints
         return self._rng.choice(endpoints).address if endpoints else None
 
-    def _models_scraper(self, settings: ModelsSourceSettings) -> ModelsScraper:
-        """What reads the pods' model lists for the models-responder."""
-        tls = MetricsSource(
-            scheme=settings.scheme,
-            verify_tls=not settings.insecure_skip_verify,
-            ca_cert_path=settings.ca_cert_path or None,
-            client_cert_path=settings.client_cert_path or None,
-            client_key_path=settings.client_key_path or None,
-        )
-        return ModelsScraper(
-            self.store,
-            self.model_lists,
-            interval=settings.interval or self.options.refresh_metrics_interval,
-            timeout=SCRAPE_TIMEOUT,
-            scheme=settings.scheme,
-            path=settings.path,
-            ssl_context=tls.ssl_context(),
-        )
-
-    def reload_objectives(self) -> None:
-        objectives = load_objectives(self._objectives_paths)
-        assert self.registry is not None
-        self.registry.replace(objectives)
-        self._objectives = objectives
-
-    def reload_pool(self) -> None:
-        assert self.options.pool_file is not None and self.registry is not None
-        pool = load_pool(self.options.pool_file)
-        self.registry.set_pool(pool)
-        self.registry.replace(self._objectives)
-        self._pool = pool
-
-    def reload_endpoints(self) -> None:
-        assert self.options.endpoints is not None
-        self.store.replace_all(read_endpoints(self.options.endpoints))
-
     def reload_certificate(self) -> None:
         assert self._ssl_context is not None and self.options.cert_files is not None
         self._ssl_context.load_cert_chain(*self.options.cert_files)
@@ -516,20 +365,8 @@ class EppServer:
             self.watcher.watch("the configuration", [options.config_file], self.reload_config)
         if options.enable_cert_reload and options.cert_files is not None:
             self.watcher.watch("the certificate", options.cert_files, self.reload_certificate)
-        if options.cluster:
-            return
-        if options.objectives:
-            self.watcher.watch("the objectives", options.objectives, self.reload_objectives)
-        if options.pool_file is not None:
-            self.watcher.watch("the pool", [options.pool_file], self.reload_pool)
-        discovery = self.config.data_layer.discovery
-        unwatched = (
-            discovery is not None
-            and isinstance(discovery[1], FileDiscovery)
-            and not discovery[1].watch_file
-        )
-        if options.endpoints is not None and options.endpoints.startswith("@") and not unwatched:
-            self.watcher.watch("the endpoints", [options.endpoints[1:]], self.reload_endpoints)
+        if self.files is not None:
+            self.files.watch(self.watcher, self.config.data_layer)
 
     # -- running -----------------------------------------------------------------
 
@@ -555,10 +392,7 @@ class EppServer:
             )
             await self._stack.enter_async_context(scraper)
             self.metrics.watch_scrapes(lambda: scraper.failures_by_reason)
-        await self._start_kv_events()
-        await self._start_token_producer()
-        if self.config.models is not None:
-            await self._stack.enter_async_context(self._models_scraper(self.config.models))
+        await self._start_producers()
         self.watch_files()
         self.watcher.start()
         self._stack.push_async_callback(self.watcher.stop)
@@ -568,55 +402,28 @@ class EppServer:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
-    async def _start_token_producer(self) -> None:
-        """Tokenize requests before they are offered, when a token-producer
-        with a tokenizing backend is configured (backend changes apply at
-        the next restart)."""
-        settings = self.config.tokenizer
-        if settings is None:
-            return
-        from epp.serve.tokenizer import TokenizeError, TokenProducer, backend_for
-
-        try:
-            backend = backend_for(settings)
-        except TokenizeError as error:
-            raise StartupError(f"token-producer: {error}") from None
-        if backend is None:
-            return
-        if self.owner is not None:
-            raise StartupError("token-producer: a tokenizing backend does not run with --workers")
-        name = next(n for n, t in self.config.plugins if t in ("token-producer", "tokenizer"))
-        tally = self.plugin_durations.family.tally(("DataProducer", "token-producer", name))
-
-        def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
-            precise = self.config.scheduling.precise  # the configuration now
-            return precise.keys_of(tokens, salt) if precise is not None else None
-
-        producer = TokenProducer(settings, backend, tally.add, keys=keys)
-        self._stack.push_async_callback(producer.close)
-        self.service.tokenize = producer.tokenize
-        self.token_producer = producer
-        self.metrics.watch_token_producer(producer.stats)
-
-    async def _start_kv_events(self) -> None:
-        """Subscribe to the servers' KV-cache events when the precise prefix
-        cache is configured (changes to where they come from apply at the
-        next restart)."""
-        settings = self.config.kv_events
-        if settings is None or self.core.kv_index is None:
-            return
-        from epp.datalayer.kvevents import KVEventsSubscribers
-
-        subscribers = KVEventsSubscribers(
-            settings,
-            self.store.addresses,
-            lambda address, events: self.core.kv_events(address, events),
-            lambda address: self.core.kv_endpoint_reset(address),
+    async def _start_producers(self) -> None:
+        config, stack = self.config, self._stack
+        subscribers = await start_kv_events(stack, config, self.core, self.store)
+        if subscribers is not None:
+            self.kv_subscribers = subscribers
+            self.metrics.watch_kv_cache(lambda: self.core.kv_index, subscribers.stats)
+        producer = await start_token_producer(
+            stack,
+            config,
+            self.plugin_durations,
+            workers=self.owner is not None,
+            current=lambda: self.config,
         )
-        await self._stack.enter_async_context(subscribers)
-        self.store.on_membership_change(subscribers.sync)
-        self.kv_subscribers = subscribers
-        self.metrics.watch_kv_cache(lambda: self.core.kv_index, subscribers.stats)
+        if producer is not None:
+            self.service.tokenize = producer.tokenize
+            self.token_producer = producer
+            self.metrics.watch_token_producer(producer.stats)
+        if config.models is not None:
+            scraper = models_scraper(
+                self.store, self.model_lists, config.models, self.options.refresh_metrics_interval
+            )
+            await stack.enter_async_context(scraper)
 
     async def _start_cluster_mode(self) -> None:
         from epp.k8s.cluster import ClusterSettings, cluster_mode

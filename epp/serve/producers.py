@@ -1,0 +1,108 @@
+"""The optional live producers the configuration asks for, beside the
+metrics scraper: the token producer (a request's prompt tokenized before the
+core sees it), the KV-cache event subscribers (the precise prefix cache) and
+the models scraper (the models-responder). Each is started into the server's
+exit stack, so it stops with the server; where each one comes from applies
+at the next restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from epp.config.datalayer import ModelsSourceSettings
+from epp.config.loader import EppConfig
+from epp.datalayer.models import ModelLists, ModelsScraper
+from epp.datalayer.scraper import MetricsSource
+from epp.datalayer.store import EndpointStore
+from epp.scheduling.core import Core
+from epp.serve.inputs import StartupError
+from epp.serve.metrics import PluginDurations
+
+if TYPE_CHECKING:
+    from epp.datalayer.kvevents import KVEventsSubscribers
+    from epp.serve.tokenizer import TokenProducer
+
+SCRAPE_TIMEOUT = 1.0
+"""Seconds a scrape of one endpoint (metrics or model list) may take."""
+
+
+def models_scraper(
+    store: EndpointStore, lists: ModelLists, settings: ModelsSourceSettings, interval: float
+) -> ModelsScraper:
+    """What reads the pods' model lists for the models-responder (`interval`
+    when the data source names none)."""
+    tls = MetricsSource(
+        scheme=settings.scheme,
+        verify_tls=not settings.insecure_skip_verify,
+        ca_cert_path=settings.ca_cert_path or None,
+        client_cert_path=settings.client_cert_path or None,
+        client_key_path=settings.client_key_path or None,
+    )
+    return ModelsScraper(
+        store,
+        lists,
+        interval=settings.interval or interval,
+        timeout=SCRAPE_TIMEOUT,
+        scheme=settings.scheme,
+        path=settings.path,
+        ssl_context=tls.ssl_context(),
+    )
+
+
+async def start_kv_events(
+    stack: contextlib.AsyncExitStack, config: EppConfig, core: Core, store: EndpointStore
+) -> KVEventsSubscribers | None:
+    """Subscribe to the servers' KV-cache events when the precise prefix
+    cache is configured, following the store's membership."""
+    settings = config.kv_events
+    if settings is None or core.kv_index is None:
+        return None
+    from epp.datalayer.kvevents import KVEventsSubscribers
+
+    subscribers = KVEventsSubscribers(
+        settings,
+        store.addresses,
+        lambda address, events: core.kv_events(address, events),
+        lambda address: core.kv_endpoint_reset(address),
+    )
+    await stack.enter_async_context(subscribers)
+    store.on_membership_change(subscribers.sync)
+    return subscribers
+
+
+async def start_token_producer(
+    stack: contextlib.AsyncExitStack,
+    config: EppConfig,
+    durations: PluginDurations,
+    *,
+    workers: bool,
+    current: Callable[[], EppConfig],
+) -> TokenProducer | None:
+    """The token producer, when a token-producer with a tokenizing backend
+    is configured; its block keys follow the configuration `current` gives."""
+    settings = config.tokenizer
+    if settings is None:
+        return None
+    from epp.serve.tokenizer import TokenizeError, TokenProducer, backend_for
+
+    try:
+        backend = backend_for(settings)
+    except TokenizeError as error:
+        raise StartupError(f"token-producer: {error}") from None
+    if backend is None:
+        return None
+    if workers:
+        raise StartupError("token-producer: a tokenizing backend does not run with --workers")
+    name = next(n for n, t in config.plugins if t in ("token-producer", "tokenizer"))
+    tally = durations.family.tally(("DataProducer", "token-producer", name))
+
+    def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
+        precise = current().scheduling.precise
+        return precise.keys_of(tokens, salt) if precise is not None else None
+
+    producer = TokenProducer(settings, backend, tally.add, keys=keys)
+    stack.push_async_callback(producer.close)
+    return producer
