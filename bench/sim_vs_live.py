@@ -59,7 +59,7 @@ import numpy as np
 from epp.demo.demo import client_timeout, stack_settings
 from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
 from epp.demo.stack import live_stack
-from epp.sim.engine import SERVER_REJECTED, SimRequest
+from epp.sim.requests import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
 from epp.sim.scenario import Scenario, ScenarioError, load_scenario
 from epp.sim.workload import Arrived, workload

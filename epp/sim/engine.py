@@ -47,17 +47,24 @@ going down or coming back leave or rejoin the store.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from heapq import heappop, heappush
 from math import inf
 from types import MappingProxyType
-from typing import Protocol
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import EndpointMetrics
-from epp.scheduling.kvblocks import KVEvent
 from epp.sim.blocks import block_keys
+from epp.sim.requests import (
+    COMPLETED,
+    EVICTED,
+    SERVER_FAILED,
+    SERVER_REJECTED,
+    UNFINISHED,
+    Policy,
+    PrefillLeg,
+    SimRequest,
+)
 from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
@@ -66,85 +73,9 @@ SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER, KV_EVENTS = range(
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 ROLE_LABEL = "llm-d.ai/role"
 
-COMPLETED = "completed"
-SERVER_REJECTED = "server-rejected"
-SERVER_FAILED = "server-failed"
-UNFINISHED = "unfinished"
-NO_ENDPOINTS = "rejected-no-endpoints"
-EVICTED = "evicted"
-
-
-@dataclass(slots=True, eq=False)
-class SimRequest(ServerRequest):
-    """A request of the simulated workload: the server's view plus who sent
-    it, when, and how its life ended (`outcome`, None while alive)."""
-
-    tenant: int = 0
-    arrival: float = 0.0
-    server: int = -1
-    outcome: str | None = None
-    batched_at: float | None = None
-    """When the request (or its remote prefill) first entered a batch."""
-    prefill_server: int = -1
-    """The prefill server it was sent to (-1: prefilled where it decodes)."""
-    prefilled_at: float | None = None
-    """When its remote prefill finished."""
-    fallback: bool = False
-    """Its remote prefill failed and it was prefilled on its decode server."""
-    leg: PrefillLeg | None = None
-    """Its remote prefill, once a prefill server took it."""
-    conversation: int = -1
-    """The conversation it is a turn of (-1: none)."""
-
-
-@dataclass(slots=True, eq=False)
-class PrefillLeg(ServerRequest):
-    """The sidecar's remote prefill of `parent`: its prompt, one output token."""
-
-    parent: SimRequest | None = None
-
 
 def address_of(index: int) -> str:
     return f"10.0.{index // 256}.{index % 256}:8000"
-
-
-class Policy(Protocol):
-    """Where requests go: the EPP (flow control and scheduler) or a baseline."""
-
-    def arrive(self, request: SimRequest, now: float) -> None: ...
-
-    def finished(self, request: SimRequest, now: float) -> None:
-        """`request` completed on its server, or was lost with it (`outcome` set)."""
-        ...
-
-    def pool_changed(self, now: float) -> None:
-        """A metrics publication or a membership change."""
-        ...
-
-    def prefill_done(self, request: SimRequest, now: float) -> None:
-        """`request`'s remote prefill is over: the decode server takes it
-        (after the KV transfer, or for a local prefill after a failure)."""
-        ...
-
-    def first_token(self, request: SimRequest, now: float) -> None:
-        """`request`'s first output token came (its response begins)."""
-        ...
-
-    def timer(self, now: float) -> None:
-        """The time the policy asked for (`Simulation.want_timer`) came."""
-        ...
-
-    def kv_events(self, address: str, events: list[KVEvent]) -> None:
-        """The server at `address` published `events` (one batch, in order)."""
-        ...
-
-    def queued_by_priority(self) -> dict[int, int]:
-        """Requests waiting in the policy's own queues, per band."""
-        ...
-
-    def limits(self) -> dict[str, int]:
-        """The in-flight limit per endpoint address the policy learned (none: {})."""
-        ...
 
 
 class Simulation:

@@ -26,8 +26,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from epp.sim.engine import COMPLETED, SimRequest, Simulation
+from epp.sim.engine import Simulation
 from epp.sim.report import SHED_PREFIXES, event_label, tenant_label, tier_label
+from epp.sim.requests import COMPLETED, SimRequest
 from epp.sim.runner import ScenarioRun
 
 PLOTS = ("ttft_cdf.png", "queue_depth.png", "service.png", "limits.png")

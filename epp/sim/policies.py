@@ -46,7 +46,8 @@ from epp.scheduling.kvblocks import KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.profiles import PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest
-from epp.sim.engine import COMPLETED, NO_ENDPOINTS, SimRequest, Simulation
+from epp.sim.engine import Simulation
+from epp.sim.requests import COMPLETED, NO_ENDPOINTS, SimRequest
 from epp.sim.scenario import Scenario
 
 ADMISSION_DENIED = "admission-denied"

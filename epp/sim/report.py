@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from epp.sim.engine import COMPLETED, UNFINISHED, SimRequest, Simulation
+from epp.sim.engine import Simulation
+from epp.sim.requests import COMPLETED, UNFINISHED, SimRequest
 from epp.sim.runner import ScenarioRun
 from epp.sim.scenario import KvTransfer, Scenario, ServerEvent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
-from epp.sim.engine import SimRequest
+from epp.sim.requests import SimRequest
 from epp.sim.scenario import ScenarioError, load_scenario
 from epp.sim.workload import Arrived
 

@@ -1,8 +1,8 @@
 """The simulator hands the scheduler block hashes the prompt text would give."""
 
 from epp.scheduling.prefix import block_hashes
-from epp.sim.engine import SimRequest
 from epp.sim.policies import CHARS_PER_TOKEN, PromptBlocks
+from epp.sim.requests import SimRequest
 from epp.sim.scenario import parse_scenario
 
 BLOCK_CHARS = 64

@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 import pytest
 import yaml
 
-from epp.sim.engine import COMPLETED, SimRequest
 from epp.sim.plots import figures, ttft_cdf, waiting_by_fate
 from epp.sim.report import (
     COLUMNS,
@@ -23,6 +22,7 @@ from epp.sim.report import (
     render_text,
     throughput_note,
 )
+from epp.sim.requests import COMPLETED, SimRequest
 from epp.sim.runner import run_scenario
 from epp.sim.scenario import parse_scenario
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.sim.engine import EVICTED, Simulation
+from epp.sim.engine import Simulation
 from epp.sim.policies import ADMISSION_DENIED
+from epp.sim.requests import EVICTED
 from epp.sim.runner import simulate
 from epp.sim.scenario import Scenario, parse_scenario
 from epp.sim.workload import workload
