@@ -27,7 +27,7 @@ CHILD = """
 import sys, json
 sys.path.insert(0, {tree!r})
 from epp.sim.runner import simulate
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import workload
 scenario = parse_scenario(json.loads({document!r}))
 arrivals = workload(scenario)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from epp.sim.report import build_report
 from epp.sim.runner import run_scenario
-from epp.sim.scenario import load_scenario
+from epp.sim.scenario_file import load_scenario
 
 DEFAULT = Path(__file__).resolve().parents[1] / "config" / "scenarios" / "pd-long-prompts.yaml"
 

@@ -48,7 +48,8 @@ import aiohttp
 
 from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
 from epp.demo.stack import LiveStack, StackSettings, live_stack
-from epp.sim.scenario import Objective, Scenario, parse_scenario
+from epp.sim.scenario import Objective, Scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.server_model import ServerParams
 
 SCRAPE_INTERVAL_S = 0.05

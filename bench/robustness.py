@@ -44,7 +44,8 @@ import yaml
 from epp.flowcontrol.config import GateKind
 from epp.sim.report import latency_stats, limit_settling, tenant_slos
 from epp.sim.runner import simulate
-from epp.sim.scenario import Scenario, parse_scenario
+from epp.sim.scenario import Scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import workload
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "epp" / "default.yaml"

@@ -61,7 +61,8 @@ from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
 from epp.demo.stack import live_stack
 from epp.sim.requests import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
-from epp.sim.scenario import Scenario, ScenarioError, load_scenario
+from epp.sim.scenario import Scenario
+from epp.sim.scenario_file import ScenarioError, load_scenario
 from epp.sim.workload import Arrived, workload
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "config" / "scenarios" / "demo.yaml"

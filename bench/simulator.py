@@ -18,7 +18,7 @@ import json
 import time
 
 from epp.sim.runner import simulate
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import workload
 
 TARGET = 50_000

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from epp.demo.server_metrics import ENGINES
-from epp.sim.scenario import Scenario, ScenarioError, load_scenario
+from epp.sim.scenario import Scenario
+from epp.sim.scenario_file import ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "config" / "scenarios" / "demo.yaml"
 

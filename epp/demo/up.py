@@ -20,7 +20,8 @@ import time
 
 from epp.demo.command import add_stack_arguments, live_scenario
 from epp.demo.envoy_config import LISTEN_PORT
-from epp.sim.scenario import Scenario, ScenarioError
+from epp.sim.scenario import Scenario
+from epp.sim.scenario_file import ScenarioError
 
 METRICS_PORT = 9090
 CRASH_CHECK_S = 1.0

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from epp.sim.report import build_report, render_text
 from epp.sim.runner import Progress, run_scenario
-from epp.sim.scenario import ScenarioError, load_scenario
+from epp.sim.scenario_file import ScenarioError, load_scenario
 
 PROGRESS_AFTER_S = 1.0
 

@@ -14,7 +14,7 @@ import pytest
 
 from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
 from epp.sim.requests import SimRequest
-from epp.sim.scenario import ScenarioError, load_scenario
+from epp.sim.scenario_file import ScenarioError, load_scenario
 from epp.sim.workload import Arrived
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"

@@ -10,7 +10,7 @@ from epp.cli import main
 from epp.config.loader import load_config
 from epp.sim.report import build_report
 from epp.sim.runner import run_scenario
-from epp.sim.scenario import load_scenario, parse_scenario
+from epp.sim.scenario_file import load_scenario, parse_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "config" / "scenarios"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from epp.demo.demo import DRAIN_TIMEOUT_S, client_timeout
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import Arrived
 
 TENANT = {

@@ -8,7 +8,7 @@ from aiohttp import web
 from epp.demo.loadgen import COMPLETED, LoadGenerator, outcome_of, prompt_text
 from epp.demo.model_server import SimulatedServer
 from epp.demo.report import live_report, render_live_text
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.server_model import ServerParams
 from epp.sim.workload import workload
 from tests.support.upstream import http_upstream

@@ -9,7 +9,8 @@ import yaml
 from epp.sim.engine import ROLE_LABEL, Simulation
 from epp.sim.report import disaggregation_stats, latency_stats, tenant_slos
 from epp.sim.requests import COMPLETED, SimRequest
-from epp.sim.scenario import KvTransfer, ScenarioError, ServerEvent, parse_scenario
+from epp.sim.scenario import KvTransfer, ServerEvent
+from epp.sim.scenario_file import ScenarioError, parse_scenario
 from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
 from epp.sim.workload import Arrived
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from epp.scheduling.kvblocks import BlockRemoved, BlockStored
 from epp.sim.blocks import block_keys
 from epp.sim.runner import simulate
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.server_model import ModelServer, ServerParams, ServerRequest
 from epp.sim.workload import workload
 from tests.unit.sim.test_sim_server_model import Recorder, run_until_idle

@@ -3,7 +3,7 @@
 from epp.scheduling.prefix import block_hashes
 from epp.sim.policies import CHARS_PER_TOKEN, PromptBlocks
 from epp.sim.requests import SimRequest
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 
 BLOCK_CHARS = 64
 MAX_BLOCKS = 256

@@ -24,7 +24,7 @@ from epp.sim.report import (
 )
 from epp.sim.requests import COMPLETED, SimRequest
 from epp.sim.runner import run_scenario
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[3]
 # two servers, a premium tier and a sheddable batch tier whose TTL runs out

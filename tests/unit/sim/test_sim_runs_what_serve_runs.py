@@ -13,7 +13,8 @@ from epp.sim.engine import Simulation
 from epp.sim.policies import ADMISSION_DENIED
 from epp.sim.requests import EVICTED
 from epp.sim.runner import simulate
-from epp.sim.scenario import Scenario, parse_scenario
+from epp.sim.scenario import Scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import workload
 from tests.support.disagg import DISAGG_SCHEDULING
 from tests.unit.config.test_reference_configs import LOADING, SAMPLES

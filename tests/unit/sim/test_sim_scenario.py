@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from epp.sim.scenario_file import ScenarioError, load_scenario, parse_scenario
 from epp.sim.workload import workload
 
 ROOT = Path(__file__).resolve().parents[3]
