@@ -7,6 +7,7 @@ a real Envoy and `epp serve`, all on loopback.
 | `demo`           | one run: the stack up, the load, the watch, the report          |
 | `stack`          | starting and stopping the parts (servers, EPP, Envoy)           |
 | `model_server`   | a simulated model server over HTTP on the simulator's model     |
+| `realtime_model` | the simulator's model server played on the event loop's clock  |
 | `server_formats` | the OpenAI bodies it reads and writes, as vLLM does             |
 | `server_metrics` | its metrics pages, posing as vLLM, SGLang or trtllm-serve       |
 | `loadgen`        | the scenario's tenants played through Envoy                     |
