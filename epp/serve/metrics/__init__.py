@@ -4,6 +4,7 @@ Every metric is declared once in `catalogue` (name, kind, labels, help,
 buckets, deprecated twin); the docs' metric table is generated from it
 (`python3 -m epp.cli.docgen metrics`).
 
+- `spec`: what a metric's declaration is (`Spec`, `Kind`, `Twin`);
 - `catalogue`: the metric list, the buckets, the table generator;
 - `series`: `Family` (one metric's series as plain numbers, and its twin),
   `Tally`, `BoundedLabel`;

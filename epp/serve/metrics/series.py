@@ -20,7 +20,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from epp.serve.metrics.catalogue import Kind, Spec, spec
+from epp.serve.metrics.catalogue import spec
+from epp.serve.metrics.spec import Kind, Spec
 
 OTHER = "other"
 LABEL_VALUE_LIMIT = 1000

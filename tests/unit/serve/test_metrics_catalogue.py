@@ -23,7 +23,8 @@ from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics, StageView
-from epp.serve.metrics.catalogue import CATALOGUE, SPECS, Kind, Spec, Twin, markdown_table
+from epp.serve.metrics.catalogue import CATALOGUE, SPECS, markdown_table
+from epp.serve.metrics.spec import Kind, Spec, Twin
 from epp.serve.tokenizer import TokenizerStats
 
 APPROX = (APPROX_PRODUCER, APPROX_PRODUCER)
