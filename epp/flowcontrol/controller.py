@@ -267,6 +267,17 @@ class FlowController:
         self._dispatched(request, flow, placement)
         return None, [request]
 
+    def adopt(self, request: FlowRequest, endpoint: str, now: float) -> None:
+        """Hold `request`, new here but already running at `endpoint` (placed
+        by another decider before this one took over): its band, flow and
+        credit as its dispatch would have left them, without a fairness
+        charge (`complete` then corrects the flow's charge to the usage)."""
+        if request.state is not NEW:
+            raise ValueError(f"request {request.request_id} was already enqueued")
+        band = self._bands.get(request.priority) or self._add_band(request.priority, keep=False)
+        self._stamp(request, band)
+        self._dispatched(request, request.flow, endpoint)
+
     def dispatch(self, now: float) -> list[FlowRequest]:
         """Dispatch everything the gate and the placer allow now, highest band
         first. Returns the requests that left their queue: dispatched (with

@@ -219,6 +219,14 @@ class Core:
             return settled
         return self.controller.complete(request, now, input_tokens, output_tokens)
 
+    def adopt(self, request: FlowRequest, endpoint: str, now: float) -> None:
+        """`request` already runs at `endpoint`, placed by an earlier decider:
+        it holds its credit here from now until `complete` (a new decider
+        rebuilding what is in flight from its replicas' reports)."""
+        self.controller.adopt(request, endpoint, now)
+        if self._watch:
+            self._after([request], now)
+
     def first_token(self, request: FlowRequest, now: float) -> list[FlowRequest]:
         """A streamed response's first token reached the EPP: its server runs
         the request. The room that may make is for queued requests only."""

@@ -170,6 +170,11 @@ class AdmissionController:
             self._on_complete(request)
         self._settle(settled, now)
 
+    def adopt(self, request: FlowRequest, endpoint: str) -> None:
+        """`request` already runs at `endpoint` (`Core.adopt`): it holds its
+        credit until `complete`. It frees nothing, so nothing dispatches."""
+        self.core.adopt(request, endpoint, self._clock())
+
     def screen(self, request: FlowRequest) -> str | None:
         """The configured admitters' refusal of a complete request, if one refuses."""
         return self.core.screen(request, self._clock())

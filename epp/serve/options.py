@@ -472,6 +472,43 @@ class ServeOptions:
             Kind.INT,
         ),
     )
+    decider_port: int | None = option(
+        None,
+        Flag(
+            _O,
+            "Be the pool's decider: serve the other replicas' decisions on this port "
+            "(gRPC; 0: a free one); see docs/operations/replicas.md.",
+            Kind.INT,
+        ),
+    )
+    decider: str | None = option(
+        None,
+        Flag(
+            _O,
+            "HOST:PORT of the pool's decider (its --decider-port): forward every decision "
+            "to it, and admit within this replica's share while it does not answer.",
+            Kind.TEXT,
+            metavar="HOST:PORT",
+        ),
+    )
+    replicas: int = option(
+        1,
+        Flag(
+            _O,
+            "EPP replicas of the pool, the decider included: a replica without a decider "
+            "admits within 1/N of each endpoint's limit.",
+            Kind.INT,
+        ),
+    )
+    replica_id: str | None = option(
+        None,
+        Flag(
+            _O,
+            "This replica's name to its decider, the same across its restarts; "
+            "default: the host name.",
+            Kind.TEXT,
+        ),
+    )
     seed: int | None = option(
         None, Flag(_O, "Seed of the scheduler's random choices; default: a random one.", Kind.INT)
     )
@@ -580,6 +617,17 @@ class ServeOptions:
             found.append(f"--workers {self.workers}: use 0 to {MAX_WORKERS}")
         if self.enable_cert_reload and self.cert_path is None:
             found.append("--enable-cert-reload needs --cert-path")
+        if self.decider is not None and self.decider_port is not None:
+            found.append("--decider and --decider-port cannot both be set")
+        if (self.decider is not None or self.decider_port is not None) and (
+            self.workers or self.cluster
+        ):
+            found.append(
+                "--decider and --decider-port run in file mode without --workers "
+                "(docs/operations/replicas.md)"
+            )
+        if self.replicas < 1:
+            found.append(f"--replicas {self.replicas}: at least 1")
         return found
 
     def inert_warnings(self, given: Mapping[str, Any]) -> list[str]:

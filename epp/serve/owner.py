@@ -238,6 +238,21 @@ class Owner:
         if held:
             log.warning("epp worker %d gone: %d of its requests withdrawn", slot.index, len(held))
 
+    def join(self, slot: WorkerSlot) -> None:
+        """A link that is no worker of this process (a replica's stream to
+        its decider, `epp.serve.decider`) joins: its messages go to
+        `on_messages(slot, ...)` and it is answered as a worker is."""
+        self.slots.append(slot)
+        slot.serving.set()
+        if self._geometry is not None and slot.link is not None:
+            slot.link.send([wire.GEOMETRY, *self._geometry])
+
+    def detach(self, slot: WorkerSlot) -> None:
+        """A joined link ended: what it held ends here, as a dead worker's."""
+        if slot in self.slots:
+            self.slots.remove(slot)
+        self._lost(slot)
+
     # -- processes -------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> int:

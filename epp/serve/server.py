@@ -48,6 +48,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -73,6 +74,7 @@ from epp.scheduling.core import build_core
 from epp.scheduling.sessions import bindings_of
 from epp.serve.admission import AdmissionController
 from epp.serve.configuration import live_part, load_serve_config
+from epp.serve.decider import Decider
 from epp.serve.file_mode import FileMode
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -98,6 +100,8 @@ from epp.serve.producers import (
     start_kv_events,
     start_token_producer,
 )
+from epp.serve.replica import ReplicaAdmission
+from epp.serve.replicas import endpoint_limit
 from epp.serve.views import PoolViews
 from epp.serve.worker import WorkerSpec
 from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
@@ -226,6 +230,27 @@ class EppServer:
                 self.metrics.on_response_processed,
             )
             on_outcome = decided_then(owner.decided, on_outcome)
+        limit_of = endpoint_limit(self.core, self.config.flow_control.gate)
+        self.decider: Decider | None = None
+        if options.decider_port is not None:
+            self.decider = Decider(
+                Owner(0, self._worker_spec, self.priority_of),
+                self.priority_of,
+                options.replicas,
+                limit_of,
+                self._addresses,
+            )
+            on_outcome = decided_then(self.decider.owner.decided, on_outcome)
+        self.replica: ReplicaAdmission | None = None
+        if options.decider is not None:
+            self.replica = ReplicaAdmission(
+                options.replica_id or socket.gethostname(),
+                options.decider,
+                options.replicas,
+                self._addresses,
+                limit_of,
+                self._rng.randrange(1 << 63),
+            )
         self.admission = AdmissionController(
             self.core,
             on_outcome=on_outcome,
@@ -243,6 +268,13 @@ class EppServer:
             self.health.on_change.append(owner.publish_health)
             self.store.on_membership_change(lambda: owner.publish_endpoints(self._addresses()))
             self.metrics.watch_workers(owner.counts)
+        if self.decider is not None:
+            replicas = self.decider.owner
+            replicas.admission = self.admission
+            self.core.on_evict = lambda request: (
+                replicas.evict(request),
+                self.service.evict(request),
+            )
         self.settings = StreamSettings(
             max_body_bytes=options.max_body_bytes,
             honour_subset=not options.disable_endpoint_subset_filter,
@@ -254,13 +286,15 @@ class EppServer:
             models=self.model_lists.answer if self.config.models is not None else None,
         )
         self.service = ExtProcService(
-            self.admission,
+            self.replica or self.admission,
             self.priority_of,
             self.settings,
             listener=self.metrics.on_stream_event,
-            screen=self.admission.screen,
+            screen=self.admission.screen if self.replica is None else None,
             on_response_processed=self.metrics.on_response_processed,
         )
+        if self.replica is not None:
+            self.replica.on_evict = self.service.evict
 
     def _addresses(self) -> list[str]:
         return [endpoint.address for endpoint in self.store.snapshot().endpoints]
@@ -475,6 +509,11 @@ class EppServer:
             self.ports["grpc"] = await self._ext_proc_server.start(
                 address, options.grpc_port, self._ssl_context
             )
+        if self.decider is not None:
+            assert options.decider_port is not None
+            self.ports["decider"] = await self.decider.start(address, options.decider_port)
+        if self.replica is not None:
+            self.replica.start()
         self._health_server = servers["grpc_health"] = GrpcServer(
             self.health.routes(), limits=HEALTH_LIMITS
         )
@@ -551,6 +590,10 @@ class EppServer:
             await self._ext_proc_server.stop(FINAL_FLUSH_S)
         if self.owner is not None:
             await self.owner.stop()
+        if self.decider is not None:
+            await self.decider.stop()
+        if self.replica is not None:
+            await self.replica.stop()
         if self._health_server is not None:
             await self._health_server.stop(None)
         if self._ready_task is not None:

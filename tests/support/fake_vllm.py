@@ -4,7 +4,8 @@ page and `/v1/models` (the ids in `models`).
 Each request is recorded with the `x-gateway-destination-endpoint` header it
 came with and this server's own address, so a test can check that the
 request reached the endpoint the EPP picked. A prompt starting with "hold"
-waits until `release` is set. Answers carry OpenAI usage, with `status`
+waits until `release` is set; a body's `hold_s` holds the answer that long.
+`peak` is the most requests it ran at once. Answers carry OpenAI usage, with `status`
 (200 unless a test makes the server fail).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -36,6 +38,7 @@ class FakeVllm:
     received: list[dict] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     running: int = 0
+    peak: int = 0
     status: int = 200
     models: tuple[str, ...] = ("m",)
 
@@ -48,12 +51,16 @@ class FakeVllm:
                 "body": body,
                 "destination": request.headers.get("x-gateway-destination-endpoint"),
                 "headers": dict(request.headers),
+                "at": time.monotonic(),
             }
         )
         self.running += 1
+        self.peak = max(self.peak, self.running)
         try:
             if prompt.startswith("hold"):
                 await self.release.wait()
+            if body.get("hold_s"):
+                await asyncio.sleep(float(body["hold_s"]))
         finally:
             self.running -= 1
         return web.json_response(

@@ -1,0 +1,317 @@
+"""The decider of a pool's replicas (`epp serve --decider-port PORT`): the
+one replica whose `Core` decides for all of them. See
+docs/operations/replicas.md and the protocol in `epp.serve.replicas`.
+
+    replica (epp serve --decider HOST:PORT) --gRPC bidi stream--> Decider
+        -> Owner.on_messages (as a protocol worker's link) -> AdmissionController -> Core
+
+Each replica's stream is a `WorkerSlot` of an `Owner` that has no worker
+processes: its arrivals, completions, first tokens and cancels are the
+same `AdmissionController` calls a worker's are, and decisions go back
+through the same `Owner.decided`, so the decider decides for a replica
+exactly as a core owner does for its workers.
+
+What is in flight where is the replicas' state. A replica that (re)joins
+reports each request it has running (HELD), which the decider adopts
+(`AdmissionController.adopt`: the credit held, nothing placed).
+
+Shares. While a replica is away (its stream ended or fell silent), it may
+admit on its own within `share(limit, replicas)` of each endpoint, so the
+decider keeps aside, on each endpoint, the larger of that share and what
+the replica held there when it went (placeholder requests adopted at the
+endpoint, completed when the replica reports again). A decider that starts
+keeps a share aside for each replica that has not reported yet. So what
+away replicas use and what the decider hands out never sum past an
+endpoint's limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import count
+
+import grpc
+
+from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.request import InferenceRequest
+from epp.serve import wire
+from epp.serve.admission import AdmissionController
+from epp.serve.owner import Owner, WorkerSlot
+from epp.serve.replicas import (
+    AWAY_AFTER_S,
+    BEAT,
+    BEAT_S,
+    HELD,
+    HELLO,
+    JOINED,
+    REPORTED,
+    SERVICE,
+    StreamLink,
+    decode,
+    share,
+)
+
+log = logging.getLogger("epp.serve.decider")
+
+LimitOf = Callable[[str], int | None]
+"""An endpoint's in-flight limit now (None: the gate sets it none)."""
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """A replica the decider has heard from, by its id."""
+
+    id: str
+    slot: WorkerSlot | None = None
+    """Its stream while it is joined; None while it is away."""
+    last_heard: float = 0.0
+    kept_aside: list[FlowRequest] = field(default_factory=list)
+    """Placeholders holding its share while it is away."""
+    reported: bool = False
+    joins: int = 0
+
+
+class Decider:
+    """See the module docstring. `replicas` counts every replica of the pool,
+    this one included; `endpoints` gives the pool's addresses now."""
+
+    def __init__(
+        self,
+        owner: Owner,
+        priority_of: Callable[[Mapping[str, str]], int],
+        replicas: int,
+        limit_of: LimitOf,
+        endpoints: Callable[[], list[str]],
+        epoch: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.owner = owner
+        self.epoch = epoch if epoch is not None else time.time_ns()
+        self.replicas = replicas
+        self._priority_of = priority_of
+        self._limit_of = limit_of
+        self._endpoints = endpoints
+        self._clock = clock
+        self._known: dict[str, Replica] = {}
+        self._unreported: list[list[FlowRequest]] = []
+        """A share set aside for each replica not heard from since this decider started."""
+        self._slots = count(1)
+        self._placeholders = count()
+        self._server: grpc.aio.Server | None = None
+        self._beat: asyncio.Task[None] | None = None
+        self.frames_refused = 0
+
+    @property
+    def admission(self) -> AdmissionController:
+        admission = self.owner.admission
+        assert admission is not None
+        return admission
+
+    def counts(self) -> tuple[int, int]:
+        """(replicas joined, replicas away)."""
+        joined = sum(1 for r in self._known.values() if r.slot is not None)
+        return joined, len(self._known) - joined
+
+    # -- running ---------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve replicas on `port` (0: a free one); the port bound."""
+        self._unreported = [self._keep_aside("unreported", {}) for _ in range(self.replicas - 1)]
+        server = self._server = grpc.aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(self._link)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Link": handler}),)
+        )
+        bound = server.add_insecure_port(f"{host}:{port}")
+        await server.start()
+        self._beat = asyncio.get_running_loop().create_task(self._beats(), name="decider beats")
+        log.info(
+            "epp decider serving replicas on port %d (epoch %d, %d replicas)",
+            bound,
+            self.epoch,
+            self.replicas,
+        )
+        return bound
+
+    async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
+        for replica in self._known.values():
+            if replica.slot is not None and replica.slot.link is not None:
+                replica.slot.link.close()
+        if self._server is not None:
+            await self._server.stop(0.5)
+
+    async def _beats(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            now = self._clock()
+            for replica in list(self._known.values()):
+                slot = replica.slot
+                if slot is None or slot.link is None:
+                    continue
+                if now - replica.last_heard > AWAY_AFTER_S:
+                    log.warning("epp replica %s silent for %.1f s", replica.id, AWAY_AFTER_S)
+                    link = slot.link
+                    self._away(replica, slot)
+                    link.close()
+                else:
+                    slot.link.send([BEAT])
+
+    # -- a replica's stream ------------------------------------------------------
+
+    async def _link(
+        self, frames: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        link = StreamLink(lambda: self.epoch)
+        reader = asyncio.get_running_loop().create_task(self._read(frames, link))
+        try:
+            async for frame in link.frames():
+                yield frame
+        finally:
+            link.close()
+            reader.cancel()
+
+    async def _read(self, frames: AsyncIterator[bytes], link: StreamLink) -> None:
+        replica: Replica | None = None
+        slot: WorkerSlot | None = None
+        try:
+            async for frame in frames:
+                epoch, messages = decode(frame)
+                if epoch > self.epoch:
+                    self.frames_refused += 1
+                    log.error(
+                        "a replica has seen epoch %d, newer than this decider's %d: "
+                        "this decider is deposed",
+                        epoch,
+                        self.epoch,
+                    )
+                    return
+                if replica is None:
+                    if not messages or messages[0][0] != HELLO:
+                        log.warning("a replica stream did not begin with HELLO")
+                        return
+                    replica, slot = self._hello(str(messages[0][1]), link)
+                    messages = messages[1:]
+                replica.last_heard = self._clock()
+                if replica.slot is not slot:
+                    return  # this stream was replaced or counted away
+                self._on_messages(replica, slot, messages)
+        except ValueError as error:
+            log.warning("replica stream ended: %s", error)
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            link.close()
+            if replica is not None and slot is not None:
+                self._away(replica, slot)
+
+    def _hello(self, replica_id: str, link: StreamLink) -> tuple[Replica, WorkerSlot]:
+        replica = self._known.get(replica_id)
+        if replica is None:
+            replica = self._known[replica_id] = Replica(replica_id)
+        elif replica.slot is not None:
+            old = replica.slot
+            self._away(replica, old)
+            if old.link is not None:
+                old.link.close()
+        slot = WorkerSlot(next(self._slots))
+        slot.link = link  # type: ignore[assignment]
+        replica.slot = slot
+        replica.joins += 1
+        replica.last_heard = self._clock()
+        self.owner.join(slot)
+        link.send([JOINED])
+        log.info("epp replica %s joined (epoch %d)", replica_id, self.epoch)
+        return replica, slot
+
+    def _on_messages(
+        self, replica: Replica, slot: WorkerSlot, messages: list[wire.Message]
+    ) -> None:
+        run: list[wire.Message] = []
+        for message in messages:
+            kind = message[0]
+            if kind < HELLO:
+                run.append(message)
+                continue
+            if run:
+                self.owner.on_messages(slot, run)
+                run = []
+            if kind == HELD:
+                self._adopt(slot, message[1], message[2], message[3:])
+            elif kind == REPORTED:
+                self._reported(replica)
+        if run:
+            self.owner.on_messages(slot, run)
+
+    def _adopt(self, slot: WorkerSlot, rid: int, endpoint: str, fields: wire.Message) -> None:
+        request = wire.request_from_fields(fields, self._priority_of)
+        slot.requests[rid] = request
+        self.admission.adopt(request, endpoint)
+
+    def _reported(self, replica: Replica) -> None:
+        """Every request the replica runs is held here now: its share is not kept aside."""
+        self._release(replica.kept_aside)
+        replica.kept_aside = []
+        if not replica.reported and self._unreported:
+            self._release(self._unreported.pop())
+        replica.reported = True
+
+    def _away(self, replica: Replica, slot: WorkerSlot) -> None:
+        """The replica's stream ended: keep its share aside, then withdraw
+        what it held through this stream (in that order, so its endpoints
+        never look emptier than they are)."""
+        if replica.slot is not slot:
+            return
+        replica.slot = None
+        held = Counter(
+            request.endpoint
+            for request in slot.requests.values()
+            if request.state is State.DISPATCHED and request.endpoint is not None
+        )
+        self._release(replica.kept_aside)
+        replica.kept_aside = self._keep_aside(replica.id, held)
+        self.owner.detach(slot)
+        log.warning(
+            "epp replica %s away: %d in flight there; its share of %d endpoints kept aside",
+            replica.id,
+            sum(held.values()),
+            len({r.endpoint for r in replica.kept_aside}),
+        )
+
+    # -- shares -----------------------------------------------------------------
+
+    def _keep_aside(self, replica_id: str, held: Mapping[str | None, int]) -> list[FlowRequest]:
+        """Placeholders holding, on each endpoint, the larger of a replica's
+        share and what it `held` there."""
+        admission = self.admission
+        now = self._clock()
+        placeholders = []
+        for endpoint in self._endpoints():
+            limit = self._limit_of(endpoint)
+            if limit is None:
+                continue
+            for _ in range(max(share(limit, self.replicas), held.get(endpoint, 0))):
+                placeholder = FlowRequest(
+                    f"kept-aside/{replica_id}/{next(self._placeholders)}",
+                    f"replica-{replica_id}",
+                    0,
+                    now,
+                    payload=InferenceRequest(model="", target_model=""),
+                )
+                admission.adopt(placeholder, endpoint)
+                placeholders.append(placeholder)
+        return placeholders
+
+    def _release(self, placeholders: list[FlowRequest]) -> None:
+        admission = self.admission
+        for placeholder in placeholders:
+            admission.complete(placeholder)

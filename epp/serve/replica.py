@@ -1,0 +1,270 @@
+"""A forwarding replica (`epp serve --decider HOST:PORT`): it serves
+ext_proc for Envoy and leaves every decision to the pool's decider
+(`epp.serve.decider`) over a gRPC stream (`epp.serve.replicas`). See
+docs/operations/replicas.md.
+
+`ReplicaAdmission` is the replica's `Admission`: a protocol worker's
+(`RemoteAdmission`) whose link is the stream to the decider, and which
+outlives it. What runs where is the replica's own state: when a decider
+(re)joins it, the replica reports every request it has running (HELD) and
+sends its undecided requests again.
+
+Degraded mode. After `DEGRADE_AFTER_S` without a frame from a decider the
+replica admits on its own: each endpoint takes requests from it while it
+runs fewer than its share there (`share(limit, replicas)`, the limit as its
+own configuration and metrics give it), highest priority first, then
+oldest; the rest wait. The decider keeps those shares aside while the
+replica is away, so nothing overshoots. When a decider answers again, the
+replica reports what it runs and decides nothing more on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import grpc
+
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+from epp.serve import wire
+from epp.serve.replicas import (
+    BEAT,
+    BEAT_S,
+    DEGRADE_AFTER_S,
+    HELLO,
+    JOINED,
+    METHOD,
+    RECONNECT_S,
+    REPORTED,
+    StreamLink,
+    decode,
+    held_fields,
+    share,
+)
+from epp.serve.worker import RemoteAdmission
+
+log = logging.getLogger("epp.serve.replica")
+
+LimitOf = Callable[[str], int | None]
+
+
+class ReplicaAdmission(RemoteAdmission):
+    """See the module docstring. `endpoints` gives the pool's addresses now,
+    `limit_of` an endpoint's in-flight limit (None: none)."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        decider: str,
+        replicas: int,
+        endpoints: Callable[[], list[str]],
+        limit_of: LimitOf,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(None, seed)
+        self.replica_id = replica_id
+        self.decider = decider
+        self.replicas = replicas
+        self._pool = endpoints
+        self._limit_of = limit_of
+        self._clock = clock
+        self.epoch = 0
+        """The newest decider epoch this replica has seen."""
+        self.joined = False
+        self.degraded = False
+        self.frames_refused = 0
+        self.degraded_admissions = 0
+        self.joins = 0
+        self._running: Counter[str] = Counter()
+        """This replica's dispatched requests on each endpoint, however decided."""
+        self._last_heard = clock()
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # -- Admission ---------------------------------------------------------------
+
+    def offer(self, request: FlowRequest) -> Outcome | None:
+        if self._closing:
+            request.state = State.DROPPED
+            request.outcome = Outcome.REJECTED_SHUTTING_DOWN
+            return request.outcome
+        if self.joined:
+            return super().offer(request)
+        rid = next(self._rids)
+        self._requests[rid] = request
+        self._rid_of[request] = rid
+        if self.degraded:
+            return self._admit_here(request)
+        return None  # sent when a decider joins, or admitted here once degraded
+
+    # -- the stream to the decider -----------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._connect(), name="replica link"),
+            loop.create_task(self._watch(), name="replica watch"),
+        ]
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._call is not None:
+            self._call.cancel()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _connect(self) -> None:
+        while not self._closing:
+            link = StreamLink(lambda: self.epoch)
+            link.send([HELLO, self.replica_id])
+            try:
+                async with grpc.aio.insecure_channel(self.decider) as channel:
+                    call = self._call = channel.stream_stream(METHOD)(link.frames())
+                    async for frame in call:
+                        epoch, messages = decode(frame)
+                        if epoch < self.epoch:
+                            self.frames_refused += 1
+                            log.error(
+                                "refused a frame of decider epoch %d: epoch %d is newer",
+                                epoch,
+                                self.epoch,
+                            )
+                            break
+                        self.epoch = epoch
+                        self._last_heard = self._clock()
+                        self._on_frame(link, messages)
+            except asyncio.CancelledError:
+                if self._closing:
+                    raise
+                log.warning("the decider at %s stopped answering", self.decider)
+            except (grpc.aio.AioRpcError, ValueError) as error:
+                if self.joined and self.link is link:
+                    log.warning("lost the decider at %s: %s", self.decider, type(error).__name__)
+            finally:
+                self._call = None
+                link.close()
+                if self.link is link:
+                    self._parted()
+            await asyncio.sleep(RECONNECT_S)
+
+    async def _watch(self) -> None:
+        """Beats to the decider; the end of a silent stream; degraded mode."""
+        while True:
+            await asyncio.sleep(BEAT_S)
+            silent = self._clock() - self._last_heard
+            if self.joined and self.link is not None:
+                if silent > DEGRADE_AFTER_S and self._call is not None:
+                    self._call.cancel()  # a decider that stopped answering
+                else:
+                    self.link.send([BEAT])
+            if not self.joined and not self.degraded and silent > DEGRADE_AFTER_S:
+                self._degrade(silent)
+
+    def _on_frame(self, link: StreamLink, messages: list[wire.Message]) -> None:
+        theirs = []
+        for message in messages:
+            kind = message[0]
+            if kind == JOINED:
+                self._joined(link)
+            elif kind != BEAT:
+                theirs.append(message)
+        if theirs and self.link is link:
+            self.on_messages(theirs)
+
+    def _joined(self, link: StreamLink) -> None:
+        """A decider decides for this replica: tell it what runs here, then
+        what waits."""
+        self.link = link  # type: ignore[assignment]
+        self.joined = True
+        self.joins += 1
+        if self.degraded:
+            self.degraded = False
+            log.warning("epp replica %s rejoined the decider at %s", self.replica_id, self.decider)
+        else:
+            log.info("epp replica %s joined the decider at %s", self.replica_id, self.decider)
+        waiting = []
+        for rid, request in self._requests.items():
+            if request.state is State.DISPATCHED:
+                link.send(held_fields(rid, request))
+            elif request.outcome is None:
+                waiting.append((rid, request))
+        link.send([REPORTED])
+        for rid, request in waiting:
+            link.send([wire.ARRIVE, rid, *wire.arrival_fields(request)])
+
+    def _parted(self) -> None:
+        self.link = None
+        self.joined = False
+
+    # -- degraded mode -------------------------------------------------------------
+
+    def _degrade(self, silent: float) -> None:
+        self.degraded = True
+        log.warning(
+            "epp replica %s runs degraded: no decider answered for %.1f s; admitting "
+            "within its share (1/%d) of each endpoint's limit",
+            self.replica_id,
+            silent,
+            self.replicas,
+        )
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        waiting = [r for r in self._requests.values() if r.outcome is None]
+        waiting.sort(key=lambda r: (-r.priority, r.arrival))
+        for request in waiting:
+            if self._admit_here(request) is None:
+                return
+
+    def _admit_here(self, request: FlowRequest) -> Outcome | None:
+        """Dispatch `request` to the least busy endpoint where this replica
+        runs less than its share; None (it waits) when none has room."""
+        subset = request.payload.subset
+        best: str | None = None
+        for endpoint in self._pool():
+            if subset is not None and endpoint not in subset:
+                continue
+            limit = self._limit_of(endpoint)
+            running = self._running[endpoint]
+            if limit is not None and running >= share(limit, self.replicas):
+                continue
+            if best is None or running < self._running[best]:
+                best = endpoint
+        if best is None:
+            return None
+        self.degraded_admissions += 1
+        self._decided(self._rid_of[request], [Outcome.DISPATCHED.value, best, None, (), None, None])
+        return request.outcome
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _decided(self, rid: int, fields: wire.Message) -> None:
+        request = self._requests.get(rid)
+        if request is None or request.outcome is not None:
+            return  # decided here meanwhile (degraded), or withdrawn
+        super()._decided(rid, fields)
+        if request.state is State.DISPATCHED and request.endpoint is not None:
+            self._running[request.endpoint] += 1
+
+    def _complete(self, request: FlowRequest, fields: list[object]) -> None:
+        if request.state is not State.DISPATCHED:
+            return
+        endpoint = request.endpoint or ""
+        super()._complete(request, fields)
+        self._running[endpoint] -= 1
+        if self._running[endpoint] <= 0:
+            del self._running[endpoint]
+        if self.degraded:
+            self._admit_waiting()
+
+    def on_lost(self) -> None:
+        """A replica outlives its decider's streams (`_parted`)."""

@@ -1,0 +1,153 @@
+"""What replicas of one pool and their decider say to each other
+(`epp serve --decider-port` / `--decider`; docs/operations/replicas.md).
+
+A replica is to the decider what a protocol worker is to its core owner
+(`epp.serve.wire`): the same messages (ARRIVE, COMPLETE, DECISION, ...),
+over a gRPC bidi stream instead of a Unix socket, plus the few below.
+One gRPC message is an orjson array `[epoch, messages]`: everything one
+side has to say in one turn of its loop. The decider writes its epoch; a
+replica writes the highest epoch it has seen, and refuses a frame from an
+older one (a deposed decider's late answers).
+
+Replica -> decider:
+
+    HELLO     the replica's id (its first message on a stream)
+    HELD      rid, endpoint, then the request's scheduling inputs
+              (`wire.arrival_fields`): a request the replica has running,
+              which the decider adopts (a rebuild after a decider change
+              or a partition)
+    REPORTED  every HELD is sent; what the decider kept aside for this
+              replica while it was away is released
+    BEAT      nothing to say (sent every `BEAT_S`)
+
+Decider -> replica:
+
+    JOINED    the decider decides for this replica from now on; the
+              replica reports what it holds (HELD, REPORTED) and sends
+              its undecided requests again (ARRIVE)
+    BEAT      as above
+
+Silence: the decider counts a replica as away after `AWAY_AFTER_S`
+without a frame, and keeps its share of every endpoint aside from then
+on; a replica runs degraded only after `DEGRADE_AFTER_S` without one,
+later, so its own admissions start after the decider stopped handing its
+share out (`epp.serve.decider`, `epp.serve.replica`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+
+from epp.flowcontrol.config import GateConfig, GateKind
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.core import Core
+from epp.serve.wire import Message, arrival_fields
+
+SERVICE = "epp.replicas.v1.Decider"
+METHOD = f"/{SERVICE}/Link"
+
+HELLO = 21
+HELD = 22
+REPORTED = 23
+BEAT = 24
+JOINED = 25
+
+BEAT_S = 0.1
+"""How often each side writes when it has nothing else to say."""
+AWAY_AFTER_S = 0.3
+"""Silence after which the decider counts a replica as away."""
+DEGRADE_AFTER_S = 0.7
+"""Silence after which a replica admits on its own (longer than `AWAY_AFTER_S`
+plus a beat, so the decider has set the replica's share aside first)."""
+RECONNECT_S = 0.2
+"""How often a replica without a decider tries to reach it."""
+MAX_QUEUED_FRAMES = 4096
+"""Frames a link holds for a peer that does not read; past it the link ends."""
+
+
+def share(limit: int, replicas: int) -> int:
+    """A replica's part of an endpoint's `limit` when `replicas` share it."""
+    return limit // max(1, replicas)
+
+
+def decode(frame: bytes) -> tuple[int, list[Message]]:
+    """A frame's epoch and messages; ValueError when it is not one."""
+    try:
+        epoch, messages = orjson.loads(frame)
+    except (orjson.JSONDecodeError, TypeError, ValueError) as error:
+        raise ValueError(f"not a replicas frame: {error}") from None
+    if not isinstance(epoch, int) or not isinstance(messages, list):
+        raise ValueError("not a replicas frame")
+    return epoch, messages
+
+
+class StreamLink:
+    """One side of a replica's stream, with `wire.Link`'s `send`: the
+    messages of one loop turn leave as one frame stamped with `epoch()`.
+    `frames()` is what the gRPC call writes; `close` ends it."""
+
+    def __init__(self, epoch: Callable[[], int]) -> None:
+        self._epoch = epoch
+        self._outbox: list[Message] = []
+        self._armed = False
+        self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.closed = False
+
+    def send(self, message: Message) -> None:
+        if self.closed:
+            return
+        self._outbox.append(message)
+        if not self._armed:
+            self._armed = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._armed = False
+        outbox, self._outbox = self._outbox, []
+        if not outbox or self.closed:
+            return
+        if self._frames.qsize() >= MAX_QUEUED_FRAMES:
+            self.close()
+            return
+        self._frames.put_nowait(orjson.dumps([self._epoch(), outbox]))
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        while True:
+            frame = await self._frames.get()
+            if frame is None:
+                return
+            yield frame
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._flush()
+        self.closed = True
+        self._frames.put_nowait(None)
+
+
+def held_fields(rid: int, request: FlowRequest) -> Message:
+    """HELD for a dispatched request of this replica."""
+    return [HELD, rid, request.endpoint, *arrival_fields(request)]
+
+
+def endpoint_limit(core: Core, gate: GateConfig) -> Callable[[str], int | None]:
+    """An endpoint's in-flight limit now, as `core`'s gate holds it: the
+    adaptive gate's learned one, else the configured `maxPerEndpoint`
+    (None: no per-endpoint limit, so no share to keep)."""
+    fixed = (
+        gate.max_per_endpoint
+        if gate.detector is None
+        and gate.max_per_endpoint > 0
+        and (GateKind.ADAPTIVE in gate.kinds or GateKind.CONCURRENCY in gate.kinds)
+        else None
+    )
+
+    def limit_of(address: str) -> int | None:
+        learned = core.limits().get(address)
+        return learned if learned is not None else fixed
+
+    return limit_of
