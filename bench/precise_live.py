@@ -24,7 +24,6 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +31,7 @@ import yaml
 
 from epp.demo.envoy_process import running_envoy
 from epp.demo.kv_publisher import port_free_on_every
-from epp.demo.model_server import KVEventsPublishing, SimulatedServer
+from epp.demo.model_server import KVEventsPublishing, SimulatedServer, serving_on
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp
 
@@ -47,18 +46,9 @@ PARAMS = ServerParams(
 )
 
 
-@contextlib.asynccontextmanager
-async def servers(events_port: int) -> AsyncIterator[list[SimulatedServer]]:
-    started = []
-    try:
-        for host in HOSTS:
-            server = SimulatedServer(PARAMS, MODEL, kv_events=KVEventsPublishing(events_port, None))
-            await server.start(host)
-            started.append(server)
-        yield started
-    finally:
-        for server in started:
-            await server.stop()
+def servers(events_port: int) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
+    publishing = KVEventsPublishing(events_port, None)
+    return serving_on([SimulatedServer(PARAMS, MODEL, kv_events=publishing) for _ in HOSTS], HOSTS)
 
 
 def precise_config(folder: Path, render: str, events_port: int) -> Path:

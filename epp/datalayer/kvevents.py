@@ -38,7 +38,6 @@ seconds and waits at most `replay_idle` for each reply.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -51,6 +50,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from epp.config.precise import KVEventsSettings
+from epp.datalayer.polling import cancel_and_wait
 from epp.scheduling.kvblocks import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
@@ -430,11 +430,7 @@ class KVEventsSubscribers:
         tasks = list(self._tasks.values())
         if self._central is not None:
             tasks.append(self._central)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         self._tasks.clear()
         self.stats.active = 0
         self._context.destroy(linger=0)

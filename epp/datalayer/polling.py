@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from epp.datalayer.store import EndpointStore
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task, then wait for each to end, its cancellation
+    swallowed (how the live shell stops its background tasks)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class EndpointPolls:
@@ -49,11 +60,7 @@ class EndpointPolls:
         self.running = False
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
 
     def _follow(self) -> None:
         if not self.running:

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -437,6 +439,23 @@ class SimulatedServer:
         await response.write(reply.final_events(include_usage))
         await response.write_eof()
         return response
+
+
+@contextlib.asynccontextmanager
+async def serving_on(
+    servers: Sequence[SimulatedServer], hosts: Sequence[str]
+) -> AsyncIterator[list[SimulatedServer]]:
+    """`servers[i]` listening on `hosts[i]` (a free port) for the block; the
+    ones started are stopped after it, also when a later one fails to start."""
+    started: list[SimulatedServer] = []
+    try:
+        for server, host in zip(servers, hosts, strict=True):
+            await server.start(host)
+            started.append(server)
+        yield started
+    finally:
+        for server in started:
+            await server.stop()
 
 
 async def _serve(

@@ -40,6 +40,7 @@ from kubernetes_asyncio.client import (
 
 from epp.api.models import POOL_GROUP, InferencePool, InvalidObjectError, decode
 from epp.api.registry import ObjectiveRegistry
+from epp.datalayer.polling import cancel_and_wait
 from epp.k8s.leader import LeaderElector, LeaseSettings, lease_name
 from epp.k8s.objectives import GROUP, PLURAL, READ_VERSION, ObjectiveSource
 from epp.k8s.pods import EndpointSink, PodEndpoints, label_selector
@@ -174,11 +175,7 @@ class ClusterMode:
     async def stop(self) -> None:
         """Stop watching, then release the Lease if held."""
         tasks = [*self._tasks, *([self._pod_task] if self._pod_task else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         self._tasks.clear()
         self._pod_task = None
         if self.elector is not None:

@@ -23,9 +23,6 @@ from epp.scheduling.scorers import PerCandidates, StatelessScorer
 from epp.scheduling.spec import BuildContext
 
 NO_SCORES: Mapping[str, float] = MappingProxyType({})
-
-
-NO_SCORES: Mapping[str, float] = MappingProxyType({})
 NO_MATCHES: Mapping[str, int] = MappingProxyType({})
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.kv_publisher import port_free_on_every
-from epp.demo.model_server import KVEventsPublishing, SimulatedServer
+from epp.demo.model_server import KVEventsPublishing, SimulatedServer, serving_on
 from epp.demo.server_formats import token_ids
 from epp.sim.server_model import ServerParams
 from tests.support.dashboards import read_page, reference_queries, unmet
@@ -76,31 +75,22 @@ def sample_config(folder: Path, sample: Sample, render_url: str, events: str, re
     return path
 
 
-@contextlib.asynccontextmanager
-async def servers(
+def servers(
     sample: Sample, events: str, replay: int, replays: int = len(HOSTS)
-) -> AsyncIterator[list[SimulatedServer]]:
+) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
     """A server on each of HOSTS publishing as `sample` says; only the first
     `replays` of them keep a replay socket."""
     port = int(events.rsplit(":", 1)[1])
-    started = []
-    try:
-        for index, host in enumerate(HOSTS):
-            publishing = (
-                KVEventsPublishing(hash_seed=sample.seed, connect=events)
-                if sample.bound
-                else KVEventsPublishing(
-                    port, replay if index < replays else None, hash_seed=sample.seed
-                )
-            )
-            params = ServerParams(block_size=sample.block, kv_blocks=4000)
-            server = SimulatedServer(params, MODEL, kv_events=publishing)
-            await server.start(host)
-            started.append(server)
-        yield started
-    finally:
-        for server in started:
-            await server.stop()
+    params = ServerParams(block_size=sample.block, kv_blocks=4000)
+    publishing = [
+        KVEventsPublishing(hash_seed=sample.seed, connect=events)
+        if sample.bound
+        else KVEventsPublishing(port, replay if index < replays else None, hash_seed=sample.seed)
+        for index in range(len(HOSTS))
+    ]
+    return serving_on(
+        [SimulatedServer(params, MODEL, kv_events=each) for each in publishing], HOSTS
+    )
 
 
 def prompt(prefix: str, turn: int) -> str:
