@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -47,6 +47,7 @@ from epp.serve.replicas import (
     AWAY_AFTER_S,
     BEAT,
     BEAT_S,
+    CHANNEL_OPTIONS,
     HELD,
     HELLO,
     JOINED,
@@ -113,17 +114,23 @@ class Decider:
         assert admission is not None
         return admission
 
-    def counts(self) -> tuple[int, int]:
-        """(replicas joined, replicas away)."""
+    def stats(self) -> Iterator[tuple[str, tuple[str, ...], float]]:
+        """The decider's series (`epp.serve.metrics`)."""
         joined = sum(1 for r in self._known.values() if r.slot is not None)
-        return joined, len(self._known) - joined
+        yield "epp_decider_replicas", ("joined",), joined
+        yield "epp_decider_replicas", ("away",), len(self._known) - joined
+        yield "epp_decider_epoch", (), self.epoch
+        yield "epp_replica_frames_refused_total", (), self.frames_refused
 
     # -- running ---------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> int:
         """Serve replicas on `port` (0: a free one); the port bound."""
         self._unreported = [self._keep_aside("unreported", {}) for _ in range(self.replicas - 1)]
-        server = self._server = grpc.aio.server()
+        # no SO_REUSEPORT: a second decider on the port must fail, not share it
+        server = self._server = grpc.aio.server(
+            options=(*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
+        )
         handler = grpc.stream_stream_rpc_method_handler(self._link)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Link": handler}),)

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -35,6 +35,7 @@ from epp.serve import wire
 from epp.serve.replicas import (
     BEAT,
     BEAT_S,
+    CHANNEL_OPTIONS,
     DEGRADE_AFTER_S,
     HELLO,
     JOINED,
@@ -88,6 +89,13 @@ class ReplicaAdmission(RemoteAdmission):
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
 
+    def stats(self) -> Iterator[tuple[str, tuple[str, ...], float]]:
+        """The replica's series (`epp.serve.metrics`)."""
+        yield "epp_replica_degraded", (), float(self.degraded)
+        yield "epp_replica_degraded_admissions_total", (), self.degraded_admissions
+        yield "epp_replica_joins_total", (), self.joins
+        yield "epp_replica_frames_refused_total", (), self.frames_refused
+
     # -- Admission ---------------------------------------------------------------
 
     def offer(self, request: FlowRequest) -> Outcome | None:
@@ -127,7 +135,9 @@ class ReplicaAdmission(RemoteAdmission):
             link = StreamLink(lambda: self.epoch)
             link.send([HELLO, self.replica_id])
             try:
-                async with grpc.aio.insecure_channel(self.decider) as channel:
+                async with grpc.aio.insecure_channel(
+                    self.decider, options=CHANNEL_OPTIONS
+                ) as channel:
                     call = self._call = channel.stream_stream(METHOD)(link.frames())
                     async for frame in call:
                         epoch, messages = decode(frame)

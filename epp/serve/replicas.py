@@ -44,7 +44,7 @@ import orjson
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import Core
-from epp.serve.wire import Message, arrival_fields
+from epp.serve.wire import MAX_FRAME_BYTES, Message, arrival_fields
 
 SERVICE = "epp.replicas.v1.Decider"
 METHOD = f"/{SERVICE}/Link"
@@ -64,6 +64,11 @@ DEGRADE_AFTER_S = 0.7
 plus a beat, so the decider has set the replica's share aside first)."""
 RECONNECT_S = 0.2
 """How often a replica without a decider tries to reach it."""
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
+    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
+)
+"""Both ends: a frame may carry a request's whole prompt (gRPC's default cap is 4 MiB)."""
 MAX_QUEUED_FRAMES = 4096
 """Frames a link holds for a peer that does not read; past it the link ends."""
 

@@ -295,6 +295,9 @@ class EppServer:
         )
         if self.replica is not None:
             self.replica.on_evict = self.service.evict
+            self.metrics.watch_replicas(self.replica.stats)
+        if self.decider is not None:
+            self.metrics.watch_replicas(self.decider.stats)
 
     def _addresses(self) -> list[str]:
         return [endpoint.address for endpoint in self.store.snapshot().endpoints]

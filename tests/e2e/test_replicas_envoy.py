@@ -98,19 +98,21 @@ class Pool:
     urls: list[str]
     """Each replica's Envoy, the decider's first."""
     workdir: Path
-    started: list[str] = field(default_factory=list)
+    endpoints: str
+    later: list[RunningEpp] = field(default_factory=list)
+    """EPPs a test started after the pool, stopped with it."""
 
     def peaks(self) -> list[int]:
         return [server.peak for server in self.servers]
 
 
-async def start_decider(workdir: Path, endpoints: str) -> RunningEpp:
+async def start_decider(workdir: Path, endpoints: str, port: int = 0) -> RunningEpp:
     return await start_epp(
         f"--endpoints={endpoints}",
         f"--config-file={workdir / 'config.yaml'}",
         f"--objectives={workdir / 'objectives.yaml'}",
         "--pool-name=e2e-pool",
-        "--decider-port=0",
+        f"--decider-port={port}",
         "--replicas=3",
         "--replica-id=decider",
     )
@@ -127,6 +129,7 @@ async def replicated_pool(tmp_path: Path, cut: bool = False) -> AsyncIterator[tu
         relay = Cut(decider_port)
         await relay.start()
         replicas = []
+        pool: Pool | None = None
         try:
             for index in (1, 2):
                 port = relay.port if cut and index == 2 else decider_port
@@ -150,11 +153,19 @@ async def replicated_pool(tmp_path: Path, cut: bool = False) -> AsyncIterator[tu
                         running_envoy(epp_port=epp.ports["grpc"])
                     )
                     urls.append(f"http://127.0.0.1:{envoy.listen_port}/v1/completions")
-                yield Pool([one, two], decider, replicas, urls, tmp_path), relay
+                pool = Pool([one, two], decider, replicas, urls, tmp_path, endpoints)
+                yield pool, relay
         finally:
             await relay.stop()
-            for epp in (*replicas, decider):
+            for epp in (*replicas, decider, *(pool.later if pool else ())):
                 await epp.terminate()
+
+
+async def gauge(session: aiohttp.ClientSession, epp: RunningEpp, name: str) -> float:
+    async with session.get(epp.metrics_url) as response:
+        text = await response.text()
+    lines = text.splitlines()
+    return next(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
 
 
 async def complete(
@@ -228,6 +239,9 @@ async def test_killing_the_decider_loses_no_stream_on_the_surviving_replicas(
         during = len(results)
         await asyncio.sleep(1.0)
         assert len(results) > during, "admission stopped while no decider answered"
+        port = pool.decider.ports["decider"]
+        pool.later.append(await start_decider(pool.workdir, pool.endpoints, port))
+        await eventually(lambda: all("rejoined the decider" in r.log() for r in pool.replicas), 3.0)
         await load
     assert before > 0
     assert results == [200] * len(results)
@@ -247,11 +261,15 @@ async def test_a_partitioned_replica_serves_within_its_share_and_rejoins(
         await asyncio.sleep(0.8)
         relay.sever()
         await eventually(lambda: "runs degraded" in cut_off.log(), 3.0)
+        assert await gauge(session, cut_off, "epp_replica_degraded") == 1
+        served = await gauge(session, cut_off, "epp_replica_degraded_admissions_total")
         await asyncio.sleep(1.0)
         relay.mend()
         mended = time.monotonic()
         await eventually(lambda: "rejoined the decider" in cut_off.log(), 3.0)
         rejoined_after = time.monotonic() - mended
+        assert await gauge(session, cut_off, "epp_replica_degraded") == 0
+        assert await gauge(session, cut_off, "epp_replica_degraded_admissions_total") > served
         await load
     assert results == [200] * len(results)
     assert max(pool.peaks()) <= LIMIT, pool.peaks()

@@ -570,6 +570,39 @@ CATALOGUE: tuple[Spec, ...] = (
         ("worker",),
     ),
     Spec(
+        "epp_replica_degraded",
+        G,
+        "1 while this replica admits on its own within its share of each endpoint "
+        "(--decider: no decider answers), else 0.",
+    ),
+    Spec(
+        "epp_replica_degraded_admissions_total",
+        C,
+        "Requests this replica dispatched on its own while degraded (--decider).",
+    ),
+    Spec(
+        "epp_replica_joins_total",
+        C,
+        "Times this replica joined a decider and reported what it runs (--decider).",
+    ),
+    Spec(
+        "epp_replica_frames_refused_total",
+        C,
+        "Frames refused because they came from an older decider epoch than one seen.",
+    ),
+    Spec(
+        "epp_decider_replicas",
+        G,
+        "Replicas this decider has heard from, by state: joined, or away with their "
+        "share of each endpoint kept aside (--decider-port).",
+        ("state",),
+    ),
+    Spec(
+        "epp_decider_epoch",
+        G,
+        "The epoch this decider writes on its decisions (--decider-port).",
+    ),
+    Spec(
         "epp_session_bindings",
         G,
         "Sessions bound to an endpoint, per session-affinity plugin (session_id).",

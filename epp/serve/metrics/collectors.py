@@ -315,6 +315,24 @@ class WorkersCollector(Collector):
             ])  # fmt: skip
 
 
+ReplicaStats = Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]
+"""(series, label values, value) rows of a replica or a decider."""
+
+
+class ReplicasCollector(Collector):
+    """A replica's or a decider's own series (`epp.serve.replica`, `epp.serve.decider`)."""
+
+    def __init__(self, stats: ReplicaStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+        for name, labels, value in self._stats():
+            rows.setdefault(name, []).append((labels, value))
+        for name, found in rows.items():
+            yield from scraped(name, found)
+
+
 class PrefixIndexCollector(Collector):
     """The approximate prefix index's size, per producer (`plugins()` are the
     scheduler's plugins now: a reload may bring another index)."""

@@ -20,6 +20,8 @@ from epp.serve.metrics.collectors import (
     LimitsCollector,
     PoolCollector,
     PrefixIndexCollector,
+    ReplicasCollector,
+    ReplicaStats,
     SaturationCollector,
     ScrapeFailures,
     SessionsCollector,
@@ -77,6 +79,10 @@ class EppMetrics(RequestMetrics):
     def watch_workers(self, counts: WorkerCounts) -> None:
         """Report each protocol worker's requests, connections and restarts at scrape time."""
         self.registry.register(WorkersCollector(counts))
+
+    def watch_replicas(self, stats: ReplicaStats) -> None:
+        """Report a replica's or a decider's state at scrape time."""
+        self.registry.register(ReplicasCollector(stats))
 
     def watch_sessions(self, stores: Callable[[], Mapping[str, SessionBindings]]) -> None:
         """Report the session bindings per plugin, and how many its limit

@@ -1,0 +1,150 @@
+"""A forwarding replica's `ReplicaAdmission` against a scripted decider
+over real gRPC on loopback: what it refuses, what it admits on its own
+while no decider answers, and what it reports when one joins it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import grpc
+import orjson
+import pytest
+
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State
+from epp.scheduling.request import InferenceRequest
+from epp.serve import wire
+from epp.serve.replica import ReplicaAdmission
+from epp.serve.replicas import (
+    DEGRADE_AFTER_S,
+    HELD,
+    HELLO,
+    JOINED,
+    REPORTED,
+    SERVICE,
+    decode,
+)
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.asyncio
+
+ENDPOINT = "10.0.0.1:8000"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ScriptedDecider:
+    """A decider that records what the replica sends and writes what the
+    test tells it (`say(epoch, messages)`)."""
+
+    def __init__(self) -> None:
+        self.received: list[wire.Message] = []
+        self._out: asyncio.Queue[bytes] = asyncio.Queue()
+        self.server: grpc.aio.Server | None = None
+
+    def say(self, epoch: int, *messages: wire.Message) -> None:
+        self._out.put_nowait(orjson.dumps([epoch, list(messages)]))
+
+    async def _link(self, frames: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        async def read() -> None:
+            async for frame in frames:
+                self.received.extend(decode(frame)[1])
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                yield await self._out.get()
+        finally:
+            reader.cancel()
+
+    async def start(self, port: int) -> None:
+        server = self.server = grpc.aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(self._link)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Link": handler}),)
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+
+    def kinds(self) -> list[int]:
+        return [message[0] for message in self.received]
+
+
+@contextlib.asynccontextmanager
+async def replica_of(port: int) -> AsyncIterator[ReplicaAdmission]:
+    # limit 3 over 3 replicas: a share of 1 on the one endpoint
+    replica = ReplicaAdmission("r1", f"127.0.0.1:{port}", 3, lambda: [ENDPOINT], lambda _: 3)
+    replica.start()
+    try:
+        yield replica
+    finally:
+        await replica.stop()
+
+
+def request(number: int, priority: int = 0) -> FlowRequest:
+    return FlowRequest(
+        f"req-{number}",
+        "tenant",
+        priority,
+        float(number),
+        payload=InferenceRequest(model="m", target_model="m", prompt=f"prompt {number}"),
+    )
+
+
+async def test_a_replica_refuses_a_decision_from_an_older_epoch_than_it_has_seen() -> None:
+    decider = ScriptedDecider()
+    port = free_port()
+    await decider.start(port)
+    async with replica_of(port) as replica:
+        decider.say(10, [JOINED])
+        await eventually(lambda: replica.joined)
+        waiting = request(1)
+        assert replica.offer(waiting) is None
+        await eventually(lambda: wire.ARRIVE in decider.kinds())
+        rid = next(m[1] for m in decider.received if m[0] == wire.ARRIVE)
+        dispatched = [Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None]
+        decider.say(9, [wire.DECISION, rid, *dispatched])
+        await eventually(lambda: replica.frames_refused == 1)
+        assert waiting.outcome is None
+        assert replica.epoch == 10
+    await decider.server.stop(0)
+
+
+async def test_a_replica_without_a_decider_admits_only_within_its_share() -> None:
+    async with replica_of(free_port()) as replica:
+        await asyncio.sleep(DEGRADE_AFTER_S + 0.2)
+        assert replica.degraded
+        first, second = request(1), request(2)
+        assert replica.offer(first) is Outcome.DISPATCHED
+        assert first.endpoint == ENDPOINT
+        assert replica.offer(second) is None
+        replica.complete(first)
+        assert second.outcome is Outcome.DISPATCHED
+
+
+async def test_a_joining_replica_reports_what_runs_before_it_resends_what_waits() -> None:
+    port = free_port()
+    async with replica_of(port) as replica:
+        await eventually(lambda: replica.degraded, DEGRADE_AFTER_S + 1.0)
+        running, waiting = request(1), request(2)
+        replica.offer(running)
+        replica.offer(waiting)
+        decider = ScriptedDecider()
+        await decider.start(port)
+        await eventually(lambda: HELLO in decider.kinds(), 3.0)
+        decider.say(1, [JOINED])
+        await eventually(lambda: wire.ARRIVE in decider.kinds())
+        assert decider.kinds() == [HELLO, HELD, REPORTED, wire.ARRIVE]
+        held, arrive = decider.received[1], decider.received[3]
+        assert held[2] == ENDPOINT and held[3] == "req-1"
+        assert arrive[2] == "req-2"
+        assert not replica.degraded
+        assert running.state is State.DISPATCHED and waiting.outcome is None
+        await decider.server.stop(0)
