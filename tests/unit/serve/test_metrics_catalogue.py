@@ -22,9 +22,12 @@ from epp.scheduling.kvblocks import KVBlockIndex
 from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.sessions import SessionBindings
 from epp.scheduling.spec import PluginSpec
+from epp.serve.decider import Decider
 from epp.serve.metrics import EppMetrics, StageView
 from epp.serve.metrics.catalogue import CATALOGUE, SPECS, markdown_table
 from epp.serve.metrics.spec import Kind, Spec, Twin
+from epp.serve.owner import Owner
+from epp.serve.replica import ReplicaAdmission
 from epp.serve.tokenizer import TokenizerStats
 
 APPROX = (APPROX_PRODUCER, APPROX_PRODUCER)
@@ -79,6 +82,9 @@ def fed_metrics() -> EppMetrics:
     metrics.watch_prefix_index(lambda: [PrefixCacheScorer(64, 4, 10)])
     metrics.watch_token_producer(TokenizerStats())
     metrics.watch_workers(lambda: iter([("0", 3, 1, 0)]))
+    metrics.watch_replicas(ReplicaAdmission("r", "127.0.0.1:1", 3, list, lambda _: None).stats)
+    owner = Owner(0, lambda *_: None, lambda _: 0)  # type: ignore[arg-type,return-value]
+    metrics.watch_replicas(Decider(owner, lambda _: 0, 3, lambda _: None, list).stats)
     return metrics
 
 
