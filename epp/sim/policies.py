@@ -129,7 +129,9 @@ class PromptBlocks:
         (a prompt with no shared prefix gets its blocks as a `range`, which
         costs nothing to build: `bench.simulator`)."""
         max_blocks = self.max_blocks
-        count = min(request.prompt_tokens * CHARS_PER_TOKEN // self.block_chars, max_blocks)
+        count = request.prompt_tokens * CHARS_PER_TOKEN // self.block_chars
+        if count > max_blocks:  # not min(): it parses keywords per call (bench.instructions)
+            count = max_blocks
         shared = self._prefixes[request.tenant]
         if len(shared) >= count:
             return (self.block_chars, max_blocks, shared[:count])

@@ -337,10 +337,13 @@ class ModelServer:
         if params.max_loras:
             lora_running = frozenset(self._lora_active)
             lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
+        kv_usage = self.used_blocks / params.kv_blocks
+        if kv_usage > 1.0:  # not min(): it parses keywords per call (bench.instructions)
+            kv_usage = 1.0
         return EndpointMetrics(
             len(self.waiting),
             running + prefilling,
-            min(1.0, self.used_blocks / params.kv_blocks),
+            kv_usage,
             lora_running,
             lora_waiting,
             params.max_loras,

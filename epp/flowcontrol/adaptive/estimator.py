@@ -176,9 +176,14 @@ class LimitEstimator:
         self.done = self.done_unseen = 0
         running = int(sample.running)
         waiting = int(sample.waiting)
+        # (Comparisons rather than min() and max() here and in `_budget`:
+        # CPython 3.11 parses keywords at every call of those, and this runs
+        # per endpoint per sample: bench.instructions.)
         # What it took since the last sample: its queue then and what it
         # was sent since, less its queue now (admitted or done already).
-        took = max(0, self.queue + self.sent - waiting)
+        took = self.queue + self.sent - waiting
+        if took < 0:
+            took = 0
         quiet = not (waiting or self.queue)
         # A request waited there a whole interval when its queue outgrew what
         # it was sent over the last two: one sent after the server was read
@@ -198,7 +203,10 @@ class LimitEstimator:
         # running count shown was sent too late for the read (the scrape's
         # lag) or waits: pending either way. (Only those: an older request
         # not yet running there is in its prefill elsewhere, disaggregated.)
-        self.pending = max(waiting, min(held - running, self.sent_before))
+        unseen = held - running
+        if unseen > self.sent_before:
+            unseen = self.sent_before
+        self.pending = unseen if unseen > waiting else waiting
         self.running = running
         self.latency.observe(sample, now)
         step = self.latency.mean_itl
@@ -216,7 +224,8 @@ class LimitEstimator:
         window_end = self.window_end
         self.samples += 1
         self.queued += waiting > 0
-        self.most = max(self.most, running)
+        if running > self.most:
+            self.most = running
         old = new = self.limit
         if self.probe_since is None:
             self.probe_since = now
@@ -250,7 +259,8 @@ class LimitEstimator:
         ):
             self.probing = may_probe  # else its turn comes an interval later
             self.probe_since = now
-        new = min(new, settings.maximum)
+        if new > settings.maximum:
+            new = settings.maximum
         budget = self._budget(new, running, waiting, took, quiet, stale)
         if long_steps:
             # Whatever it is sent during a step waits for the step's end.
@@ -284,9 +294,8 @@ class LimitEstimator:
             base = pending + 1 if limit >= 64 else pending
             if self.crowded:
                 return base
-            if waiting:
-                return max(base, waiting + took)
-            return max(base, INTAKE * took if quiet else 0)
+            pace = waiting + took if waiting else (INTAKE * took if quiet else 0)
+            return pace if pace > base else base
         if stale:
             return pending
         pace = waiting + took if waiting else INTAKE * took
