@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from epp.sim.runner import simulate
-from epp.sim.scenario import parse_scenario
+from epp.sim.scenario_file import parse_scenario
 from epp.sim.workload import workload
 
 ROOT = Path(__file__).resolve().parents[3]
