@@ -192,3 +192,33 @@ def test_the_placer_timer_wraps_the_scheduler_of_every_reload() -> None:
     core.reload(config.flow_control, NOW, scheduling=SchedulingConfig(), rng=random.Random(1))
     dispatched(core)
     assert timer.places == 2
+
+
+def one_slot_core() -> Core:
+    config = parse_config_text(
+        "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\n"
+        "flowControl: {gate: {kinds: [concurrency], maxPerEndpoint: 1}}\n"
+    )
+    return build_core(
+        config.flow_control, config.scheduling, lambda: ONE_POOL, lambda: NOW, random.Random(0)
+    )
+
+
+def test_an_adopted_request_holds_its_endpoint_until_it_completes() -> None:
+    core = one_slot_core()
+    adopted = request()
+    core.adopt(adopted, "10.0.0.1:8000", NOW)
+    assert adopted.state is State.DISPATCHED and core.in_flight == 1
+    waiting = request()
+    assert core.arrive(waiting, NOW) == (None, [])  # the one credit is the adopted one's
+    assert core.complete(adopted, NOW + 1) == [waiting]
+    assert waiting.endpoint == "10.0.0.1:8000"
+
+
+def test_a_request_already_queued_cannot_be_adopted() -> None:
+    core = one_slot_core()
+    dispatched(core)
+    queued = request()
+    core.arrive(queued, NOW)
+    with pytest.raises(ValueError, match="already enqueued"):
+        core.adopt(queued, "10.0.0.1:8000", NOW)
