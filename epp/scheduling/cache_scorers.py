@@ -190,10 +190,12 @@ class PrefixCacheScorer:
             return [0.0] * len(endpoints)
         return list(map(scores.get, self._addresses.of(endpoints), repeat(0.0)))
 
-    def note_match(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        """Tell `request` what this index predicts for `endpoint` (unless an
-        earlier scorer told it: the first profile's placement is the one
-        the metrics report)."""
+    def note_match(
+        self, request: InferenceRequest, endpoint: Endpoint, hashes: Sequence[int]
+    ) -> None:
+        """Tell `request`, whose prompt's blocks are `hashes`, what this index
+        predicts for `endpoint` (unless an earlier scorer told it: the first
+        profile's placement is the one the metrics report)."""
         if request.prefix_match is not None:
             return
         scored, matches = self._last
@@ -202,18 +204,19 @@ class PrefixCacheScorer:
         request.prefix_match = PrefixMatch(
             *self.producer,
             matched,
-            len(self.hashes(request)),
+            len(hashes),
             self.block_chars_of(request) // CHARS_PER_TOKEN,
             len(tokens) if tokens else request.input_tokens,
         )
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        self.note_match(request, endpoint)
+        hashes = self.hashes(request)
+        self.note_match(request, endpoint, hashes)
         capacity = None
         if self._pool is not None:
             blocks = endpoint.metrics.num_gpu_blocks
             capacity = blocks if blocks is not None and blocks > 0 else None
-        self._index.record(endpoint.address, self.hashes(request), capacity)
+        self._index.record(endpoint.address, hashes, capacity)
 
     def forget(self, address: str) -> None:
         self._index.remove_endpoint(address)
@@ -263,8 +266,9 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
         """The precise index is the core's, already shared."""
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        self.note_match(request, endpoint)
-        self._index.record(endpoint.address, self.hashes(request))
+        hashes = self.hashes(request)
+        self.note_match(request, endpoint, hashes)
+        self._index.record(endpoint.address, hashes)
 
     def forget(self, address: str) -> None:
         self._index.remove_endpoint(address)

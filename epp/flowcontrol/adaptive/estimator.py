@@ -216,7 +216,7 @@ class LimitEstimator:
             keep = exp(-elapsed / self.settings.window)
             self.admitting = self.admitting * keep + share * (1.0 - keep)
         # What it is sent during a step waits for the step's end.
-        long_steps = last is not None and self.latency.mean_itl >= (now - last) * LONG_STEP
+        long_steps = last is not None and step >= (now - last) * LONG_STEP
         settings = self.settings
         if self.window_end is None:
             self.window_end = now + settings.window

@@ -248,7 +248,10 @@ def median_grown(
     all. O(buckets up to the median's)."""
     half = grown * 0.5
     lower = below = 0.0
-    for bound, now, then in zip(bounds, after, before, strict=True):
+    # No `strict=`: calling zip with a keyword costs more than this loop
+    # (per endpoint per sample, bench.instructions); the histogram's reader
+    # gives as many counts as bounds.
+    for bound, now, then in zip(bounds, after, before):  # noqa: B905
         held = now - then
         if held >= half:
             if held == below:
