@@ -85,6 +85,14 @@ class LeaderElector:
         self._on_change = on_change
         self._clock = clock
         self._sleep = sleep
+        self.annotations: dict[str, str] = {}
+        """What this candidate writes on the Lease while it holds it (the
+        decider's address, `epp.serve.decider`)."""
+        self.observed_annotations: dict[str, str] = {}
+        """The Lease's annotations as last read."""
+        self.transitions = 0
+        """The Lease's `leaseTransitions` as last read or written: a fencing
+        counter, one more at every change of holder."""
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -141,14 +149,21 @@ class LeaderElector:
                 "renewTime": now_time,
                 "leaseTransitions": 0,
             }
+            metadata = {"name": self.name, "namespace": self.namespace}
+            if self.annotations:
+                metadata["annotations"] = dict(self.annotations)  # type: ignore[assignment]
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": metadata,
                 "spec": spec,
             }
+            self.transitions = 0
             return await self._write(self._api.create_namespaced_lease, self.namespace, body)
         spec = lease.setdefault("spec", {})
+        metadata = lease.setdefault("metadata", {})
+        self.observed_annotations = dict(metadata.get("annotations") or {})
+        self.transitions = spec.get("leaseTransitions") or 0
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
         now = self._clock()
@@ -156,6 +171,7 @@ class LeaderElector:
             self._observed, self._observed_at = record, now
         if holder == self.identity:
             spec.update(renewTime=now_time, leaseDurationSeconds=duration)
+            self._annotate(metadata)
             return await self._replace(lease)
         if self.is_leader:
             log.warning("lease %s: taken over by %s", self.name, holder)
@@ -170,7 +186,16 @@ class LeaderElector:
             renewTime=now_time,
             leaseTransitions=(spec.get("leaseTransitions") or 0) + 1,
         )
-        return await self._replace(lease)
+        self._annotate(metadata)
+        if not await self._replace(lease):
+            return False
+        self.transitions = spec["leaseTransitions"]
+        return True
+
+    def _annotate(self, metadata: dict[str, Any]) -> None:
+        if self.annotations:
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self.annotations}
+            self.observed_annotations = dict(metadata["annotations"])
 
     async def _read(self) -> dict[str, Any] | None:
         try:

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import count
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -57,6 +58,9 @@ from epp.serve.replicas import (
     decode,
     share,
 )
+
+if TYPE_CHECKING:
+    from epp.k8s.cluster import ClusterMode
 
 log = logging.getLogger("epp.serve.decider")
 
@@ -107,6 +111,8 @@ class Decider:
         self._server: grpc.aio.Server | None = None
         self._beat: asyncio.Task[None] | None = None
         self.frames_refused = 0
+        self.leading = False
+        """Whether replicas are served (a stream from a replica is refused otherwise)."""
 
     @property
     def admission(self) -> AdmissionController:
@@ -124,9 +130,41 @@ class Decider:
 
     # -- running ---------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> int:
-        """Serve replicas on `port` (0: a free one); the port bound."""
+    def lead(self, epoch: int) -> None:
+        """Decide from now on, writing `epoch` (cluster mode: the Lease was won)."""
+        self.resign()
+        self.epoch = epoch
+        self.leading = True
         self._unreported = [self._keep_aside("unreported", {}) for _ in range(self.replicas - 1)]
+        log.info("epp decider leading (epoch %d)", epoch)
+
+    def resign(self) -> None:
+        """Decide nothing more (the Lease was lost): every replica's stream
+        ends and what it held here is withdrawn; the replicas report to the
+        next decider."""
+        if not self.leading:
+            return
+        self.leading = False
+        for replica in self._known.values():
+            slot = replica.slot
+            if slot is not None:
+                replica.slot = None
+                self.owner.detach(slot)
+                if slot.link is not None:
+                    slot.link.close()
+            self._release(replica.kept_aside)
+            replica.kept_aside = []
+        self._known.clear()
+        for kept in self._unreported:
+            self._release(kept)
+        self._unreported = []
+        log.warning("epp decider resigned (epoch %d)", self.epoch)
+
+    async def start(self, host: str, port: int, leading: bool = True) -> int:
+        """Serve replicas on `port` (0: a free one); the port bound. With
+        `leading` it decides at once (file mode); else from `lead`."""
+        if leading:
+            self.lead(self.epoch)
         # no SO_REUSEPORT: a second decider on the port must fail, not share it
         server = self._server = grpc.aio.server(
             options=(*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
@@ -138,22 +176,15 @@ class Decider:
         bound = server.add_insecure_port(f"{host}:{port}")
         await server.start()
         self._beat = asyncio.get_running_loop().create_task(self._beats(), name="decider beats")
-        log.info(
-            "epp decider serving replicas on port %d (epoch %d, %d replicas)",
-            bound,
-            self.epoch,
-            self.replicas,
-        )
+        log.info("epp decider port %d (%d replicas)", bound, self.replicas)
         return bound
 
     async def stop(self) -> None:
+        self.resign()
         if self._beat is not None:
             self._beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beat
-        for replica in self._known.values():
-            if replica.slot is not None and replica.slot.link is not None:
-                replica.slot.link.close()
         if self._server is not None:
             await self._server.stop(0.5)
 
@@ -203,6 +234,8 @@ class Decider:
                     )
                     return
                 if replica is None:
+                    if not self.leading:
+                        return  # not the decider (now): the replica asks the Lease again
                     if not messages or messages[0][0] != HELLO:
                         log.warning("a replica stream did not begin with HELLO")
                         return
@@ -322,3 +355,35 @@ class Decider:
         admission = self.admission
         for placeholder in placeholders:
             admission.complete(placeholder)
+
+
+DECIDER_ANNOTATION = "llm-d.ai/epp-decider"
+"""The Lease annotation where its holder writes its decider's HOST:PORT."""
+
+
+def follow_lease(decider: Decider, mode: ClusterMode, address: str) -> None:
+    """Cluster mode: `decider` decides while this replica holds the pool's
+    Lease, with the Lease's transitions as its epoch, and writes `address`
+    on the Lease for the other replicas."""
+    elector = mode.elector
+    assert elector is not None
+    elector.annotations[DECIDER_ANNOTATION] = address
+
+    def leadership(leading: bool) -> None:
+        if leading:
+            decider.lead(elector.transitions)
+        else:
+            decider.resign()
+
+    mode.leadership_listeners.append(leadership)
+    if elector.is_leader:
+        decider.lead(elector.transitions)
+
+
+def lease_decider(mode: ClusterMode | None) -> str | None:
+    """The decider's HOST:PORT as the Lease last read names it (None: no
+    holder, or not read yet)."""
+    elector = mode.elector if mode is not None else None
+    if elector is None or not elector.holder:
+        return None
+    return elector.observed_annotations.get(DECIDER_ANNOTATION)

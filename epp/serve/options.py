@@ -477,7 +477,8 @@ class ServeOptions:
         Flag(
             _O,
             "Be the pool's decider: serve the other replicas' decisions on this port "
-            "(gRPC; 0: a free one); see docs/operations/replicas.md.",
+            "(gRPC; 0: a free one). In cluster mode with leader election: decide while "
+            "holding the Lease, else forward to its holder; see docs/operations/replicas.md.",
             Kind.INT,
         ),
     )
@@ -619,13 +620,12 @@ class ServeOptions:
             found.append("--enable-cert-reload needs --cert-path")
         if self.decider is not None and self.decider_port is not None:
             found.append("--decider and --decider-port cannot both be set")
-        if (self.decider is not None or self.decider_port is not None) and (
-            self.workers or self.cluster
-        ):
-            found.append(
-                "--decider and --decider-port run in file mode without --workers "
-                "(docs/operations/replicas.md)"
-            )
+        if (self.decider is not None or self.decider_port is not None) and self.workers:
+            found.append("--decider and --decider-port do not run with --workers yet")
+        if self.cluster and self.decider is not None:
+            found.append("--decider: in cluster mode the Lease names the decider")
+        if self.cluster and self.decider_port is not None and not self.ha_enable_leader_election:
+            found.append("--decider-port in cluster mode needs --ha-enable-leader-election")
         if self.replicas < 1:
             found.append(f"--replicas {self.replicas}: at least 1")
         return found

@@ -55,13 +55,15 @@ LimitOf = Callable[[str], int | None]
 
 
 class ReplicaAdmission(RemoteAdmission):
-    """See the module docstring. `endpoints` gives the pool's addresses now,
+    """See the module docstring. `decider` is the decider's HOST:PORT, or
+    gives it at each attempt to reach it (cluster mode: from the Lease;
+    None: not known yet); `endpoints` gives the pool's addresses now,
     `limit_of` an endpoint's in-flight limit (None: none)."""
 
     def __init__(
         self,
         replica_id: str,
-        decider: str,
+        decider: str | Callable[[], str | None],
         replicas: int,
         endpoints: Callable[[], list[str]],
         limit_of: LimitOf,
@@ -70,7 +72,9 @@ class ReplicaAdmission(RemoteAdmission):
     ) -> None:
         super().__init__(None, seed)
         self.replica_id = replica_id
-        self.decider = decider
+        self._decider = decider if callable(decider) else lambda: decider
+        self.decider: str | None = None
+        """The decider's address as last tried."""
         self.replicas = replicas
         self._pool = endpoints
         self._limit_of = limit_of
@@ -132,6 +136,10 @@ class ReplicaAdmission(RemoteAdmission):
 
     async def _connect(self) -> None:
         while not self._closing:
+            self.decider = self._decider()
+            if self.decider is None:
+                await asyncio.sleep(RECONNECT_S)
+                continue
             link = StreamLink(lambda: self.epoch)
             link.send([HELLO, self.replica_id])
             try:

@@ -37,6 +37,8 @@ share out (`epp.serve.decider`, `epp.serve.replica`).
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Callable
 
 import orjson
@@ -156,3 +158,15 @@ def endpoint_limit(core: Core, gate: GateConfig) -> Callable[[str], int | None]:
         return learned if learned is not None else fixed
 
     return limit_of
+
+
+def advertised_host(bind_address: str) -> str:
+    """The host other replicas reach this one's decider port at: `POD_IP`
+    (the downward API), else the bind address unless it is a wildcard,
+    else the host name's address."""
+    found = os.environ.get("POD_IP")
+    if found:
+        return found
+    if bind_address not in ("", "0.0.0.0", "::"):
+        return bind_address
+    return socket.gethostbyname(socket.gethostname())

@@ -74,7 +74,7 @@ from epp.scheduling.core import build_core
 from epp.scheduling.sessions import bindings_of
 from epp.serve.admission import AdmissionController
 from epp.serve.configuration import live_part, load_serve_config
-from epp.serve.decider import Decider
+from epp.serve.decider import Decider, follow_lease, lease_decider
 from epp.serve.file_mode import FileMode
 from epp.serve.filewatch import FileWatcher
 from epp.serve.health import Health
@@ -101,7 +101,7 @@ from epp.serve.producers import (
     start_token_producer,
 )
 from epp.serve.replica import ReplicaAdmission
-from epp.serve.replicas import endpoint_limit
+from epp.serve.replicas import advertised_host, endpoint_limit
 from epp.serve.views import PoolViews
 from epp.serve.worker import WorkerSpec
 from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
@@ -169,7 +169,11 @@ class EppServer:
         discovery = self.config.data_layer.discovery
         if discovery is not None and isinstance(discovery[1], FileDiscovery):
             options = self.options = with_file_discovery(options, discovery[1])
-        self.health = Health(leader_gated=options.cluster and options.ha_enable_leader_election)
+        self.health = Health(
+            leader_gated=options.cluster
+            and options.ha_enable_leader_election
+            and options.decider_port is None  # with a decider every replica serves
+        )
         self._health_updates: set[asyncio.Task[None]] = set()
         self.ports: dict[str, int] = {}
         self.watcher = FileWatcher(options.file_watch_interval)
@@ -242,10 +246,10 @@ class EppServer:
             )
             on_outcome = decided_then(self.decider.owner.decided, on_outcome)
         self.replica: ReplicaAdmission | None = None
-        if options.decider is not None:
+        if options.decider is not None or (options.cluster and options.decider_port is not None):
             self.replica = ReplicaAdmission(
                 options.replica_id or socket.gethostname(),
-                options.decider,
+                options.decider or (lambda: lease_decider(self._mode)),
                 options.replicas,
                 self._addresses,
                 limit_of,
@@ -514,7 +518,11 @@ class EppServer:
             )
         if self.decider is not None:
             assert options.decider_port is not None
-            self.ports["decider"] = await self.decider.start(address, options.decider_port)
+            port = self.ports["decider"] = await self.decider.start(
+                address, options.decider_port, leading=self._mode is None
+            )
+            if self._mode is not None:
+                follow_lease(self.decider, self._mode, f"{advertised_host(address)}:{port}")
         if self.replica is not None:
             self.replica.start()
         self._health_server = servers["grpc_health"] = GrpcServer(

@@ -1,0 +1,67 @@
+"""Replicas in cluster mode (`--decider-port` with leader election) against
+the emulated API server: the Lease holder decides for every replica, which
+find it through the Lease; when the Lease moves, the new holder decides
+with a newer epoch and rebuilds what runs from the replicas' reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.request import InferenceRequest
+from epp.serve.server import EppServer
+from tests.support.kube import KubeEmulator, pod, pool
+from tests.support.serving import loopback_options
+from tests.support.waiting import eventually
+
+
+def request() -> FlowRequest:
+    payload = InferenceRequest("m", "m", prompt="hello")
+    return FlowRequest("r1", "tenant", 0, 0.0, payload=payload)
+
+
+async def test_the_lease_holder_decides_for_every_replica_and_its_successor_takes_over(
+    tmp_path,
+) -> None:
+    async with KubeEmulator() as kube:
+        kube.apply(pool())
+        kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
+        common = {
+            "pool_name": "pool-a",
+            "kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"),
+            "ha_enable_leader_election": True,
+            "decider_port": 0,
+            "replicas": 2,
+        }
+        first = EppServer(loopback_options(**common, replica_id="first"))
+        await first.start()
+        second: EppServer | None = None
+        try:
+            assert first._mode is not None and first.replica is not None
+            await eventually(lambda: first._mode.is_leader, 10)
+            second = EppServer(loopback_options(**common, replica_id="second"))
+            await second.start()
+            assert second.replica is not None
+            await eventually(lambda: first.replica.joined and second.replica.joined, 10)
+            assert second.replica.decider == f"127.0.0.1:{first.ports['decider']}"
+            epoch = second.replica.epoch
+
+            running = request()
+            assert second.replica.offer(running) is None
+            assert await asyncio.wait_for(second.replica.wait(running), 5) is Outcome.DISPATCHED
+            assert running.endpoint == "10.0.0.1:8000"
+            assert first.core.in_flight == 1 and second.core.in_flight == 0
+
+            await first.stop()  # releases the Lease
+            await eventually(lambda: second._mode is not None and second._mode.is_leader, 10)
+            await eventually(lambda: second.replica.joined and second.replica.epoch > epoch, 10)
+            assert second.replica.decider == f"127.0.0.1:{second.ports['decider']}"
+            await eventually(lambda: second.core.in_flight == 1)  # reported and adopted
+            second.replica.complete(running)
+            await eventually(lambda: second.core.in_flight == 0)
+        finally:
+            if first._mode is not None and first.replica is not None and not first.replica._closing:
+                await first.stop()
+            if second is not None:
+                await second.stop()
