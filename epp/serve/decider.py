@@ -43,6 +43,7 @@ from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
+from epp.serve.inputs import StartupError
 from epp.serve.owner import Owner, WorkerSlot
 from epp.serve.replicas import (
     AWAY_AFTER_S,
@@ -163,8 +164,6 @@ class Decider:
     async def start(self, host: str, port: int, leading: bool = True) -> int:
         """Serve replicas on `port` (0: a free one); the port bound. With
         `leading` it decides at once (file mode); else from `lead`."""
-        if leading:
-            self.lead(self.epoch)
         # no SO_REUSEPORT: a second decider on the port must fail, not share it
         server = self._server = grpc.aio.server(
             options=(*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
@@ -173,8 +172,15 @@ class Decider:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Link": handler}),)
         )
-        bound = server.add_insecure_port(f"{host}:{port}")
+        try:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            raise StartupError(
+                f"--decider-port {port}: cannot listen on {host}:{port} (in use?)"
+            ) from None
         await server.start()
+        if leading:
+            self.lead(self.epoch)
         self._beat = asyncio.get_running_loop().create_task(self._beats(), name="decider beats")
         log.info("epp decider port %d (%d replicas)", bound, self.replicas)
         return bound

@@ -635,6 +635,12 @@ async def serve(options: ServeOptions) -> int:
         loop.add_signal_handler(signum, on_signal)
     try:
         await server.start()
+    except (StartupError, OSError) as error:
+        log.error("cannot start: %s", error)
+        server.hurry()  # nothing was admitted: no drain window
+        await server.stop()
+        return 2
+    try:
         await stop.wait()
     finally:
         await server.stop()

@@ -17,6 +17,7 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
+from epp.serve.inputs import StartupError
 from epp.serve.replica import ReplicaAdmission
 from epp.serve.replicas import (
     DEGRADE_AFTER_S,
@@ -27,6 +28,8 @@ from epp.serve.replicas import (
     SERVICE,
     decode,
 )
+from epp.serve.server import EppServer
+from tests.support.serving import loopback_options
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
@@ -148,3 +151,17 @@ async def test_a_joining_replica_reports_what_runs_before_it_resends_what_waits(
         assert not replica.degraded
         assert running.state is State.DISPATCHED and waiting.outcome is None
         await decider.server.stop(0)
+
+
+async def test_a_decider_port_in_use_is_a_startup_error_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = EppServer(loopback_options(endpoints="127.0.0.1:1", decider_port=port))
+        try:
+            with pytest.raises(StartupError, match=f"--decider-port {port}: cannot listen"):
+                await server.start()
+        finally:
+            server.hurry()
+            await server.stop()
