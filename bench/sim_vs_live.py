@@ -44,11 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import json
 import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,9 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from epp.demo.demo import client_timeout, stack_settings
-from epp.demo.loadgen import COMPLETED, LiveRequest, LoadGenerator
-from epp.demo.stack import live_stack
+from bench.gateway_path import measured_path, play_timed
+from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
 from epp.sim.scenario import Scenario
@@ -173,19 +172,16 @@ def late_arrivals(arrivals: list[Arrived], lateness: Sequence[float], seed: int)
     return late
 
 
-async def play_live(scenario: Scenario, arrivals: list[Arrived]) -> tuple[list[LiveRequest], float]:
-    async with live_stack(stack_settings(scenario)) as stack:
-        assert stack.envoy is not None
+def play_live(
+    scenario: Scenario, arrivals: list[Arrived]
+) -> tuple[list[LiveRequest], float, dict[str, Any]]:
+    """The live run: its requests, its wall time, and the Envoy + EPP path
+    measured per request in it (`bench.gateway_path`)."""
+    with tempfile.TemporaryDirectory(prefix="epp-sim-vs-live-") as directory:
         started = time.monotonic()
-        # A collection pause would make the load generator late by itself.
-        gc.disable()
-        try:
-            requests = await LoadGenerator(
-                stack.envoy.url, scenario, arrivals, timeout=client_timeout(scenario, arrivals)
-            ).run()
-        finally:
-            gc.enable()
-        return requests, time.monotonic() - started
+        requests, origin, *logs = asyncio.run(play_timed(scenario, arrivals, Path(directory)))
+        wall = time.monotonic() - started
+        return requests, wall, measured_path(scenario, requests, origin, (logs[0], logs[1]))
 
 
 def members_of(scenario: Scenario, objective: str) -> set[int]:
@@ -243,7 +239,7 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
     scenario, warnings = comparable(load_scenario(path), duration_s)
     arrivals = workload(scenario)
     load_before = os.getloadavg()
-    live, wall = asyncio.run(play_live(scenario, arrivals))
+    live, wall, path_ms = play_live(scenario, arrivals)
     load_after = os.getloadavg()
     lateness = [r.sent_at - r.arrival for r in live if r.sent_at is not None]
     late_ms = milliseconds(lateness) if lateness else None
@@ -277,11 +273,19 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
             "duration_s": duration_s,
             "requests": len(arrivals),
             "servers": scenario.pool.servers,
+            "path_ms": {
+                leg: [delay.median_ms, delay.p90_ms]
+                for leg, delay in (
+                    ("request", scenario.pool.request_path),
+                    ("response", scenario.pool.response_path),
+                )
+            },
         },
         "sim_runs": sim_runs,
         "live": {
             "wall_s": wall,
             "loadgen_late_ms": late_ms,
+            "path_ms": path_ms,
             "errors": sum(1 for r in live if (r.outcome or "").startswith("error")),
         },
         "sim_wall_s": sim_wall,
@@ -323,6 +327,15 @@ def render(result: dict[str, Any]) -> str:
             f"max {late['max']:.1f} ms; load average {result['machine']['load_average']} "
             f"on {result['machine']['cpus']} cpus"
         )
+    path = result["live"].get("path_ms") or {}
+    for leg in ("request", "response"):
+        q = path.get(leg)
+        if q:
+            median, p90 = result["scenario"]["path_ms"][leg]
+            lines.append(
+                f"{leg} path live: p50 {q['p50']:.1f} ms, p90 {q['p90']:.1f} ms (n={q['n']}); "
+                f"simulated: median {median:g}, p90 {p90:g}"
+            )
     lines.append(f"targets met: {result['met']}")
     lines.extend(f"warning: {w}" for w in result["warnings"])
     return "\n".join(lines)

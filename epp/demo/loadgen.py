@@ -25,15 +25,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from epp.extproc.headers import DROPPED_REASON, FAIRNESS_ID, OBJECTIVE, REQUEST_ID, TTL
 from epp.sim.policies import prefix_text
 from epp.sim.scenario import Scenario, Tenant
 from epp.sim.workload import Arrived, workload
 
 COMPLETED = "completed"
-DROPPED_REASON = "x-llm-d-request-dropped-reason"
-OBJECTIVE_HEADER = "x-llm-d-inference-objective"
-FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
-TTL_HEADER = "x-llm-d-inference-ttl"
 
 
 @dataclass(slots=True, eq=False)
@@ -52,6 +49,8 @@ class LiveRequest:
     outcome: str | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    request_id: str = ""
+    """Its `x-request-id` (Envoy keeps it, the EPP and the server see it)."""
 
     @property
     def answered(self) -> bool:
@@ -82,14 +81,15 @@ def request_body(model: str, prompt: str, output_tokens: int, stream: bool) -> b
     return json.dumps(body).encode()
 
 
-def request_headers(tenant: Tenant) -> dict[str, str]:
+def request_headers(tenant: Tenant, request_id: str) -> dict[str, str]:
     headers = {
         "content-type": "application/json",
-        OBJECTIVE_HEADER: tenant.objective,
-        FAIRNESS_HEADER: tenant.fairness_id,
+        REQUEST_ID: request_id,
+        OBJECTIVE[0]: tenant.objective,
+        FAIRNESS_ID[0]: tenant.fairness_id,
     }
     if tenant.ttl_s is not None:
-        headers[TTL_HEADER] = f"{tenant.ttl_s:g}s"
+        headers[TTL[0]] = f"{tenant.ttl_s:g}s"
     return headers
 
 
@@ -116,13 +116,16 @@ class LoadGenerator:
         self.arrivals = list(workload(scenario) if arrivals is None else arrivals)[:max_requests]
         self.timeout = timeout
         self.requests: list[LiveRequest] = []
+        self.origin = 0.0
+        """The event loop's time (`time.monotonic()` under asyncio's loop) at
+        which the run started: every request's times are relative to it."""
 
     async def run(self) -> list[LiveRequest]:
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            start = loop.time()
+            start = self.origin = loop.time()
             tasks: list[asyncio.Task[None]] = []
             try:
                 for number, arrived in enumerate(self.arrivals):
@@ -130,7 +133,11 @@ class LoadGenerator:
                     if delay > 0:
                         await asyncio.sleep(delay)
                     request = LiveRequest(
-                        arrived.tenant, arrived.time, arrived.prompt_tokens, arrived.output_tokens
+                        arrived.tenant,
+                        arrived.time,
+                        arrived.prompt_tokens,
+                        arrived.output_tokens,
+                        request_id=f"loadgen-{number}",
                     )
                     self.requests.append(request)
                     tasks.append(asyncio.create_task(self._send(session, request, number, start)))
@@ -151,7 +158,9 @@ class LoadGenerator:
         body = request_body(self.scenario.model, prompt, request.output_tokens, tenant.stream)
         try:
             async with session.post(
-                self.url, data=body, headers=request_headers(tenant)
+                self.url,
+                data=body,
+                headers=request_headers(tenant, request.request_id),
             ) as response:
                 request.status = response.status
                 if response.status != 200:

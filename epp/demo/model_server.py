@@ -31,7 +31,13 @@ computing the prefill.
     python -m epp.demo.model_server --count 4 --ready-file ports.json [--engine sglang]
 
 runs `--count` servers on free loopback ports in one process and writes
-`{"ports": [...], "pid": N}` once they listen; SIGTERM stops them.
+`{"ports": [...], "pid": N}` once they listen; SIGTERM stops them. With
+`--timing-log FILE` (`timing`) every answered request appends
+`{"id": x-request-id, "received", "first", "done"}`: when its handler began,
+when its first token was written (streamed; else when its answer was), and
+when its answer ended, in `time.monotonic()` seconds, the clock every process
+on the machine shares (`bench.gateway_path` matches them to the client's
+and Envoy's times).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 from aiohttp import web
@@ -64,6 +70,7 @@ from epp.demo.server_formats import (
     token_ids,
 )
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
+from epp.extproc.headers import REQUEST_ID
 from epp.scheduling.kvblocks import BlockHasher, BlockRemoved, BlockStored, HashAlgorithm, KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.sim.scenario import KvTransfer
@@ -119,6 +126,7 @@ class SimulatedServer:
         kv_events: KVEventsPublishing | None = None,
         tokenize_delay_s: float = 0.0,
         render_endpoints: bool = True,
+        timing: TextIO | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -138,6 +146,8 @@ class SimulatedServer:
         self.kv_events = kv_events
         self.tokenize_delay_s = tokenize_delay_s
         self.render_endpoints = render_endpoints
+        self.timing = timing
+        """Where each answered request's times go, one JSON line (module docstring)."""
         self.publisher: KVEventPublisher | None = None
         self._kv_queue: asyncio.Queue[list[KVEvent] | None] = asyncio.Queue()
         self._kv_task: asyncio.Task[None] | None = None
@@ -323,6 +333,7 @@ class SimulatedServer:
         return handle
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
+        received = time.monotonic()
         model, pages = self.model, self.pages
         assert model is not None and pages is not None
         names = (*self.served, *self.lora_adapters)
@@ -365,9 +376,10 @@ class SimulatedServer:
             raise RequestError(503, "The waiting queue is full.", "ServiceUnavailableError")
         reply = Reply(api, asked.model, prompt_tokens, asked.output_tokens, asked.continuous_usage)
         submitted = model.now()
+        written: list[float] = []
         try:
             if asked.stream and api is not Api.EMBEDDINGS:
-                response = await self._stream(request, reply, pending, asked.include_usage)
+                response = await self._stream(request, reply, pending, asked.include_usage, written)
             else:
                 await pending.finished
                 reply.cached_tokens = pending.cached_tokens()
@@ -385,6 +397,11 @@ class SimulatedServer:
         pages.finished(pending.finished.result() - submitted, prompt_tokens, asked.output_tokens)
         if api is Api.RESPONSES:
             self._remember(reply.request_id, prompt_tokens + asked.output_tokens)
+        if self.timing is not None:
+            done = time.monotonic()
+            first = written[0] if written else done
+            line = {"id": request.headers.get(REQUEST_ID, ""), "received": received}
+            self.timing.write(json.dumps({**line, "first": first, "done": done}) + "\n")
         return response
 
     def _prompt_blocks(self, text: str, prompt_tokens: int, model: str) -> tuple[int, ...]:
@@ -414,8 +431,14 @@ class SimulatedServer:
             self._responses.popitem(last=False)
 
     async def _stream(
-        self, request: web.Request, reply: Reply, pending: Pending, include_usage: bool
+        self,
+        request: web.Request,
+        reply: Reply,
+        pending: Pending,
+        include_usage: bool,
+        written: list[float],
     ) -> web.StreamResponse:
+        """The response as SSE; `written` gets when the first token was written."""
         assert self.model is not None
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -425,6 +448,7 @@ class SimulatedServer:
         output_tokens = reply.output_tokens
         sent = 1
         await response.write(reply.token_events(1, 0, output_tokens == 1))
+        written.append(time.monotonic())
         step_s = self.params.decode_ms_per_token / 1000.0
         while not pending.finished.done():
             await asyncio.wait([pending.finished], timeout=STREAM_BATCH_S)
@@ -465,11 +489,15 @@ async def _serve(
     ready_file: str,
     kv_transfer: KvTransfer,
     engine: str,
+    timing_log: str | None,
 ) -> None:
-    servers = [
-        SimulatedServer(params, model_name, kv_transfer, engine=engine) for _ in range(count)
-    ]
-    await serve_until_signalled(servers, ready_file)
+    with contextlib.ExitStack() as stack:
+        timing = stack.enter_context(open(timing_log, "a", buffering=1)) if timing_log else None
+        servers = [
+            SimulatedServer(params, model_name, kv_transfer, engine=engine, timing=timing)
+            for _ in range(count)
+        ]
+        await serve_until_signalled(servers, ready_file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         default="vllm",
         help="the engine whose metrics the servers show (default vllm)",
     )
+    parser.add_argument(
+        "--timing-log",
+        help="append each answered request's times to this file, one JSON line "
+        "(x-request-id; received, first token written, done; time.monotonic() seconds)",
+    )
     args = parser.parse_args(argv)
     try:
         params = ServerParams(**json.loads(args.params))
@@ -503,7 +536,17 @@ def main(argv: list[str] | None = None) -> int:
         kv_transfer = KvTransfer(**json.loads(args.kv_transfer))
     except (TypeError, ValueError) as error:
         parser.error(f"--kv-transfer: {error}")
-    asyncio.run(_serve(args.count, params, args.model, args.ready_file, kv_transfer, args.engine))
+    asyncio.run(
+        _serve(
+            args.count,
+            params,
+            args.model,
+            args.ready_file,
+            kv_transfer,
+            args.engine,
+            args.timing_log,
+        )
+    )
     return 0
 
 

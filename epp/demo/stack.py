@@ -79,6 +79,9 @@ class StackSettings:
     roles: tuple[str, ...] = ()
     """Server i's `llm-d.ai/role` ("" none); empty: no server has a role."""
     kv_transfer: KvTransfer = field(default_factory=KvTransfer)
+    server_timing_log: Path | None = None
+    """Where the model servers append each answered request's times
+    (`epp.demo.model_server --timing-log`); None: not written."""
 
     def decodes(self, index: int) -> bool:
         """Whether server `index` serves the decode stage (and so has a sidecar)."""
@@ -178,6 +181,11 @@ class LiveStack:
                     settings.engine,
                     "--kv-transfer",
                     transfer,
+                    *(
+                        ("--timing-log", str(settings.server_timing_log))
+                        if settings.server_timing_log is not None
+                        else ()
+                    ),
                 ],
                 self.workdir,
             )

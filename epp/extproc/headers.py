@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from epp.api.registry import OBJECTIVE_HEADER, OBJECTIVE_HEADER_ALIAS
 from epp.api.units import parse_duration
 from epp.scheduling.profiles import DATA_PARALLEL_HEADER, ENCODERS_HEADER, PREFILLER_HEADER
 
-OBJECTIVE = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+OBJECTIVE = (OBJECTIVE_HEADER, OBJECTIVE_HEADER_ALIAS)
 FAIRNESS_ID = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 MODEL_REWRITE = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
 TTL = ("x-llm-d-inference-ttl",)

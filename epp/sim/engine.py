@@ -46,6 +46,7 @@ going down or coming back leave or rejoin the store.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from heapq import heappop, heappush
 from math import inf
@@ -70,8 +71,10 @@ from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
 SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER, KV_EVENTS = range(8)
+DELIVER, FIRST_SEEN, DONE_SEEN = range(8, 11)
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 ROLE_LABEL = "llm-d.ai/role"
+PATH_SEED = 0x9A7E
 
 
 def address_of(index: int) -> str:
@@ -154,6 +157,10 @@ class Simulation:
         self.timer_at = inf
         """When the policy's timer fires next (inf: not set)."""
         self._transfers = 0
+        self._request_path = pool.request_path
+        self._response_path = pool.response_path
+        self._path_rng = random.Random(scenario.seed ^ PATH_SEED)
+        """The path's own draws, so a change to it leaves the workload's alone."""
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
         self._progress = progress
@@ -193,8 +200,24 @@ class Simulation:
         self, request: SimRequest, server_index: int, now: float, prefill_index: int = -1
     ) -> None:
         """Hand `request` to a server (its prompt prefilled first on server
-        `prefill_index`, when one is named); a full waiting queue rejects it."""
+        `prefill_index`, when one is named), which receives it the request
+        path's delay later; a full waiting queue rejects it."""
         request.server = server_index
+        if self._request_path:
+            delay = self._request_path.draw(self._path_rng)
+            self._push(now + delay, DELIVER, (request, server_index, prefill_index))
+        else:
+            self._deliver(request, server_index, prefill_index, now)
+
+    def _deliver(
+        self, request: SimRequest, server_index: int, prefill_index: int, now: float
+    ) -> None:
+        if request.outcome is not None:  # evicted on its way
+            return
+        if not self.up[server_index]:
+            self.end(request, SERVER_FAILED, now)
+            self.policy.finished(request, now)
+            return
         if self.content_keys:
             request.block_keys = self.keys_of(request, self.scenario.pool.params.block_size)
         if prefill_index >= 0:
@@ -323,6 +346,9 @@ class Simulation:
         tokens, then completions (a finished prefill leg moves its KV)."""
         policy = self.policy
         first_tokens = self._first_tokens
+        if self._response_path:
+            self._report_later(when)
+            return
         while first_tokens:
             policy.first_token(first_tokens.pop(0), when)
         finished = self._finished
@@ -336,6 +362,42 @@ class Simulation:
             done.outcome = COMPLETED
             service[done.tenant] += weights[done.tenant][1] * done.output_tokens
             policy.finished(done, when)
+
+    def _report_later(self, when: float) -> None:
+        """`_report` across the response path: a first token and an end
+        reach the client and the policy one drawn delay after the server
+        wrote them (a prefill leg's end stays with the sidecar)."""
+        first_tokens = self._first_tokens
+        while first_tokens:
+            request = first_tokens.pop(0)
+            self._push(when + self._response_delay(request), FIRST_SEEN, request)
+        finished = self._finished
+        while finished:
+            done = finished.pop()
+            if type(done) is PrefillLeg:
+                self._prefilled(done, when)
+            else:
+                self._push(when + self._response_delay(done), DONE_SEEN, done)
+
+    def _response_delay(self, request: SimRequest) -> float:
+        if request.response_delay is None:
+            request.response_delay = self._response_path.draw(self._path_rng)
+        return request.response_delay
+
+    def _first_seen(self, request: SimRequest, now: float) -> None:
+        if request.outcome is None:  # else evicted, or lost with its server, meanwhile
+            request.first_token_at = now
+            self.policy.first_token(request, now)
+
+    def _done_seen(self, request: SimRequest, now: float) -> None:
+        if request.outcome is not None:
+            return
+        request.finished_at = now
+        request.outcome = COMPLETED
+        self.service_by_tenant[request.tenant] += (
+            self._weights[request.tenant][1] * request.output_tokens
+        )
+        self.policy.finished(request, now)
 
     def want_timer(self, when: float | None) -> None:
         """Make sure the policy's timer fires at `when` (None: no need)."""
@@ -446,6 +508,12 @@ class Simulation:
                         self._push(when + sample_every, SAMPLE, None)
                 elif kind == TRANSFER:
                     self._transferred(data, when)  # type: ignore[arg-type]
+                elif kind == DELIVER:
+                    self._deliver(*data, when)  # type: ignore[misc]
+                elif kind == FIRST_SEEN:
+                    self._first_seen(data, when)  # type: ignore[arg-type]
+                elif kind == DONE_SEEN:
+                    self._done_seen(data, when)  # type: ignore[arg-type]
                 elif kind == KV_EVENTS:
                     index, events = data  # type: ignore[misc]
                     if self.up[index]:  # else its subscriber went with it

@@ -27,6 +27,8 @@ Reading a file into these is `epp.sim.scenario_file`'s.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 
 from epp.config.loader import EppConfig
@@ -156,6 +158,45 @@ class ServerGroup:
     params: ServerParams
 
 
+P90_SIGMAS = 1.2815515655446004
+"""The standard normal's 90th percentile: a lognormal's p90 is its median
+times exp(this many sigmas)."""
+
+
+@dataclass(slots=True, frozen=True)
+class PathDelay:
+    """One leg of the Envoy + EPP path, per request: lognormal, given by its
+    median and p90 in milliseconds (p90 = median: always the median; median
+    0: no delay)."""
+
+    median_ms: float = 0.0
+    p90_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.median_ms < 0 or self.p90_ms < self.median_ms:
+            raise ValueError(f"need 0 <= median <= p90, got {self.median_ms}, {self.p90_ms}")
+
+    def __bool__(self) -> bool:
+        return self.median_ms > 0
+
+    def draw(self, rng: random.Random) -> float:
+        """One request's delay, in seconds."""
+        if self.p90_ms == self.median_ms:
+            return self.median_ms / 1000.0
+        sigma = math.log(self.p90_ms / self.median_ms) / P90_SIGMAS
+        return rng.lognormvariate(math.log(self.median_ms), sigma) / 1000.0
+
+
+REQUEST_PATH = PathDelay(7.0, 15.0)
+"""The client's send to the server's receipt, for a request the EPP does not
+queue: Envoy, the ext_proc round trips of headers and body with the EPP's
+work, Envoy again (`bench.gateway_path`; bench/README.md has the runs)."""
+RESPONSE_PATH = PathDelay(3.5, 9.0)
+"""The server's write to the client's read: Envoy, the EPP's response
+processing, Envoy again; the EPP sees a first token or an end this long
+after the server too, within a fraction of a millisecond."""
+
+
 @dataclass(slots=True, frozen=True)
 class Pool:
     """The model servers, in groups (one group for a uniform pool); servers
@@ -170,6 +211,11 @@ class Pool:
     """With a value, the servers publish their prefix caches' changes as
     vLLM's KV-cache events, reaching the EPP this long after (ZMQ and the
     subscriber), and key their caches by block content; None: no events."""
+    request_path: PathDelay = REQUEST_PATH
+    """From the EPP's dispatch to the server's receipt (`pool.path_ms.request`)."""
+    response_path: PathDelay = RESPONSE_PATH
+    """From the server's first token and its end to the client and the EPP
+    (`pool.path_ms.response`), one draw per request for both."""
 
     @property
     def servers(self) -> int:

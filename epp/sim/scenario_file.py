@@ -24,12 +24,15 @@ from epp.sim.scenario import (
     ARRIVALS,
     BASELINES,
     DISTRIBUTIONS,
+    REQUEST_PATH,
+    RESPONSE_PATH,
     ROLES,
     Arrival,
     Conversation,
     KvTransfer,
     Lengths,
     Objective,
+    PathDelay,
     Pool,
     Scenario,
     ServerEvent,
@@ -55,6 +58,7 @@ POOL_KEYS = {
     "scrape_interval_ms",
     "scrape_lag_ms",
     "kv_event_lag_ms",
+    "path_ms",
     *GROUP_KEYS,
 }
 TENANT_KEYS = {
@@ -162,7 +166,30 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         kv_event_lag_s=None
         if lag is None
         else reader.number(lag, "pool.kv_event_lag_ms", 0.0) / 1000.0,
+        **_path(reader, raw.get("path_ms")),
     )
+
+
+def _path(reader: _Reader, value: Any) -> dict[str, PathDelay]:
+    """`pool.path_ms`: `{request: {median, p90}, response: {median, p90}}`,
+    each leg left out keeping its default; `{median: 0}` turns a leg off,
+    and `path_ms: 0` both (the servers then talk to the EPP directly)."""
+    if value == 0 and not isinstance(value, bool):
+        return {"request_path": PathDelay(), "response_path": PathDelay()}
+    raw = reader.mapping(value, "pool.path_ms", {"request", "response"})
+    legs = {}
+    for leg, default in (("request", REQUEST_PATH), ("response", RESPONSE_PATH)):
+        if leg not in raw:
+            continue
+        where = f"pool.path_ms.{leg}"
+        entry = reader.mapping(raw[leg], where, {"median", "p90"})
+        median = reader.number(entry.get("median"), f"{where}.median", default.median_ms)
+        p90 = reader.number(entry.get("p90"), f"{where}.p90", median)
+        if p90 < median:
+            reader.fail(f"{where}.p90", f"must be at least the median ({median:g}), got {p90:g}")
+            p90 = median
+        legs[f"{leg}_path"] = PathDelay(median, p90)
+    return legs
 
 
 def _roles(reader: _Reader, value: Any, servers: int) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ PARAMS = {
 SCENARIO = {
     "name": "pd",
     "duration_s": 10,
-    "pool": {**PARAMS, "roles": {"prefill": 1, "decode": 1}},
+    "pool": {**PARAMS, "roles": {"prefill": 1, "decode": 1}, "path_ms": 0},
     "kv_transfer": {"fixed_ms": 3, "bytes_per_token": 1_000_000, "gbytes_per_s": 1},
     "objectives": [{"name": "standard", "priority": 0, "slo_ttft_s": 1, "slo_tpot_s": 0.025}],
     "tenants": [

@@ -65,7 +65,7 @@ HELD_BACK = """
 name: held-back
 seed: 1
 duration_s: 5
-pool: {servers: 1, max_num_seqs: 8, decode_ms_per_token: 12}
+pool: {servers: 1, max_num_seqs: 8, decode_ms_per_token: 12, path_ms: 0}
 objectives: [{name: standard, priority: 0}]
 tenants: [{name: a, objective: standard, rate_rps: 100, prompt_tokens: 100, output_tokens: 100}]
 epp: {config: CONFIG}
