@@ -5,13 +5,33 @@ from __future__ import annotations
 from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 
+def _headers(phase: str, headers: dict[str, str], end_of_stream: bool) -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest()
+    part = getattr(message, phase)
+    part.end_of_stream = end_of_stream
+    for key, value in headers.items():
+        part.headers.headers.add(key=key, raw_value=value.encode())
+    return message
+
+
+def _body(phase: str, body: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest()
+    part = getattr(message, phase)
+    part.body = body
+    part.end_of_stream = end_of_stream
+    return message
+
+
+def _trailers(phase: str) -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest()
+    getattr(message, phase).trailers.SetInParent()
+    return message
+
+
 def request_headers(
     headers: dict[str, str], *, end_of_stream: bool = False, subset: list[str] | None = None
 ) -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.request_headers.end_of_stream = end_of_stream
-    for key, value in headers.items():
-        message.request_headers.headers.headers.add(key=key, raw_value=value.encode())
+    message = _headers("request_headers", headers, end_of_stream)
     if subset is not None:
         lb = message.metadata_context.filter_metadata["envoy.lb"]
         lb.fields["x-gateway-destination-endpoint-subset"].list_value.extend(subset)
@@ -19,39 +39,25 @@ def request_headers(
 
 
 def request_body(body: bytes, *, end_of_stream: bool = True) -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.request_body.body = body
-    message.request_body.end_of_stream = end_of_stream
-    return message
+    return _body("request_body", body, end_of_stream)
 
 
 def request_trailers() -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.request_trailers.trailers.SetInParent()
-    return message
+    return _trailers("request_trailers")
 
 
 def response_headers(
     headers: dict[str, str], *, end_of_stream: bool = False
 ) -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.response_headers.end_of_stream = end_of_stream
-    for key, value in headers.items():
-        message.response_headers.headers.headers.add(key=key, raw_value=value.encode())
-    return message
+    return _headers("response_headers", headers, end_of_stream)
 
 
 def response_body(body: bytes, *, end_of_stream: bool = False) -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.response_body.body = body
-    message.response_body.end_of_stream = end_of_stream
-    return message
+    return _body("response_body", body, end_of_stream)
 
 
 def response_trailers() -> pb.ProcessingRequest:
-    message = pb.ProcessingRequest()
-    message.response_trailers.trailers.SetInParent()
-    return message
+    return _trailers("response_trailers")
 
 
 def set_headers(reply: pb.ProcessingResponse) -> dict[str, str]:

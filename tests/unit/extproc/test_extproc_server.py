@@ -216,13 +216,19 @@ class OfferRecorder(Admission):
         return super().offer(request)
 
 
-async def test_a_request_is_offered_with_its_tokens_once_tokenized(serve):
+async def tokenizing(serve):
+    """A call whose request body is being tokenized (the tokenizer held)."""
     admission, tokenizer = OfferRecorder(), Tokenizer()
-    stub, _, _ = await serve(admission, tokenize=tokenizer)
+    stub, service, _ = await serve(admission, tokenize=tokenizer)
     call = stub.Process()
     await call.write(request_headers(HEADERS))
     await call.write(request_body(BODY))
     await asyncio.wait_for(tokenizer.started.wait(), 5)
+    return admission, tokenizer, service, call
+
+
+async def test_a_request_is_offered_with_its_tokens_once_tokenized(serve):
+    admission, tokenizer, _, call = await tokenizing(serve)
     await call.done_writing()  # arrives while tokenizing: answered after
     assert admission.offered == []
     tokenizer.release.set()
@@ -233,12 +239,7 @@ async def test_a_request_is_offered_with_its_tokens_once_tokenized(serve):
 
 
 async def test_a_reset_while_tokenizing_offers_nothing_and_withdraws_nothing(serve):
-    admission, tokenizer = OfferRecorder(), Tokenizer()
-    stub, service, _ = await serve(admission, tokenize=tokenizer)
-    call = stub.Process()
-    await call.write(request_headers(HEADERS))
-    await call.write(request_body(BODY))
-    await asyncio.wait_for(tokenizer.started.wait(), 5)
+    admission, tokenizer, service, call = await tokenizing(serve)
     call.cancel()
     await eventually(lambda: service.open_streams == 0)
     tokenizer.release.set()

@@ -214,11 +214,18 @@ def affinity(where: BuildContext, **parameters):
     return built("prefix-cache-affinity-filter", where, **parameters)
 
 
-def test_affinity_keeps_only_the_pods_holding_the_prompt():
+def sticky_to_pod_2(**parameters):
+    """(the plugins' context, an affinity filter) once the prefix scorer saw
+    the prompt picked for pod 2."""
     where = context()
     prefix = built("prefix-cache-scorer", where)
-    keep = affinity(where)
+    keep = affinity(where, **parameters)
     prefix.picked(request(), pod(2))
+    return where, keep
+
+
+def test_affinity_keeps_only_the_pods_holding_the_prompt():
+    _, keep = sticky_to_pod_2()
     assert [p.name for p in keep.filter(request(), [pod(1), pod(2), pod(3)])] == ["p2"]
 
 
@@ -232,38 +239,26 @@ def test_affinity_keeps_all_pods_when_none_holds_enough_of_the_prompt():
 
 
 def test_affinity_breaks_stickiness_when_the_sticky_pods_are_too_loaded():
-    where = context()
-    prefix = built("prefix-cache-scorer", where)
-    keep = affinity(where, maxTTFTPenaltyMs=1000, peakPrefillThroughput=1000)
-    prefix.picked(request(), pod(2))
+    where, keep = sticky_to_pod_2(maxTTFTPenaltyMs=1000, peakPrefillThroughput=1000)
     in_flight(where.load, pod(2), 1001)  # 1001 ms of prefill ahead of it
     pods = [pod(1), pod(2)]
     assert keep.filter(request(), pods) == pods
 
 
 def test_affinity_sticks_while_the_penalty_is_within_the_limit():
-    where = context()
-    prefix = built("prefix-cache-scorer", where)
-    keep = affinity(where, maxTTFTPenaltyMs=1000, peakPrefillThroughput=1000)
-    prefix.picked(request(), pod(2))
+    where, keep = sticky_to_pod_2(maxTTFTPenaltyMs=1000, peakPrefillThroughput=1000)
     in_flight(where.load, pod(2), 1000)
     assert [p.name for p in keep.filter(request(), [pod(1), pod(2)])] == ["p2"]
 
 
 def test_affinity_with_a_zero_penalty_always_sticks():
-    where = context()
-    prefix = built("prefix-cache-scorer", where)
-    keep = affinity(where, maxTTFTPenaltyMs=0)
-    prefix.picked(request(), pod(2))
+    where, keep = sticky_to_pod_2(maxTTFTPenaltyMs=0)
     in_flight(where.load, pod(2), 10**9)
     assert [p.name for p in keep.filter(request(), [pod(1), pod(2)])] == ["p2"]
 
 
 def test_affinity_explores_all_pods_with_its_probability():
-    where = context()
-    prefix = built("prefix-cache-scorer", where)
-    keep = affinity(where, explorationProbability=1.0)
-    prefix.picked(request(), pod(2))
+    _, keep = sticky_to_pod_2(explorationProbability=1.0)
     pods = [pod(1), pod(2)]
     assert keep.filter(request(), pods) == pods
 
