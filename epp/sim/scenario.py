@@ -187,11 +187,11 @@ class PathDelay:
         return rng.lognormvariate(math.log(self.median_ms), sigma) / 1000.0
 
 
-REQUEST_PATH = PathDelay(7.0, 15.0)
+REQUEST_PATH = PathDelay(5.0, 12.0)
 """The client's send to the server's receipt, for a request the EPP does not
 queue: Envoy, the ext_proc round trips of headers and body with the EPP's
 work, Envoy again (`bench.gateway_path`; bench/README.md has the runs)."""
-RESPONSE_PATH = PathDelay(3.5, 9.0)
+RESPONSE_PATH = PathDelay(2.0, 6.0)
 """The server's write to the client's read: Envoy, the EPP's response
 processing, Envoy again; the EPP sees a first token or an end this long
 after the server too, within a fraction of a millisecond."""
