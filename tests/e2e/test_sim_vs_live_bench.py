@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.gateway_path import Envoyed, Served, path_of
 from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
+from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SimRequest
 from epp.sim.scenario_file import ScenarioError, load_scenario
 from epp.sim.workload import Arrived
@@ -52,6 +54,36 @@ async def test_short_run_prints_both_sides_of_every_objective_over_the_same_arri
     assert result["live"]["errors"] == 0
     late = result["live"]["loadgen_late_ms"]
     assert 0 <= late["p50"] <= late["p99"] <= late["max"]
+    path = result["live"]["path_ms"]  # the completed requests seen by all three clocks
+    done = sum(tier["live"]["completed"] for tier in objectives.values())
+    assert 0 < path["end"]["n"] <= done
+    assert 0 < path["response"]["p50"] <= path["response"]["p90"]
+    assert path["request"] is None or 0 < path["request"]["p50"] <= path["request"]["p90"]
+
+
+def test_the_path_is_split_into_straight_and_queued_requests_by_the_epps_answer():
+    sent, arrived = 10.0, 10.001
+    envoy = {
+        "straight": Envoyed(arrived, arrived + 0.001, arrived + 0.004),
+        "queued": Envoyed(arrived, arrived + 0.001, arrived + 0.5),
+    }
+    servers = {
+        "straight": Served(arrived + 0.005, arrived + 0.1, arrived + 0.2),
+        "queued": Served(arrived + 0.501, arrived + 0.6, arrived + 0.7),
+    }
+    requests = []
+    for rid, served in servers.items():
+        request = LiveRequest(0, 0.0, 10, 10, sent_at=0.0, outcome=COMPLETED, request_id=rid)
+        request.first_token_at = served.first + 0.002 - sent
+        request.finished_at = served.done + 0.003 - sent
+        requests.append(request)
+    path = path_of(requests, sent, envoy, servers, [True])
+    assert path["request"]["n"] == 1 and path["queued_epp"]["n"] == 1
+    assert path["request"]["p50"] == pytest.approx(6.0)
+    assert path["epp"]["p50"] == pytest.approx(3.0)
+    assert path["queued_epp"]["p50"] == pytest.approx(499.0)
+    assert path["response"]["p50"] == pytest.approx(2.0)
+    assert path["end"]["p50"] == pytest.approx(3.0)
 
 
 def test_ratio_is_live_over_sim_and_one_when_both_sides_are_zero():
