@@ -84,11 +84,16 @@ def _document(request: InferenceRequest) -> dict[str, Any]:
 async def _read_json(response: aiohttp.ClientResponse) -> Any:
     if response.content_length is not None and response.content_length > MAX_RESPONSE_BYTES:
         raise TokenizeError(f"a response of {response.content_length} bytes")
-    data = await response.content.read(MAX_RESPONSE_BYTES + 1)
-    if len(data) > MAX_RESPONSE_BYTES:
-        raise TokenizeError("a response over the size limit")
+    # `read(n)` returns what has arrived, up to n: a long prompt's token
+    # list comes in many chunks.
+    chunks, size = [], 0
+    while chunk := await response.content.read(MAX_RESPONSE_BYTES + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise TokenizeError("a response over the size limit")
     try:
-        return orjson.loads(data)
+        return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as error:
         raise TokenizeError(f"a response that is no JSON: {error}") from None
 

@@ -73,6 +73,18 @@ async def test_the_vllm_backend_gets_the_servers_own_tokens(render: bool) -> Non
     assert not tokens.stats.fallbacks
 
 
+async def test_a_long_prompts_tokens_arrive_whole_over_many_reads() -> None:
+    prompt = "abcdefghijklmnop " * 25_000  # 100k tokens: a render reply of about 1 MB
+    body = orjson.dumps({"model": "m", "prompt": prompt})
+    request = InferenceRequest("m", "m", prompt=prompt, body=body, input_tokens=7)
+    async with vllm_server() as url:
+        tokens = producer(url)
+        await tokens.tokenize(request)
+        await tokens.close()
+    assert not tokens.stats.fallbacks
+    assert request.token_ids == token_ids(prompt)
+
+
 async def test_the_precise_block_keys_are_hashed_off_the_event_loop() -> None:
     precise = PreciseConfig(hasher=BlockHasher(16))
     threads = []
