@@ -10,21 +10,35 @@ too (two holders a key). Lookup: `KVBlockIndex.matches` of a prompt whose
 leading half is held by three endpoints, in an index of N keys. Hashing:
 `BlockHasher.keys` (sha256_cbor, vLLM's default) of the prompt's tokens.
 Tokenizing: the local backend (a `tokenizers` word-level tokenizer.json, as
-the tests build) on the prompt's text, in process.
+the tests build) on the prompt's text, in process. The token producer, end
+to end as `epp serve` runs it (`TokenProducer.tokenize`: the tokens, then
+the block keys in a worker thread), per request: the vllm backend's render
+round trip to an idle simulated vLLM server on loopback, and the local
+backend; the samples' median and 90th percentile, and the samples
+themselves (`--json`: what a scenario's `epp.token_producer_ms` draws from).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+
+from epp.config.precise import TokenizerBackend, TokenizerSettings
+from epp.demo.model_server import SimulatedServer
 from epp.scheduling.kvblocks import BlockHasher, KVBlockIndex
+from epp.scheduling.request import InferenceRequest
+from epp.serve.tokenizer import LocalTokenizer, TokenProducer, VLLMRender
+from epp.sim.server_model import ServerParams
 
 ENDPOINTS = [f"10.0.0.{i}:8000" for i in range(1, 9)]
 
@@ -84,32 +98,94 @@ def per_request(tokens: int, blocks_in_index: int) -> dict[str, float]:
     }
 
 
-def tokenizing(tokens: int) -> float:
-    """Seconds the local backend's tokenizer takes for a `tokens`-word prompt."""
+WORDS = [f"w{i}" for i in range(5000)]
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer.json over WORDS in `folder` (a model directory)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    words = [f"w{i}" for i in range(5000)]
-    vocab = {"[UNK]": 0, **{word: i + 1 for i, word in enumerate(words)}}
+    vocab = {"[UNK]": 0, **{word: i + 1 for i, word in enumerate(WORDS)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def tokenizing(tokens: int) -> float:
+    """Seconds the local backend's tokenizer takes for a `tokens`-word prompt."""
+    from tokenizers import Tokenizer
+
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "tokenizer.json"
-        tokenizer.save(str(path))
-        loaded = Tokenizer.from_file(str(path))
-    text = " ".join(random.choice(words) for _ in range(tokens))
+        loaded = Tokenizer.from_file(str(word_tokenizer(Path(folder)) / "tokenizer.json"))
+    text = " ".join(random.choice(WORDS) for _ in range(tokens))
     return best_of(lambda: loaded.encode(text), repeat=3)
+
+
+async def producer_seconds(producer: TokenProducer, text: str, count: int) -> list[float]:
+    """Seconds of each of `count` sequential `tokenize` calls on a prompt of `text`."""
+    body = orjson.dumps({"model": "model", "prompt": text, "max_tokens": 1})
+    samples = []
+    for _ in range(count):
+        request = InferenceRequest("model", "model", text, body=body)
+        started = time.perf_counter()
+        await producer.tokenize(request)
+        samples.append(time.perf_counter() - started)
+        if request.kv_block_keys is None:
+            raise RuntimeError(f"the token producer fell back: {dict(producer.stats.fallbacks)}")
+    return samples
+
+
+async def producers(tokens: int, count: int) -> dict[str, list[float]]:
+    """Per-request seconds of the vllm backend (render, an idle simulated
+    server on loopback) and the local backend, for a `tokens`-token prompt."""
+    keys = BlockHasher(16).keys
+    server = SimulatedServer(ServerParams(), "model")
+    port = await server.start("127.0.0.1")
+    try:
+        settings = TokenizerSettings(TokenizerBackend.VLLM, "model", f"http://127.0.0.1:{port}")
+        render = TokenProducer(settings, VLLMRender(settings.url, "model"), keys=keys)
+        text = "".join(random.choice("abcdefghijklmnop ") for _ in range(tokens * 4))
+        try:
+            rendered = await producer_seconds(render, text, count)
+        finally:
+            await render.close()
+    finally:
+        await server.stop()
+    with tempfile.TemporaryDirectory() as folder:
+        settings = TokenizerSettings(TokenizerBackend.LOCAL, "model", model_dir=folder)
+        local = TokenProducer(
+            settings, LocalTokenizer(str(word_tokenizer(Path(folder)))), keys=keys
+        )
+        text = " ".join(random.choice(WORDS) for _ in range(tokens))
+        try:
+            tokenized = await producer_seconds(local, text, count)
+        finally:
+            await local.close()
+    return {"vllm_render_s": rendered, "local_s": tokenized}
+
+
+def quantiles(samples: list[float]) -> tuple[float, float]:
+    """(median, 90th percentile) of `samples`."""
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=40, help="token-producer calls per size")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     random.seed(28)
     result = {
         "memory": memory(options.blocks),
         "requests": [
-            {**per_request(tokens, options.blocks), "tokenize_s": tokenizing(tokens)}
+            {
+                **per_request(tokens, options.blocks),
+                "tokenize_s": tokenizing(tokens),
+                **asyncio.run(producers(tokens, options.requests)),
+            }
             for tokens in (1_000, 100_000)
         ],
     }
@@ -127,6 +203,12 @@ def main() -> None:
             f"{r['tokens']:>7,} tokens ({r['blocks']:,} blocks): hash {r['hash_s'] * 1e3:.3f} ms, "
             f"lookup {r['lookup_s'] * 1e6:.1f} us, tokenize {r['tokenize_s'] * 1e3:.3f} ms"
         )
+        for backend in ("vllm_render_s", "local_s"):
+            p50, p90 = quantiles(r[backend])
+            print(
+                f"{'':>7}  token producer, {backend[:-2].replace('_', ' ')}: "
+                f"p50 {p50 * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms"
+            )
 
 
 if __name__ == "__main__":

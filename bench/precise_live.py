@@ -25,9 +25,11 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.envoy_process import running_envoy
 from epp.demo.kv_publisher import port_free_on_every
@@ -107,12 +109,13 @@ async def drive(urls: list[str], arrivals: list[tuple[float, str]]) -> list[floa
     return ttfts
 
 
-def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[str, float]:
+def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[str, Any]:
     models = [server.model.model for server in pool if server.model is not None]
     prompt = sum(model.prompt_tokens for model in models)
     ordered = sorted(ttfts)
     return {
         "requests": sent,
+        "per_server": [server.model.admitted_total for server in pool if server.model is not None],
         "completed": len(ttfts),
         "hit_rate": sum(model.cached_tokens for model in models) / prompt if prompt else 0.0,
         "ttft_p50_s": statistics.median(ordered) if ordered else float("nan"),
@@ -120,7 +123,7 @@ def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[
     }
 
 
-async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, float]:
+async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, Any]:
     events_port = port_free_on_every(HOSTS)
     async with servers(events_port) as pool:
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
@@ -138,10 +141,33 @@ async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, float
                 running_envoy(epp_port=epp.ports["grpc"]) as envoy,
             ):
                 url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
-                return summary(pool, await drive([url], arrivals), len(arrivals))
+                result = summary(pool, await drive([url], arrivals), len(arrivals))
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(epp.metrics_url) as response,
+                ):
+                    page = await response.text()
+                return {**result, **token_producer_seconds(page)}
 
 
-async def main_async(seconds: float, rate: float, seed: int) -> dict[str, dict[str, float]]:
+def token_producer_seconds(page: str) -> dict[str, float]:
+    """The token producer's mean duration and its calls, from the EPP's
+    plugin-duration histogram (none when it does not run)."""
+    total = count = 0.0
+    for family in text_string_to_metric_families(page):
+        if family.name != "llm_d_epp_plugin_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("plugin_type") != "token-producer":
+                continue
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return {"token_producer_mean_s": total / count, "tokenized": count} if count else {}
+
+
+async def main_async(seconds: float, rate: float, seed: int) -> dict[str, dict[str, Any]]:
     arrivals = workload(seconds, rate, seed)
     return {
         policy: await run(policy, arrivals) for policy in ("precise", "approximate", "round-robin")
@@ -163,7 +189,12 @@ def main() -> None:
         p50, p90 = result["ttft_p50_s"] * 1e3, result["ttft_p90_s"] * 1e3
         print(
             f"{policy:12s} hit {result['hit_rate']:.1%}  TTFT p50 {p50:.0f} ms  p90 {p90:.0f} ms"
-            f"  ({result['completed']}/{result['requests']})"
+            f"  ({result['completed']}/{result['requests']}; per server {result['per_server']})"
+            + (
+                f"; token producer {result['token_producer_mean_s'] * 1e3:.1f} ms a request"
+                if "token_producer_mean_s" in result
+                else ""
+            )
         )
 
 
