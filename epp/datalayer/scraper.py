@@ -37,7 +37,7 @@ from epp.datalayer.fetch import PageFetcher, ScrapeError
 from epp.datalayer.polling import EndpointPolls
 from epp.datalayer.reader import MetricsReader
 from epp.datalayer.store import EndpointStore
-from epp.scheduling.endpoint import Endpoint
+from epp.scheduling.endpoint import Endpoint, EndpointMetrics
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,10 @@ class MetricsScraper:
 
     `clock` stamps each read (the gate and the scheduler must read the same
     clock). `staleness` is the age after which a read counts as new news even
-    when its values did not change. Use as `async with MetricsScraper(...)`,
+    when its values did not change. With `on_read`, each read is handed to it
+    (address, metrics or None, the failure's reason) instead of the store,
+    which then gives only membership and labels (a worker reading its share
+    for the core owner, `epp.serve.scrapes`). Use as `async with MetricsScraper(...)`,
     or call `start()` and `stop()`.
     """
 
@@ -152,6 +155,7 @@ class MetricsScraper:
         clock: Callable[[], float] = time.monotonic,
         source: MetricsSource | None = None,
         engines: EngineLookup | None = None,
+        on_read: Callable[[str, EndpointMetrics | None, str | None], None] | None = None,
     ) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError(f"interval and timeout must be positive, got {interval}, {timeout}")
@@ -166,6 +170,7 @@ class MetricsScraper:
         self.source = source if source is not None else MetricsSource()
         self.engines = engines if engines is not None else EngineLookup()
         self._ssl = self.source.ssl_context()
+        self._on_read = on_read
         self._polls = EndpointPolls(store, self._scrape_forever, "scrape", self._forget_left)
         self._targets: dict[str, _Target] = {}
         self.reads = 0
@@ -224,28 +229,51 @@ class MetricsScraper:
             metrics = target.reader.read(text, names, self._clock())
         except (ScrapeError, OSError, TimeoutError, ValueError) as error:
             self.failures += 1
-            self.failures_by_reason[_reason(error)] += 1
-            if self.store.mark_failing(address):
-                log.warning(
-                    "metrics of %s unavailable, marked stale: %s", address, error or "timeout"
-                )
+            reason = _reason(error)
+            self.failures_by_reason[reason] += 1
+            if self._on_read is not None:
+                self._on_read(address, None, reason)
+            elif record_failure(self.store, address, str(error) or reason):
                 self._changed()
             return
         self.reads += 1
-        previous = endpoint.metrics
-        changed = self.store.set_metrics(address, metrics)
-        if previous.failing:
-            log.info("metrics of %s available again", address)
-        if changed or (
-            previous.updated_at is not None
-            and metrics.updated_at is not None
-            and metrics.updated_at - previous.updated_at > self.staleness
-        ):
+        if self._on_read is not None:
+            self._on_read(address, metrics, None)
+        elif record_read(self.store, address, metrics, self.staleness):
             self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None and self._polls.running:
             self._on_change()
+
+
+def record_read(
+    store: EndpointStore, address: str, metrics: EndpointMetrics, staleness: float
+) -> bool:
+    """Write one good read of `address` into `store`; whether the core should
+    look again: a value moved, the endpoint recovered, or the read came more
+    than `staleness` after the previous one (which had turned stale)."""
+    endpoint = store.get(address)
+    if endpoint is None:
+        return False
+    previous = endpoint.metrics
+    changed = store.set_metrics(address, metrics)
+    if previous.failing:
+        log.info("metrics of %s available again", address)
+    return changed or (
+        previous.updated_at is not None
+        and metrics.updated_at is not None
+        and metrics.updated_at - previous.updated_at > staleness
+    )
+
+
+def record_failure(store: EndpointStore, address: str, why: str) -> bool:
+    """A read of `address` failed: it turns stale at once. Whether it was
+    not failing before (the core should look again)."""
+    if not store.mark_failing(address):
+        return False
+    log.warning("metrics of %s unavailable, marked stale: %s", address, why)
+    return True
 
 
 def _reason(error: Exception) -> str:

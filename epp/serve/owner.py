@@ -39,6 +39,7 @@ from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.scheduler import Scheduler
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
+from epp.serve.scrapes import ScrapeShares
 from epp.serve.worker import WorkerSpec
 
 log = logging.getLogger("epp.serve.owner")
@@ -88,6 +89,8 @@ class Owner:
         on_response_processed: Callable[[float], None] | None = None,
     ) -> None:
         self.admission: AdmissionController | None = None
+        self.scrapes: ScrapeShares | None = None
+        """Set before `start` when the workers read the model servers' metrics."""
         self.slots = [WorkerSlot(index) for index in range(workers)]
         self._spec = spec
         self._priority_of = priority_of
@@ -137,6 +140,11 @@ class Owner:
         for slot in self.slots:
             if slot.link is not None:
                 slot.link.send([wire.ENDPOINTS, addresses])
+        self._assign_scrapes()
+
+    def _assign_scrapes(self) -> None:
+        if self.scrapes is not None:
+            self.scrapes.assign([(s.index, s.link) for s in self.slots if s.live])  # type: ignore[misc]
 
     # -- a worker's messages ----------------------------------------------------------
 
@@ -144,13 +152,20 @@ class Owner:
         admission = self.admission
         assert admission is not None
         requests = slot.requests
+        scrapes = self.scrapes
+        looks = False
         for message in messages:
             kind = message[0]
             if kind == wire.ARRIVE:
                 self._arrive(slot, message[1], message[2:])
                 continue
+            if kind == wire.METRICS or kind == wire.SCRAPE_FAILED:
+                if scrapes is not None and scrapes.apply(slot.index, message):
+                    looks = True
+                continue
             if kind == wire.SERVING:
                 slot.serving.set()
+                self._assign_scrapes()
                 continue
             if kind == wire.PROCESSED:
                 if self._on_response_processed is not None:
@@ -187,6 +202,8 @@ class Owner:
             elif kind == wire.CANCEL:
                 self._forget(slot, rid)
                 admission.withdraw(request)
+        if looks:
+            admission.poke()
         self._publish_geometry(admission)
 
     def _publish_geometry(self, admission: AdmissionController) -> None:
@@ -228,6 +245,9 @@ class Owner:
     def _lost(self, slot: WorkerSlot) -> None:
         """The worker's link closed: what it held ends here, credits returned once."""
         slot.serving.clear()
+        if self.scrapes is not None and not self._stopping:
+            self.scrapes.lost(slot.index)
+            self._assign_scrapes()
         admission = self.admission
         held = list(slot.requests.items())
         for rid, _request in held:

@@ -102,6 +102,7 @@ from epp.serve.producers import (
 )
 from epp.serve.replica import ReplicaAdmission
 from epp.serve.replicas import advertised_host, endpoint_limit
+from epp.serve.scrapes import ScrapeSettings, ScrapeShares
 from epp.serve.views import PoolViews
 from epp.serve.worker import WorkerSpec
 from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
@@ -184,6 +185,8 @@ class EppServer:
         self._hurry = asyncio.Event()
         self._ssl_context: ssl.SSLContext | None = None
         self._self_signed: tuple[bytes, bytes] | None = None
+        self._scrape_settings: ScrapeSettings | None = None
+        """What the workers read the metrics with, under --workers."""
         if options.secure_serving:
             from epp.serve.tls import self_signed_certificate, server_ssl_context
 
@@ -316,6 +319,7 @@ class EppServer:
             self._ext_proc_limits(),
             self._rng.randrange(1 << 63),
             self._self_signed,
+            self._scrape_settings,
         )
 
     def _ext_proc_limits(self) -> TransportLimits:
@@ -421,6 +425,16 @@ class EppServer:
         scraping = scrape_settings(self.config.data_layer)
         if scraping is None:
             log.warning("no metrics-data-source: model-server metrics are not read")
+        elif self.owner is not None:
+            settings = self._scrape_settings = ScrapeSettings(
+                scraping[0],
+                scraping[1],
+                options.refresh_metrics_interval,
+                SCRAPE_TIMEOUT,
+                self.config.scheduling.saturation.staleness,
+            )
+            shares = self.owner.scrapes = ScrapeShares(self.store, settings.staleness)
+            self.metrics.watch_scrapes(lambda: shares.failures_by_reason)
         else:
             scraper = MetricsScraper(
                 self.store,

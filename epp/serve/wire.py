@@ -18,6 +18,8 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     REJECTED     rid or null, HTTP status, reason (a local error reply)
     PROCESSED    seconds spent on one call's response (a metric)
     SERVING      the worker is ready for connections (its first message)
+    METRICS      address + one read of its metrics page (`metrics_fields`)
+    SCRAPE_FAILED address, the failure's reason (a read of its page failed)
 
 Owner -> worker:
 
@@ -30,6 +32,8 @@ Owner -> worker:
     GEOMETRY     block characters and blocks per prompt of the prefix scorer:
                  the worker hashes prompts with it (a request hashed with a
                  geometry the scorer no longer uses is hashed again there)
+    SCRAPE       the endpoints whose metrics this worker reads, as
+                 [name, address, labels, id] each (all of its share)
 
 Times are `time.monotonic()` seconds, one clock for every process of a host.
 """
@@ -44,6 +48,7 @@ from typing import Any
 import orjson
 
 from epp.flowcontrol.request import FlowRequest
+from epp.scheduling.endpoint import EndpointMetrics
 from epp.scheduling.request import InferenceRequest
 
 # worker -> owner
@@ -55,6 +60,8 @@ CANCEL = 5
 REJECTED = 6
 PROCESSED = 7
 SERVING = 8
+METRICS = 9
+SCRAPE_FAILED = 10
 # owner -> worker
 DECISION = 11
 DENIED = 12
@@ -62,6 +69,7 @@ EVICT = 13
 ENDPOINTS = 14
 READY = 15
 GEOMETRY = 16
+SCRAPE = 17
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -158,6 +166,54 @@ def decision_fields(request: FlowRequest) -> Message:
         payload.routing,
         payload.response_headers,
     ]
+
+
+def metrics_fields(metrics: EndpointMetrics) -> Message:
+    """One read's values in `EndpointMetrics` order, the LoRA sets as lists."""
+    return [
+        metrics.waiting,
+        metrics.running,
+        metrics.kv_usage,
+        list(metrics.lora_running),
+        list(metrics.lora_waiting),
+        *metrics[5:],
+    ]
+
+
+def metrics_from_fields(fields: Message) -> EndpointMetrics:
+    """The read `metrics_fields` describes."""
+    (
+        waiting,
+        running,
+        kv_usage,
+        lora_running,
+        lora_waiting,
+        lora_max,
+        block_size,
+        num_gpu_blocks,
+        updated_at,
+        failing,
+        itl_sum,
+        itl_count,
+        itl_bounds,
+        itl_buckets,
+    ) = fields
+    return EndpointMetrics(
+        waiting,
+        running,
+        kv_usage,
+        frozenset(lora_running),
+        frozenset(lora_waiting),
+        lora_max,
+        block_size,
+        num_gpu_blocks,
+        updated_at,
+        failing,
+        itl_sum,
+        itl_count,
+        tuple(itl_bounds),
+        tuple(itl_buckets),
+    )
 
 
 class Link(asyncio.Protocol):

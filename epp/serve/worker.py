@@ -43,6 +43,7 @@ from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.health import Health
 from epp.serve.options import ServeOptions
+from epp.serve.scrapes import ScrapeSettings, ScrapeShare
 from epp.transport import GrpcServer, TransportLimits
 
 log = logging.getLogger("epp.serve.worker")
@@ -72,6 +73,8 @@ class WorkerSpec:
     seed: int
     self_signed: tuple[bytes, bytes] | None = None
     """The EPP's self-signed (certificate, key) PEM when TLS has no files."""
+    scraping: ScrapeSettings | None = None
+    """How to read the model servers' metrics (None: the pool has no metrics source)."""
 
 
 class RemoteAdmission:
@@ -84,6 +87,8 @@ class RemoteAdmission:
         self.on_evict: Callable[[FlowRequest], None] | None = None
         self.health: Health | None = None
         self.owner_gone = asyncio.Event()
+        self.on_scrape: Callable[[list[list[object]]], None] | None = None
+        """Gets each SCRAPE message's share (`epp.serve.scrapes.ScrapeShare.assign`)."""
         self._rids = count()
         self._requests: dict[int, FlowRequest] = {}
         self._rid_of: dict[FlowRequest, int] = {}
@@ -213,6 +218,8 @@ class RemoteAdmission:
                     self.on_evict(request)
             elif kind == wire.ENDPOINTS:
                 self._endpoints = message[1]
+            elif kind == wire.SCRAPE and self.on_scrape is not None:
+                self.on_scrape(message[1])
             elif kind == wire.GEOMETRY:
                 self._geometry = (message[1], message[2]) if message[1] else None
             elif kind == wire.READY and self.health is not None:
@@ -363,11 +370,17 @@ async def run(spec: WorkerSpec) -> int:
             task.add_done_callback(adopting.discard)
 
     loop.add_reader(handoff.fileno(), receive_connections)
+    share = ScrapeShare(spec.scraping, link.send) if spec.scraping is not None else None
+    if share is not None:
+        admission.on_scrape = share.assign
+        await share.scraper.start()
     link.send([wire.SERVING])
     log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
     await admission.owner_gone.wait()
     with contextlib.suppress(ValueError, OSError):
         loop.remove_reader(handoff.fileno())
+    if share is not None:
+        await share.scraper.stop()
     await server.stop(FINAL_FLUSH_S)
     handoff.close()
     log.info("epp worker %d stopped", spec.index)
