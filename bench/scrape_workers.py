@@ -122,7 +122,7 @@ def compare(ref: str, options: list[str], rounds: int) -> dict[str, object]:
         subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
         for _ in range(rounds):
             for name, code in (("before", directory), ("after", str(tree))):
-                command = [sys.executable, "-m", "bench.scrape_workers", "--json", *options]
+                command = [sys.executable, __file__, "--json", *options]
                 env = {**os.environ, "PYTHONPATH": code}
                 done = subprocess.run(command, env=env, cwd=code, capture_output=True, check=True)
                 runs[name].append(json.loads(done.stdout))

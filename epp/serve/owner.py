@@ -19,7 +19,9 @@ A worker that dies (its link closes) has each of its requests withdrawn:
 a queued one leaves its queue, a dispatched one completes, so its credits
 return once; the worker is started again after `RESTART_DELAY_S`.
 Connections go round robin to the live workers; with none, a connection
-is closed at once (Envoy retries it).
+is closed at once (Envoy retries it). With `scrapes` set, the live workers
+read the model servers' metrics pages and the owner applies each read
+(`epp.serve.scrapes`); a worker's death or start reassigns the shares.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.scheduler import Scheduler
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
+from epp.serve.metrics.series import Tally
 from epp.serve.scrapes import ScrapeShares
 from epp.serve.worker import WorkerSpec
 
@@ -87,6 +90,7 @@ class Owner:
         priority_of: Callable[[Mapping[str, str]], int],
         on_stream_event: Callable[[Rejected | Release], None] | None = None,
         on_response_processed: Callable[[float], None] | None = None,
+        chunk_gaps: Callable[[FlowRequest], Tally] | None = None,
     ) -> None:
         self.admission: AdmissionController | None = None
         self.scrapes: ScrapeShares | None = None
@@ -96,6 +100,7 @@ class Owner:
         self._priority_of = priority_of
         self._on_stream_event = on_stream_event
         self._on_response_processed = on_response_processed
+        self._chunk_gaps = chunk_gaps
         self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
         self._health: dict[str, int] = {}
         self._endpoints: list[str] = []
@@ -184,10 +189,12 @@ class Owner:
                 continue
             if kind == wire.COMPLETE:
                 self._forget(slot, rid)
-                input_tokens, output_tokens, itl, size, first, streaming, cached, status = message[
-                    2:
-                ]
+                (
+                    input_tokens, output_tokens, itl, size, first, streaming, cached, status, gaps,
+                ) = message[2:]  # fmt: skip
                 admission.complete(request, input_tokens, output_tokens, itl)
+                if gaps is not None and self._chunk_gaps is not None:
+                    self._chunk_gaps(request).add_counts(gaps[0], gaps[1])
                 if size is not None and self._on_stream_event is not None:
                     self._on_stream_event(
                         Release(

@@ -235,6 +235,7 @@ class EppServer:
                 self.priority_of,
                 self.metrics.on_stream_event,
                 self.metrics.on_response_processed,
+                self.metrics.chunk_gaps,
             )
             on_outcome = decided_then(owner.decided, on_outcome)
         limit_of = endpoint_limit(self.core, self.config.flow_control.gate)

@@ -11,7 +11,8 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     COMPLETE     rid, input tokens, output tokens, itl; then for metrics
                  response bytes, first byte time, streaming, cached tokens,
                  upstream status (all null when the stream ended without a
-                 response: a withdraw)
+                 response: a withdraw); the gaps between its SSE chunks as
+                 [bucket counts, sum] or null
     FIRST_TOKEN  rid
     PREFILL_DONE rid
     CANCEL       rid (the stream went away before a decision came)

@@ -42,6 +42,8 @@ from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.health import Health
+from epp.serve.metrics.catalogue import P, spec
+from epp.serve.metrics.series import Tally
 from epp.serve.options import ServeOptions
 from epp.serve.scrapes import ScrapeSettings, ScrapeShare
 from epp.transport import GrpcServer, TransportLimits
@@ -52,6 +54,7 @@ FINAL_FLUSH_S = 1.0
 """Once the owner is gone: how long open calls get before the connections close."""
 
 OUTCOMES = {outcome.value: outcome for outcome in Outcome}
+ITL_BUCKETS = spec(P + "request_streaming_itl_seconds").buckets
 
 
 class AdmissionFailed(Exception):
@@ -94,6 +97,8 @@ class RemoteAdmission:
         self._rid_of: dict[FlowRequest, int] = {}
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome | Exception]] = {}
         self._early: dict[FlowRequest, Exception] = {}
+        self._gaps: dict[FlowRequest, Tally] = {}
+        """Each streaming request's gaps between chunks, until its COMPLETE."""
         """A failure or denial that came before `wait` was called."""
         self._endpoints: list[str] = []
         self._geometry: tuple[int, int] | None = None
@@ -158,7 +163,9 @@ class RemoteAdmission:
         output_tokens: int = 0,
         itl: float | None = None,
     ) -> None:
-        self._complete(request, [input_tokens, output_tokens, itl, None, None, None, None, None])
+        self._complete(
+            request, [input_tokens, output_tokens, itl, None, None, None, None, None, None]
+        )
 
     def first_token(self, request: FlowRequest) -> None:
         rid = self._rid_of.get(request)
@@ -185,6 +192,7 @@ class RemoteAdmission:
                 event.streaming,
                 event.cached_tokens,
                 event.upstream_status,
+                None,
             ],
         )
 
@@ -195,6 +203,12 @@ class RemoteAdmission:
         if request is not None and request.state is not State.DISPATCHED:
             self._forget(request)
         self._send([wire.REJECTED, rid, event.http_status, event.reason])
+
+    def chunk_gaps(self, request: FlowRequest) -> Tally:
+        """Where the stream tallies `request`'s gaps between SSE chunks; the
+        counts go to the owner with its COMPLETE."""
+        tally = self._gaps[request] = Tally(ITL_BUCKETS)
+        return tally
 
     def processed(self, seconds: float) -> None:
         self._send([wire.PROCESSED, seconds])
@@ -280,11 +294,15 @@ class RemoteAdmission:
         if request.state is not State.DISPATCHED:
             return
         request.state = State.COMPLETED
+        gaps = self._gaps.pop(request, None)
         rid = self._forget(request)
         if rid is not None:
+            if gaps is not None and gaps.count:
+                fields[-1] = [gaps.counts, gaps.total]
             self._send([wire.COMPLETE, rid, *fields])
 
     def _forget(self, request: FlowRequest) -> int | None:
+        self._gaps.pop(request, None)
         rid = self._rid_of.pop(request, None)
         if rid is not None:
             del self._requests[rid]
@@ -334,6 +352,7 @@ async def run(spec: WorkerSpec) -> int:
         default_model=options.default_model,
         parsers=parser_set(spec.parsers),
         any_endpoint=admission.any_endpoint,
+        chunk_gaps=admission.chunk_gaps,
     )
     service = WorkerService(
         admission, no_priority, settings, on_response_processed=admission.processed

@@ -23,7 +23,8 @@ from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
 
-PARAMS = ServerParams(max_num_seqs=8, decode_ms_per_token=1.0, prefill_overhead_ms=1.0)
+PARAMS = ServerParams(max_num_seqs=8, decode_ms_per_token=5.0, prefill_overhead_ms=1.0)
+"""Tokens 5 ms apart, so that streamed chunks reach the EPP one by one."""
 WORKER_STARTED = re.compile(r"epp worker (\d+) started \(pid (\d+)\)")
 
 
@@ -36,6 +37,16 @@ class Stack:
     def worker_pids(self) -> dict[int, int]:
         """The newest pid of each worker, from the owner's log."""
         return {int(w): int(p) for w, p in WORKER_STARTED.findall(self.epp.log())}
+
+    async def total(self, session, name: str) -> float:
+        async with session.get(self.epp.metrics_url) as response:
+            text = await response.text()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
 
     async def counters(self, session, name: str) -> dict[str, float]:
         async with session.get(self.epp.metrics_url) as response:
@@ -89,6 +100,16 @@ async def test_requests_are_served_through_both_workers(stack) -> None:
     assert sum(requests.values()) == 60
     assert requests["0"] > 0 and requests["1"] > 0
     assert connections["0"] >= 1 and connections["1"] >= 1
+
+
+async def test_the_gaps_between_streamed_chunks_reach_the_owners_histogram(stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        before = await stack.total(session, "llm_d_epp_request_streaming_itl_seconds_count")
+        results = await burst(stack, 20)
+        assert [status for status, _ in results] == [200] * 20
+        after = await stack.total(session, "llm_d_epp_request_streaming_itl_seconds_count")
+    # 10 streamed responses of 4 tokens: each at least one gap between its chunks
+    assert after - before >= 10
 
 
 async def test_a_killed_worker_is_started_again_and_the_pool_keeps_serving(stack) -> None:

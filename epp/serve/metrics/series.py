@@ -65,10 +65,15 @@ class Tally:
         self.total += value
 
     def merge(self, other: Tally) -> None:
-        for index, count in enumerate(other.counts):
-            self.counts[index] += count
-        self.count += other.count
-        self.total += other.total
+        self.add_counts(other.counts, other.total)
+
+    def add_counts(self, counts: list[int], total: float) -> None:
+        """Another tally's bucket counts and sum, over the same buckets."""
+        mine = self.counts
+        for index, count in enumerate(counts):
+            mine[index] += count
+        self.count += sum(counts)
+        self.total += total
 
     def cumulative(self) -> list[tuple[str, int]]:
         result, running = [], 0
