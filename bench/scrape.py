@@ -193,14 +193,21 @@ def run(reads: int, endpoints: int, seconds: float) -> dict[str, dict[str, float
 
 def compare(ref: str, options: list[str], rounds: int) -> dict[str, object]:
     """`run` on epp at git `ref` (before) and on this tree (after), alternately."""
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    return alternately(__file__, ref, options, rounds)
+
+
+def alternately(script: str, ref: str, options: list[str], rounds: int) -> dict[str, object]:
+    """`script --json options` on epp at git `ref` (before, from `git
+    archive`) and on this tree (after), alternately `rounds` times: each
+    run's JSON output."""
+    runs: dict[str, list[object]] = {"before": [], "after": []}
     tree = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory(prefix="epp-scrape-before-") as directory:
+    with tempfile.TemporaryDirectory(prefix="epp-bench-before-") as directory:
         archive = subprocess.run(["git", "archive", ref], capture_output=True, check=True, cwd=tree)
         subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
         for _ in range(rounds):
             for name, code in (("before", directory), ("after", str(tree))):
-                command = [sys.executable, __file__, "--json", *options]
+                command = [sys.executable, script, "--json", *options]
                 env = {**os.environ, "PYTHONPATH": code}
                 done = subprocess.run(command, env=env, cwd=code, capture_output=True, check=True)
                 runs[name].append(json.loads(done.stdout))

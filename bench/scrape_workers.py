@@ -24,13 +24,11 @@ import json
 import multiprocessing
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.scrape import INTERVAL, _free_ports, pages
+from bench.scrape import INTERVAL, _free_ports, alternately, pages
 from epp.demo.server_metrics import MetricsPages
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp
@@ -113,22 +111,6 @@ async def measure(endpoints: int, workers: int, seconds: float) -> dict[str, flo
     }
 
 
-def compare(ref: str, options: list[str], rounds: int) -> dict[str, object]:
-    """This bench on epp at git `ref` (before) and on this tree (after), alternately."""
-    runs: dict[str, list[object]] = {"before": [], "after": []}
-    tree = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory(prefix="epp-scrape-before-") as directory:
-        archive = subprocess.run(["git", "archive", ref], capture_output=True, check=True, cwd=tree)
-        subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
-        for _ in range(rounds):
-            for name, code in (("before", directory), ("after", str(tree))):
-                command = [sys.executable, __file__, "--json", *options]
-                env = {**os.environ, "PYTHONPATH": code}
-                done = subprocess.run(command, env=env, cwd=code, capture_output=True, check=True)
-                runs[name].append(json.loads(done.stdout))
-    return {"before_ref": ref, **runs}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoints", type=int, nargs="+", default=[64, 512])
@@ -141,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         options = ["--endpoints", *map(str, args.endpoints), "--workers", str(args.workers)]
         options += ["--seconds", str(args.seconds)]
-        json.dump(compare(args.against, options, args.rounds), sys.stdout, indent=2)
+        json.dump(alternately(__file__, args.against, options, args.rounds), sys.stdout, indent=2)
         print()
         return 0
     results = [asyncio.run(measure(n, args.workers, args.seconds)) for n in args.endpoints]
