@@ -66,12 +66,12 @@ from epp.sim.requests import (
     PrefillLeg,
     SimRequest,
 )
-from epp.sim.scenario import Scenario, ServerEvent
+from epp.sim.scenario import PathDelay, Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
 SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER, KV_EVENTS = range(8)
-DELIVER, FIRST_SEEN, DONE_SEEN = range(8, 11)
+DELIVER, FIRST_SEEN, DONE_SEEN, OFFER = range(8, 12)
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 ROLE_LABEL = "llm-d.ai/role"
 PATH_SEED = 0x9A7E
@@ -98,6 +98,7 @@ class Simulation:
         progress: Callable[[float], None] | None = None,
         aggregated: bool = False,
         measure_idle: bool = False,
+        tokenizes: bool = False,
     ) -> None:
         self.scenario = scenario
         pool = scenario.pool
@@ -160,6 +161,8 @@ class Simulation:
         self._request_path = pool.request_path
         self._response_path = pool.response_path
         self._path_rng = random.Random(scenario.seed ^ PATH_SEED)
+        self._token_producer = pool.token_producer if tokenizes else PathDelay()
+        """The policy's wait for each request's tokens before it sees it."""
         """The path's own draws, so a change to it leaves the workload's alone."""
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
@@ -514,6 +517,8 @@ class Simulation:
                     self._first_seen(data, when)  # type: ignore[arg-type]
                 elif kind == DONE_SEEN:
                     self._done_seen(data, when)  # type: ignore[arg-type]
+                elif kind == OFFER:
+                    policy.arrive(data, when)  # type: ignore[arg-type]
                 elif kind == KV_EVENTS:
                     index, events = data  # type: ignore[misc]
                     if self.up[index]:  # else its subscriber went with it
@@ -526,7 +531,10 @@ class Simulation:
                 self.now = now = arrival_time
                 arrival_time = requests[next_index].arrival if next_index < count else inf
                 waiting_by_tenant[request.tenant] += 1
-                policy.arrive(request, now)
+                if self._token_producer:
+                    self._push(now + self._token_producer.draw(self._path_rng), OFFER, request)
+                else:
+                    policy.arrive(request, now)
                 if progress is not None and next_index % progress_step == 0:
                     progress(now)
             else:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from epp.config.loader import EppConfig
+from epp.config.precise import TokenizerBackend
 from epp.sim.engine import Simulation
 from epp.sim.policies import (
     EppPolicy,
@@ -48,6 +49,12 @@ def _config_for(scenario: Scenario, name: str) -> EppConfig:
     if name == "aggregated":
         return without_disaggregation(scenario.epp_config)
     return scenario.epp_config
+
+
+def tokenizes(config: EppConfig) -> bool:
+    """Whether `config`'s token-producer asks a backend for the tokens."""
+    settings = config.tokenizer
+    return settings is not None and settings.backend is not TokenizerBackend.ESTIMATE
 
 
 def simulate(
@@ -102,6 +109,7 @@ def _simulate(
         progress,
         aggregated=name in BASELINES,
         measure_idle=measure_idle,
+        tokenizes=name not in BASELINES and tokenizes(config),
     )
     if name == "round-robin":
         policy = RoundRobinPolicy(sim)

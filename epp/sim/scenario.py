@@ -216,6 +216,10 @@ class Pool:
     response_path: PathDelay = RESPONSE_PATH
     """From the server's first token and its end to the client and the EPP
     (`pool.path_ms.response`), one draw per request for both."""
+    token_producer: PathDelay = PathDelay()
+    """The EPP's wait for a request's tokens before it offers it to the core,
+    for a configuration whose token-producer tokenizes (the render round
+    trip, or the local tokenizer; `pool.token_producer_ms`); none by default."""
 
     @property
     def servers(self) -> int:

@@ -59,6 +59,7 @@ POOL_KEYS = {
     "scrape_lag_ms",
     "kv_event_lag_ms",
     "path_ms",
+    "token_producer_ms",
     *GROUP_KEYS,
 }
 TENANT_KEYS = {
@@ -167,7 +168,21 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         if lag is None
         else reader.number(lag, "pool.kv_event_lag_ms", 0.0) / 1000.0,
         **_path(reader, raw.get("path_ms")),
+        token_producer=_delay(reader, raw.get("token_producer_ms"), "pool.token_producer_ms"),
     )
+
+
+def _delay(reader: _Reader, value: Any, where: str) -> PathDelay:
+    """`{median, p90}` in milliseconds (absent: no delay)."""
+    if value is None:
+        return PathDelay()
+    entry = reader.mapping(value, where, {"median", "p90"})
+    median = reader.number(entry.get("median"), f"{where}.median")
+    p90 = reader.number(entry.get("p90"), f"{where}.p90", median)
+    if p90 < median:
+        reader.fail(f"{where}.p90", f"must be at least the median ({median:g}), got {p90:g}")
+        p90 = median
+    return PathDelay(median, p90)
 
 
 def _path(reader: _Reader, value: Any) -> dict[str, PathDelay]:
@@ -181,14 +196,10 @@ def _path(reader: _Reader, value: Any) -> dict[str, PathDelay]:
     for leg, default in (("request", REQUEST_PATH), ("response", RESPONSE_PATH)):
         if leg not in raw:
             continue
-        where = f"pool.path_ms.{leg}"
-        entry = reader.mapping(raw[leg], where, {"median", "p90"})
-        median = reader.number(entry.get("median"), f"{where}.median", default.median_ms)
-        p90 = reader.number(entry.get("p90"), f"{where}.p90", median)
-        if p90 < median:
-            reader.fail(f"{where}.p90", f"must be at least the median ({median:g}), got {p90:g}")
-            p90 = median
-        legs[f"{leg}_path"] = PathDelay(median, p90)
+        given = raw[leg]
+        if isinstance(given, dict):
+            given = {"median": default.median_ms, **given}
+        legs[f"{leg}_path"] = _delay(reader, given, f"pool.path_ms.{leg}")
     return legs
 
 
