@@ -27,6 +27,7 @@ read the model servers' metrics pages and the owner applies each read
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import pickle
@@ -70,6 +71,12 @@ class WorkerSlot:
     connections: int = 0
     """Connections handed to this worker (all its processes)."""
     restarts: int = 0
+    open_connections: int = 0
+    """The worker process's open connections, as it last said."""
+    trips: dict[str, int] = field(default_factory=dict)
+    """Its process's limit trips, as it last said."""
+    trips_before: collections.Counter[str] = field(default_factory=collections.Counter)
+    """The limit trips of its processes that died."""
 
     serving: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when this worker process said it serves; cleared when it is gone."""
@@ -77,6 +84,28 @@ class WorkerSlot:
     @property
     def live(self) -> bool:
         return self.link is not None and not self.link.closed and self.serving.is_set()
+
+
+class WorkersTransport:
+    """The workers' ext_proc port as one, for the transport series: limit
+    trips summed over every worker process, open connections over the live."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: list[WorkerSlot]) -> None:
+        self._slots = slots
+
+    @property
+    def trips(self) -> collections.Counter[str]:
+        total: collections.Counter[str] = collections.Counter()
+        for slot in self._slots:
+            total.update(slot.trips_before)
+            total.update(slot.trips)
+        return total
+
+    @property
+    def open_connections(self) -> int:
+        return sum(slot.open_connections for slot in self._slots)
 
 
 class Owner:
@@ -96,6 +125,7 @@ class Owner:
         self.scrapes: ScrapeShares | None = None
         """Set before `start` when the workers read the model servers' metrics."""
         self.slots = [WorkerSlot(index) for index in range(workers)]
+        self.transport = WorkersTransport(self.slots)
         self._spec = spec
         self._priority_of = priority_of
         self._on_stream_event = on_stream_event
@@ -167,6 +197,9 @@ class Owner:
             if kind == wire.METRICS or kind == wire.SCRAPE_FAILED:
                 if scrapes is not None and scrapes.apply(slot.index, message):
                     looks = True
+                continue
+            if kind == wire.TRANSPORT:
+                slot.open_connections, slot.trips = message[1], message[2]
                 continue
             if kind == wire.SERVING:
                 slot.serving.set()
@@ -252,6 +285,8 @@ class Owner:
     def _lost(self, slot: WorkerSlot) -> None:
         """The worker's link closed: what it held ends here, credits returned once."""
         slot.serving.clear()
+        slot.trips_before.update(slot.trips)
+        slot.trips, slot.open_connections = {}, 0
         if self.scrapes is not None and not self._stopping:
             self.scrapes.lost(slot.index)
             self._assign_scrapes()

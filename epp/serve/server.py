@@ -92,6 +92,7 @@ from epp.serve.metrics import (
     TimedPlacer,
     serve_metrics,
 )
+from epp.serve.metrics.collectors import TransportCounts
 from epp.serve.options import ServeOptions
 from epp.serve.owner import Owner
 from epp.serve.producers import (
@@ -519,10 +520,11 @@ class EppServer:
     async def _start_servers(self) -> None:
         options = self.options
         address = options.bind_address
-        servers: dict[str, GrpcServer] = {}
+        servers: dict[str, TransportCounts] = {}
         if self.owner is not None:
             self.owner.publish_endpoints(self._addresses())
             self.ports["grpc"] = await self.owner.start(address, options.grpc_port)
+            servers["grpc"] = self.owner.transport
         else:
             self._ext_proc_server = servers["grpc"] = GrpcServer(
                 {PROCESS_METHOD: self.service.open, **self.health.routes()},

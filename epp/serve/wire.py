@@ -21,6 +21,8 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     SERVING      the worker is ready for connections (its first message)
     METRICS      address + one read of its metrics page (`metrics_fields`)
     SCRAPE_FAILED address, the failure's reason (a read of its page failed)
+    TRANSPORT    open connections, limit trips by name (cumulative for this
+                 process), when either changed (looked at each second)
 
 Owner -> worker:
 
@@ -71,6 +73,7 @@ ENDPOINTS = 14
 READY = 15
 GEOMETRY = 16
 SCRAPE = 17
+TRANSPORT = 18  # worker -> owner
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024

@@ -54,6 +54,8 @@ FINAL_FLUSH_S = 1.0
 """Once the owner is gone: how long open calls get before the connections close."""
 
 OUTCOMES = {outcome.value: outcome for outcome in Outcome}
+TRANSPORT_REPORT_S = 1.0
+"""How often a worker looks whether its transport series changed."""
 ITL_BUCKETS = spec(P + "request_streaming_itl_seconds").buckets
 
 
@@ -331,6 +333,17 @@ class WorkerService(ExtProcService):
             admission.rejected(event)
 
 
+async def report_transport(server: GrpcServer, link: wire.Link) -> None:
+    """Tell the owner this process's open connections and limit trips when they change."""
+    last: tuple[int, dict[str, int]] = (0, {})
+    while True:
+        await asyncio.sleep(TRANSPORT_REPORT_S)
+        now = (server.open_connections, dict(server.trips))
+        if now != last:
+            last = now
+            link.send([wire.TRANSPORT, *now])
+
+
 def no_priority(headers: object) -> int:
     """The worker leaves the priority to the owner, which holds the objectives."""
     return 0
@@ -394,10 +407,12 @@ async def run(spec: WorkerSpec) -> int:
         admission.on_scrape = share.assign
         await share.scraper.start()
     link.send([wire.SERVING])
+    reports = loop.create_task(report_transport(server, link), name="transport report")
     log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
     await admission.owner_gone.wait()
     with contextlib.suppress(ValueError, OSError):
         loop.remove_reader(handoff.fileno())
+    reports.cancel()
     if share is not None:
         await share.scraper.stop()
     await server.stop(FINAL_FLUSH_S)

@@ -38,6 +38,10 @@ class GrpcServer:
         self.trips[limit] += 1
 
     @property
+    def open_connections(self) -> int:
+        return len(self.connections)
+
+    @property
     def listening(self) -> bool:
         """Whether new connections are accepted (no longer once `stop` begins)."""
         return self._server is not None and self._server.is_serving()

@@ -102,6 +102,26 @@ async def test_requests_are_served_through_both_workers(stack) -> None:
     assert connections["0"] >= 1 and connections["1"] >= 1
 
 
+async def test_the_workers_connections_show_on_the_owners_transport_series(stack) -> None:
+    async def grpc_connections() -> float:
+        async with session.get(stack.epp.metrics_url) as response:
+            text = await response.text()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "epp_transport_connections" and sample.labels["port"] == "grpc"
+        )
+
+    async with aiohttp.ClientSession() as session:
+        # Envoy's two threads each hold a connection, on the two workers
+        for _ in range(100):
+            if await grpc_connections() >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert await grpc_connections() >= 2
+
+
 async def test_the_gaps_between_streamed_chunks_reach_the_owners_histogram(stack) -> None:
     async with aiohttp.ClientSession() as session:
         before = await stack.total(session, "llm_d_epp_request_streaming_itl_seconds_count")

@@ -39,7 +39,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from epp.datalayer.kvevents import KVEventStats
     from epp.scheduling.kvblocks import KVBlockIndex
     from epp.serve.tokenizer import TokenizerStats
-    from epp.transport import GrpcServer
 
 METRICS_SOURCE = "metrics-data-source"
 METRICS_EXTRACTOR = "core-metrics-extractor"
@@ -213,8 +212,19 @@ class PoolCollector(Collector):
             ])  # fmt: skip
 
 
+class TransportCounts(Protocol):
+    """What the transport series read of one port: a `GrpcServer`, or the
+    workers' ext_proc port summed (`epp.serve.owner.WorkersTransport`)."""
+
+    @property
+    def trips(self) -> Mapping[str, int]: ...
+
+    @property
+    def open_connections(self) -> int: ...
+
+
 class TransportCollector(Collector):
-    def __init__(self, servers: Mapping[str, GrpcServer]) -> None:
+    def __init__(self, servers: Mapping[str, TransportCounts]) -> None:
         self._servers = servers
 
     def collect(self) -> Iterator[Metric]:
@@ -225,7 +235,7 @@ class TransportCollector(Collector):
             for limit, count in sorted(server.trips.items())
         ])  # fmt: skip
         yield from scraped("epp_transport_connections", [
-            ((port,), len(server.connections)) for port, server in servers
+            ((port,), server.open_connections) for port, server in servers
         ])  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from epp.serve.metrics.collectors import (
     StageView,
     TokenProducerCollector,
     TransportCollector,
+    TransportCounts,
     WorkerCounts,
     WorkersCollector,
 )
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from epp.datalayer.kvevents import KVEventStats
     from epp.scheduling.kvblocks import KVBlockIndex
     from epp.serve.tokenizer import TokenizerStats
-    from epp.transport import GrpcServer
 
 
 class EppMetrics(RequestMetrics):
@@ -72,7 +72,7 @@ class EppMetrics(RequestMetrics):
         """Report the scraper's failed reads, by reason, at scrape time."""
         self.registry.register(ScrapeFailures(failures))
 
-    def watch_transport(self, servers: Mapping[str, GrpcServer]) -> None:
+    def watch_transport(self, servers: Mapping[str, TransportCounts]) -> None:
         """Report each gRPC port's open connections and limit trips at scrape time."""
         self.registry.register(TransportCollector(servers))
 

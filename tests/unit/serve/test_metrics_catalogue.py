@@ -67,7 +67,7 @@ def fed_metrics() -> EppMetrics:
     metrics.watch_pool(store.snapshot, staleness=2.0, clock=lambda: 10.0)
     metrics.watch_scrapes(lambda: {"timeout": 1, "unreadable": 1})
     metrics.watch_transport(  # type: ignore[arg-type]
-        {"grpc": SimpleNamespace(connections=[1], trips={"streams": 1})}
+        {"grpc": SimpleNamespace(open_connections=1, trips={"streams": 1})}
     )
     metrics.watch_sessions(lambda: {"s": SessionBindings(10, 5, clock=lambda: 1.0)})
     events = KVEventStats()
