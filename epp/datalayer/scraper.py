@@ -135,13 +135,14 @@ class Coalesced:
 class MetricsScraper:
     """Keeps the store's metrics fresh; see the module docstring.
 
-    `clock` stamps each read (the gate and the scheduler must read the same
-    clock). `staleness` is the age after which a read counts as new news even
-    when its values did not change. With `on_read`, each read is handed to it
-    (address, metrics or None, the failure's reason) instead of the store,
-    which then gives only membership and labels (a worker reading its share
-    for the core owner, `epp.serve.scrapes`). Use as `async with MetricsScraper(...)`,
-    or call `start()` and `stop()`.
+    `clock` stamps each read, at the time it was asked for (the gate and
+    the scheduler must read the same clock). `staleness` is the age after
+    which a read counts as new news even when its values did not change.
+    With `on_read`, each read is handed to it (address, metrics or None,
+    the failure's reason) instead of the store, which then gives only
+    membership and labels (a worker reading its share for the core owner,
+    `epp.serve.scrapes`). Use as `async with MetricsScraper(...)`, or call
+    `start()` and `stop()`.
     """
 
     def __init__(
@@ -223,10 +224,13 @@ class MetricsScraper:
             if target.fetcher is None or target.fetcher.url != url:
                 target.close()
                 target.fetcher = PageFetcher(url, self._ssl, self.source.max_page_bytes)
+        # Stamped when asked: what was sent to the server after this may be
+        # missing from the page (the gate counts it as pending).
+        asked = self._clock()
         try:
             async with asyncio.timeout(self.timeout):
                 text = await target.fetcher.get()
-            metrics = target.reader.read(text, names, self._clock())
+            metrics = target.reader.read(text, names, asked)
         except (ScrapeError, OSError, TimeoutError, ValueError) as error:
             self.failures += 1
             reason = _reason(error)

@@ -39,7 +39,8 @@ key the servers' caches by content too, with or without events.
 
 Endpoints: the live path's `EndpointStore` holds the pool, so the policy
 reads the same snapshots a live EPP reads. Every `scrape_interval` each live
-server's metrics are sampled and written to the store `scrape_lag` later, so
+server's metrics are sampled (stamped then, as the live scraper stamps a
+read when it asks for it) and written to the store `scrape_lag` later, so
 the routing policy sees values as stale as a live scraper would; servers
 going down or coming back leave or rejoin the store.
 """
@@ -492,7 +493,7 @@ class Simulation:
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():
                         lag = pool.scrape_lag_s
-                        sampled = [server.metrics(when + lag) for server in servers]
+                        sampled = [server.metrics(when) for server in servers]
                         self._push(when + lag, PUBLISH, sampled)
                         self._push(when + pool.scrape_interval_s, SCRAPE, None)
                         if self.idle_capacity_s is not None:

@@ -4,6 +4,7 @@ band below the top applies with them (`fits`)."""
 
 from __future__ import annotations
 
+from collections import deque
 from math import ceil, exp
 
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Sample
@@ -32,6 +33,8 @@ class LimitEstimator:
         "adjustments",
         "admitting",
         "budget",
+        "burst",
+        "burst_until",
         "crowded",
         "done",
         "done_unseen",
@@ -50,6 +53,7 @@ class LimitEstimator:
         "seen",
         "seen_seq",
         "sent",
+        "sent_at",
         "sent_before",
         "sent_seq",
         "settings",
@@ -78,6 +82,9 @@ class LimitEstimator:
         """Requests sent here since the last sample."""
         self.sent_before = 0
         """Requests sent here in the interval before that."""
+        self.sent_at: deque[float] = deque(maxlen=settings.maximum)
+        """When the requests sent here since the last sample's read went
+        (the gate's clock): the sample cannot show them."""
         self.sent_seq = 0
         """The newest (by the core's sequence number) request sent here."""
         self.seen_seq = 0
@@ -89,6 +96,15 @@ class LimitEstimator:
         self.adjustments = 0
         self.budget = settings.pending
         """Requests it may have pending until the next sample (`_budget`)."""
+        self.burst = 0
+        """Requests sent here within its current step: since the step end
+        the EPP last heard of (a completion, a first token), or since the
+        first of them if a mean step (its histogram's) passed since; at a
+        sample, what it holds that the sample could not show. At most
+        `STEP_ARRIVALS` (`has_burst_room`)."""
+        self.burst_until = 0.0
+        """When the step the burst was sent in ends, at the latest (its
+        first request's dispatch plus a mean step)."""
         self.crowded = False
         """Whether a request waited there a whole sampling interval (its
         queue outgrew what it was sent since the sample before): it was seen
@@ -157,9 +173,7 @@ class LimitEstimator:
             self.slowed = False
         return 0
 
-    def observe(
-        self, sample: Sample, binding: bool, may_probe: bool = True, held: int = 0
-    ) -> int | None:
+    def observe(self, sample: Sample, binding: bool, may_probe: bool = True) -> int | None:
         """Use `sample` if it is new and was read; `binding` tells whether
         the limit held a request back since the last sample; `may_probe`,
         whether a server of known size may start a probe now (the pool's
@@ -199,14 +213,16 @@ class LimitEstimator:
         self.sent_before = self.sent
         self.sent = 0
         self.queue = waiting
-        # Of what it was sent since the last sample, what it holds beyond the
-        # running count shown was sent too late for the read (the scrape's
-        # lag) or waits: pending either way. (Only those: an older request
-        # not yet running there is in its prefill elsewhere, disaggregated.)
-        unseen = held - running
-        if unseen > self.sent_before:
-            unseen = self.sent_before
-        self.pending = unseen if unseen > waiting else waiting
+        # Pending: its queue, and what was sent after the server was read
+        # (the scrape's lag), which neither its queue nor its running count
+        # shows. (Only those: an older request not yet running there is in
+        # its prefill elsewhere, disaggregated.)
+        sent_at = self.sent_at
+        while sent_at and sent_at[0] <= now:
+            sent_at.popleft()
+        self.pending = waiting + len(sent_at)
+        # What it still holds unseen may share the current step.
+        self.burst = self.pending
         self.running = running
         self.latency.observe(sample, now)
         step = self.latency.mean_itl
@@ -304,6 +320,13 @@ class LimitEstimator:
         return max(budget, int(limit * FAST_FILL) - running)
 
 
+STEP_ARRIVALS = 2
+"""At most this many requests go to an endpoint within one of its steps (up
+to a completion or a first token there, which come at a step's end, or for
+a mean step). A server admits its queue at its step boundaries, so what is
+sent within one step waits for the next: this bounds the queue whatever
+the budget."""
+
 PREFILLING = 0.25
 """A server whose steps admitted requests at this share or more is not
 judged on its latency: the median of its steps is a decode step only while
@@ -353,11 +376,17 @@ def allowed(limit: int, ceiling: float) -> int:
     return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
 
 
-def fits(estimator: LimitEstimator, held: int, ceiling: float) -> bool:
+def has_burst_room(estimator: LimitEstimator, now: float) -> bool:
+    """Whether the endpoint may be sent one more within its current step."""
+    return estimator.burst < STEP_ARRIVALS or now >= estimator.burst_until
+
+
+def fits(estimator: LimitEstimator, held: int, ceiling: float, now: float) -> bool:
     """Whether a learned endpoint holding `held` requests has room for a
-    band below the top with `ceiling`: its pending budget is not spent and
-    it holds fewer than its limit (one more while probing) allows."""
+    band below the top with `ceiling` at `now`: its pending budget is not
+    spent, its current step may take one more, and it holds fewer than its
+    limit (one more while probing) allows."""
     limit = estimator.limit
-    return estimator.pending < estimator.budget and held < (
+    return (estimator.pending < estimator.budget and has_burst_room(estimator, now)) and held < (
         limit + 1 if estimator.probing else allowed(limit, ceiling)
     )

@@ -8,7 +8,13 @@ from collections.abc import Callable, Sequence
 from math import inf
 from typing import TypeVar
 
-from epp.flowcontrol.adaptive.estimator import LimitEstimator, allowed, fits
+from epp.flowcontrol.adaptive.estimator import (
+    STEP_ARRIVALS,
+    LimitEstimator,
+    allowed,
+    fits,
+    has_burst_room,
+)
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Observations, Observed
 from epp.flowcontrol.adaptive.latency import compare_to_pool
 from epp.flowcontrol.request import FlowRequest, State
@@ -89,7 +95,8 @@ class AdaptiveGate:
         """(endpoints, priority, oldest): `with_room` found none of these
         endpoints with room for that band, and nothing that could make room
         happened since; `oldest` is the oldest of their samples, whose
-        staleness would (`may_have_room`)."""
+        staleness would (`may_have_room`), or earlier if the step of a burst
+        that held one back ends sooner (by `oldest + blind_after`)."""
         self._reopened: tuple[tuple[object, int, float], str] | None = None
         """(the `_no_room` forgotten, the endpoint that alone made room
         since): if a dispatch there takes that room, it holds again."""
@@ -113,8 +120,15 @@ class AdaptiveGate:
             estimator = self._estimators.get(endpoint)
             if estimator is None:
                 estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
+            now = self._clock()
+            if now >= estimator.burst_until:
+                # A step ended since the burst began: this one starts the next.
+                estimator.burst = 0
+                estimator.burst_until = now + estimator.latency.mean_itl
             estimator.pending += 1
+            estimator.burst += 1
             estimator.sent += 1
+            estimator.sent_at.append(now)
             if request.seq > estimator.sent_seq:
                 estimator.sent_seq = request.seq
             if self._reopened is not None:
@@ -132,6 +146,7 @@ class AdaptiveGate:
                 del self._in_flight[endpoint]
             estimator = self._estimators.get(endpoint)
             if estimator is not None:
+                estimator.burst = 0
                 estimator.done += 1
                 if request.seq > estimator.seen_seq:
                     # Sent after the last sample, so counted as pending
@@ -161,9 +176,15 @@ class AdaptiveGate:
         request.running = True
         endpoint = request.endpoint
         estimator = self._estimators.get(endpoint) if endpoint is not None else None
-        if estimator is None or not estimator.pending or request.seq <= estimator.seen_seq:
+        if estimator is None:
             return False
-        estimator.pending -= 1
+        burst = not has_burst_room(estimator, self._clock())
+        estimator.burst = 0
+        if not estimator.pending or request.seq <= estimator.seen_seq:
+            if not burst:
+                return False
+        else:
+            estimator.pending -= 1
         self._changes += 1
         if self._no_room is not None or self._reopened is not None:
             self._reopen(endpoint, estimator)
@@ -187,8 +208,9 @@ class AdaptiveGate:
         """False when `with_room(endpoints, priority)` found none of these
         very endpoints with room, and nothing that could make room happened
         since: no new snapshot, no completion there that the pending budget
-        does not hold back, no first token, no new band, and no sample
-        turned stale (then the fixed limit applies). O(1); lets the
+        does not hold back, no first token, no new band, no sample turned
+        stale (then the fixed limit applies) and no step ended that held a
+        burst back. O(1); lets the
         scheduler wait without scoring a choice that cannot go
         (`bench.instructions`)."""
         memo = self._no_room
@@ -223,6 +245,7 @@ class AdaptiveGate:
         blocked = self.blocked
         kept = []
         oldest = inf  # the oldest sample read (-inf: some endpoint has none fresh)
+        opens = inf
         for endpoint in endpoints:
             address = endpoint.address
             estimator = estimators.get(address)
@@ -235,12 +258,16 @@ class AdaptiveGate:
                 continue
             if seen < oldest:
                 oldest = seen
-            if fits(estimator, held, ceiling):
+            if fits(estimator, held, ceiling, now):
                 kept.append(endpoint)
             else:
                 blocked.add(address)
+                if estimator.burst >= STEP_ARRIVALS and estimator.burst_until < opens:
+                    opens = estimator.burst_until
         if not kept:
-            self._no_room = (endpoints, priority, oldest)
+            # A burst's step ends by `opens`: as a sample turning stale would,
+            # that may make room.
+            self._no_room = (endpoints, priority, min(oldest, opens - blind_after))
         return kept
 
     def _check(self, endpoint: str, priority: int, now: float) -> bool:
@@ -266,13 +293,15 @@ class AdaptiveGate:
             priorities = self._priorities
             ceiling = self.usage.ceiling(rank, len(priorities), priorities, in_flight / limit)
         if not top:
-            if fits(estimator, in_flight, ceiling):
+            if fits(estimator, in_flight, ceiling, now):
                 return True
             # Demand the limit holds back (a top-band request waits for a
             # known slot, so it says nothing about whether there are more).
             self.blocked.add(endpoint)
             return False
-        if estimator.pending >= max(estimator.budget, self._pending + 1):
+        if estimator.pending >= max(estimator.budget, self._pending + 1) or not has_burst_room(
+            estimator, now
+        ):
             return False
         if estimator.probing:
             # One beyond the limit, to see whether the server runs it. A
@@ -306,7 +335,7 @@ class AdaptiveGate:
         if (
             estimator is None
             or band is None
-            or fits(estimator, self._in_flight.get(endpoint, 0), band[0])
+            or fits(estimator, self._in_flight.get(endpoint, 0), band[0], self._clock())
         ):
             self._reopened = (memo, endpoint) if self._no_room is not None else None
             self._no_room = None
@@ -319,7 +348,9 @@ class AdaptiveGate:
         if endpoint != opened:
             return
         band = self._bands.get(memo[1])
-        if band is not None and not fits(estimator, self._in_flight.get(endpoint, 0), band[0]):
+        if band is not None and not fits(
+            estimator, self._in_flight.get(endpoint, 0), band[0], self._clock()
+        ):
             self._no_room = memo
 
     def _idle_room(self, now: float) -> bool:
@@ -405,8 +436,7 @@ class AdaptiveGate:
                 estimator = estimators[address] = LimitEstimator(self.settings)
             was = estimator.probing and estimator.found
             may_probe = probing < probes
-            held = self._in_flight.get(address, 0)
-            if estimator.observe(endpoint.metrics, address in blocked, may_probe, held) is not None:
+            if estimator.observe(endpoint.metrics, address in blocked, may_probe) is not None:
                 blocked.discard(address)
                 probing += (estimator.probing and estimator.found) - was
         if len(estimators) > len(present):

@@ -9,7 +9,9 @@ from typing import Protocol
 
 
 class Sample(Protocol):
-    """One scrape of a model server (`EndpointMetrics` is one)."""
+    """One scrape of a model server (`EndpointMetrics` is one);
+    `updated_at` is when the server was read (the scrape asked for it):
+    what the EPP sent after that may be missing from it."""
 
     @property
     def waiting(self) -> float: ...

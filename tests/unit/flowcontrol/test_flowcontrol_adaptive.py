@@ -13,6 +13,7 @@ from epp.flowcontrol.adaptive import (
     RECENT_SECONDS,
     RECENT_WINDOW,
     REFERENCE_SPAN,
+    STEP_ARRIVALS,
     AdaptiveGate,
     AdaptiveLimits,
     LimitEstimator,
@@ -181,10 +182,14 @@ class Pool:
         self.now = 0.0
         self.publish(0.0)
 
-    def publish(self, at: float, **per_address: tuple[float, ...]) -> None:
+    def publish(
+        self, at: float, read: float | None = None, **per_address: tuple[float, ...]
+    ) -> None:
+        """Samples arriving at `at`, of the servers as read at `read` (`at`)."""
         self.now = at
+        stamp = at if read is None else read
         endpoints = tuple(
-            Endpoint(address, address, metrics=sample(at, *per_address.get(key, (0, 0))))
+            Endpoint(address, address, metrics=sample(stamp, *per_address.get(key, (0, 0))))
             for key, address in zip("abcd", self.addresses, strict=False)
         )
         self.snapshot = PoolSnapshot(endpoints, self.snapshot.version + 1, 1)
@@ -213,12 +218,19 @@ def gate_with_bands(
 
 
 def send_while_room(gate: AdaptiveGate) -> int:
-    """Dispatch band-0 requests to A while it has room, with no new sample."""
+    """Dispatch band-0 requests to A while its pending budget has room, with
+    no new sample, a step of the server ending after every `STEP_ARRIVALS`
+    (as a completion or a first token there would tell)."""
     sent = 0
-    while gate.has_room(A, 0):
+    while True:
+        if not gate.has_room(A, 0):
+            estimator = gate._estimators[A]
+            if estimator.burst < STEP_ARRIVALS:
+                return sent
+            estimator.burst = 0
+            continue
         dispatch(gate, A)
         sent += 1
-    return sent
 
 
 def test_an_endpoint_takes_one_request_it_was_not_yet_seen_running():
@@ -496,10 +508,84 @@ def test_a_request_sent_after_the_server_was_read_stays_pending_past_its_sample(
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
     gate.on_first_token(dispatch(gate, A))
+    pool.now = 0.045
     dispatch(gate, A)  # after the scrape's read, before its sample arrives
-    pool.publish(0.05, a=(1, 0))  # one running, none waiting: the second is not in it
+    pool.publish(0.05, read=0.04, a=(1, 0))  # one running, none waiting: not the second
     gate.has_room(A, 0)  # reads the sample
     assert gate._estimators[A].pending == 1
+
+
+def test_a_request_sent_after_the_read_is_pending_though_another_ended_meanwhile():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(0, 0))
+    gate.has_room(A, 0)
+    first = dispatch(gate, A)
+    pool.publish(0.1, a=(1, 0))
+    gate.has_room(A, 0)
+    pool.now = 0.145
+    dispatch(gate, A)  # after the read at 0.14
+    gate.on_complete(first)  # also after the read: the sample still shows it running
+    pool.publish(0.15, read=0.14, a=(1, 0))
+    gate.has_room(A, 0)
+    assert gate._estimators[A].pending == 1
+
+
+def stepping_gate(step: float = 0.02) -> tuple[Pool, AdaptiveGate]:
+    """A settled gate (limit 64, running nothing) whose server's steps last `step`."""
+    pool, gate = settled_gate(64, 0)
+    histogram = Histogram()
+    for at in (1.3, 1.35):
+        pool.publish(at, a=(0, 0, *histogram.run(0.05, step)))
+        gate.has_room(A, 0)
+    return pool, gate
+
+
+def test_at_most_step_arrivals_go_to_an_endpoint_within_one_of_its_steps():
+    _, gate = stepping_gate()
+    assert gate._estimators[A].budget > STEP_ARRIVALS
+    for _ in range(STEP_ARRIVALS):
+        dispatch(gate, A)
+    assert not gate.has_room(A, 0)  # what it is sent within one step waits for its end
+
+
+def test_once_a_mean_step_passed_the_next_step_takes_more():
+    pool, gate = stepping_gate(step=0.02)
+    for _ in range(STEP_ARRIVALS):
+        dispatch(gate, A)
+    pool.now += 0.01
+    assert not gate.has_room(A, 0)
+    pool.now += 0.01
+    assert gate.has_room(A, 0)
+
+
+def test_a_first_token_ends_the_step_and_lets_the_next_ones_go():
+    _, gate = stepping_gate()
+    sent = [dispatch(gate, A) for _ in range(STEP_ARRIVALS)]
+    assert not gate.has_room(A, 0)
+    assert gate.on_first_token(sent[0])  # made room: the shell pokes the core
+    assert gate.has_room(A, 0)
+
+
+def test_a_completion_ends_the_step_and_lets_the_next_ones_go():
+    pool, gate = stepping_gate()
+    older = dispatch(gate, A)
+    pool.publish(pool.now + 0.05, a=(1, 0))
+    gate.has_room(A, 0)
+    for _ in range(STEP_ARRIVALS):
+        dispatch(gate, A)
+    assert not gate.has_room(A, 0)
+    gate.on_complete(older)
+    assert gate.has_room(A, 0)
+
+
+def test_a_sample_ends_no_step_for_what_it_could_not_show():
+    pool, gate = stepping_gate()
+    pool.now += 0.045
+    for _ in range(STEP_ARRIVALS):
+        dispatch(gate, A)  # after the next sample's read
+    pool.publish(pool.now + 0.005, read=pool.now - 0.005, a=(0, 0))
+    assert not gate.has_room(A, 0)
 
 
 def test_an_endpoint_whose_requests_finish_between_samples_gets_the_fixed_limit():
@@ -696,12 +782,9 @@ def test_no_room_is_known_only_where_with_room_finds_none(steps):
             assert not known_full or gate.with_room(endpoints, priority) == []
 
 
-def test_a_server_of_known_size_running_under_half_its_limit_takes_up_to_half_at_once():
+def test_a_server_of_known_size_running_under_half_its_limit_may_have_half_pending():
     pool, gate = settled_gate(16, 0)  # found full at 16, now runs nothing
-    for _ in range(8):
-        assert gate.has_room(A, 0)
-        dispatch(gate, A)
-    assert not gate.has_room(A, 0)  # half its limit pending
+    assert send_while_room(gate) == 8  # two a step: its steps admit them all
     pool.publish(2.0, a=(8, 0))  # it took them all: it may fill up to KEEP_PACE
     assert 8 + send_while_room(gate) == int(16 * KEEP_PACE)
 
