@@ -173,8 +173,11 @@ class LimitEstimator:
             self.slowed = False
         return 0
 
-    def observe(self, sample: Sample, binding: bool, may_probe: bool = True) -> int | None:
-        """Use `sample` if it is new and was read; `binding` tells whether
+    def observe(
+        self, sample: Sample, binding: bool, may_probe: bool = True, held: int = 0
+    ) -> int | None:
+        """Use `sample` if it is new and was read; `held`, what the
+        endpoint holds now; `binding` tells whether
         the limit held a request back since the last sample; `may_probe`,
         whether a server of known size may start a probe now (the pool's
         share of probes is not taken). Returns the change of the limit, or
@@ -220,7 +223,14 @@ class LimitEstimator:
         sent_at = self.sent_at
         while sent_at and sent_at[0] <= now:
             sent_at.popleft()
-        self.pending = waiting + len(sent_at)
+        pending = waiting + len(sent_at)
+        # Or, if more, what it holds beyond the running count shown, up to
+        # what it was sent in the interval before: a request still on its
+        # way to the server when it was read (the gateway's path).
+        unseen = held - running
+        if unseen > self.sent_before:
+            unseen = self.sent_before
+        self.pending = unseen if unseen > pending else pending
         # What it still holds unseen may share the current step.
         self.burst = self.pending
         self.running = running

@@ -436,7 +436,8 @@ class AdaptiveGate:
                 estimator = estimators[address] = LimitEstimator(self.settings)
             was = estimator.probing and estimator.found
             may_probe = probing < probes
-            if estimator.observe(endpoint.metrics, address in blocked, may_probe) is not None:
+            held = self._in_flight.get(address, 0)
+            if estimator.observe(endpoint.metrics, address in blocked, may_probe, held) is not None:
                 blocked.discard(address)
                 probing += (estimator.probing and estimator.found) - was
         if len(estimators) > len(present):
