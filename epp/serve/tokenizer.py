@@ -189,7 +189,9 @@ class LocalTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=True).ids
+        # encode_batch releases the GIL while it encodes; encode holds it,
+        # which stalls the event loop for the whole encode.
+        return self._tokenizer.encode_batch([text], add_special_tokens=True)[0].ids
 
     async def tokens(self, request: InferenceRequest) -> list[int]:
         loop = asyncio.get_running_loop()
