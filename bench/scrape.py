@@ -103,18 +103,23 @@ def parse_us(engine: str, reads: int) -> float:
     return statistics.median(results)
 
 
-def _serve(engine: str, ports: list[int], ready) -> None:  # type: ignore[no-untyped-def]
+def serve_pages(engine: str, ports: list[int], ready, served=None, backlog: int = 128) -> None:  # type: ignore[no-untyped-def]
+    """A process serving the engine's metrics pages on every port, a new page
+    each read; `served` (a shared `multiprocessing.Value`), if given, counts
+    the reads."""
     import uvloop
     from aiohttp import web
 
     texts = pages(engine)
     path = MetricsPages(engine, "m", ServerParams(), lambda: None, lambda: True).prometheus_path
-    served = [0]
+    count = [0]
 
     async def metrics(_: web.Request) -> web.Response:
-        served[0] += 1
+        count[0] += 1
+        if served is not None:
+            served.value = count[0]
         return web.Response(
-            body=texts[served[0] % len(texts)],
+            body=texts[count[0] % len(texts)],
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
@@ -125,7 +130,7 @@ def _serve(engine: str, ports: list[int], ready) -> None:  # type: ignore[no-unt
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         for port in ports:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, "127.0.0.1", port, backlog=backlog).start()
         ready.set()
         await asyncio.Event().wait()
 
@@ -167,7 +172,7 @@ def read_us(engine: str, endpoints: int, seconds: float) -> float:
     ports = _free_ports(endpoints)
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    server = context.Process(target=_serve, args=(engine, ports, ready), daemon=True)
+    server = context.Process(target=serve_pages, args=(engine, ports, ready), daemon=True)
     server.start()
     try:
         if not ready.wait(30):

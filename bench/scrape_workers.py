@@ -28,42 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.scrape import INTERVAL, _free_ports, alternately, pages
-from epp.demo.server_metrics import MetricsPages
-from epp.sim.server_model import ServerParams
+from bench.scrape import INTERVAL, _free_ports, alternately, serve_pages
 from tests.support.epp_process import running_epp
 
 WORKER_STARTED = re.compile(r"epp worker \d+ started \(pid (\d+)\)")
 WARMUP_S = 3.0
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _serve(ports: list[int], ready, served) -> None:  # type: ignore[no-untyped-def]
-    import uvloop
-    from aiohttp import web
-
-    texts = pages("vllm")
-    path = MetricsPages("vllm", "m", ServerParams(), lambda: None, lambda: True).prometheus_path
-
-    async def metrics(_: web.Request) -> web.Response:
-        served.value += 1
-        return web.Response(
-            body=texts[served.value % len(texts)],
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-        )
-
-    app = web.Application()
-    app.router.add_get(path, metrics)
-
-    async def main() -> None:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        for port in ports:
-            await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
-        ready.set()
-        await asyncio.Event().wait()
-
-    uvloop.run(main())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -75,7 +45,8 @@ async def measure(endpoints: int, workers: int, seconds: float) -> dict[str, flo
     ports = _free_ports(endpoints)
     context = multiprocessing.get_context("spawn")
     ready, served = context.Event(), context.Value("q", 0, lock=False)
-    server = context.Process(target=_serve, args=(ports, ready, served), daemon=True)
+    page_server = ("vllm", ports, ready, served, 1024)
+    server = context.Process(target=serve_pages, args=page_server, daemon=True)
     server.start()
     try:
         if not ready.wait(60):
