@@ -228,7 +228,7 @@ async def test_unchanged_reads_are_not_announced():
     calls = []
     async with metrics_server() as server:
         store = EndpointStore([spec(server)])
-        async with scraper(store, on_change=lambda: calls.append(1), staleness=10.0):
+        async with scraper(store, on_change=lambda: calls.append(1), staleness=10.0, timeout=2.0):
             await eventually(lambda: store.snapshot().endpoints[0].metrics.updated_at is not None)
             for _ in range(3):  # three more reads, none of them news
                 before = store.snapshot().endpoints[0].metrics.updated_at
