@@ -201,7 +201,11 @@ class SimulatedServer:
                 None if publishing.connect else publishing.replay_port,
                 connect=publishing.connect,
             )
-            await self.publisher.__aenter__()
+            try:
+                await self.publisher.__aenter__()
+            except BaseException:  # a port taken: free the HTTP port and what was bound
+                await self.stop()
+                raise
             self._kv_task = asyncio.create_task(self._publish(self.publisher))
         return self.port
 

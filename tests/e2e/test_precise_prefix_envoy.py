@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.kv_publisher import port_free_on_every
@@ -116,14 +118,32 @@ async def complete(session: aiohttp.ClientSession, url: str, text: str) -> dict:
         return await response.json()
 
 
-@pytest.mark.parametrize("sample", SAMPLES, ids=lambda sample: sample.file)
+@contextlib.asynccontextmanager
+async def publishing_servers(
+    sample: Sample, replays: int, attempts: int = 5
+) -> AsyncIterator[tuple[list[SimulatedServer], str, int]]:
+    """`servers` on an events port and a replay port free on every host, with
+    the endpoint and replay port; new ports when another process binds a probed
+    one before the servers do (the probe cannot hold it)."""
+    async with contextlib.AsyncExitStack() as exits:
+        for attempt in range(attempts):
+            events = f"tcp://{HOSTS[0]}:{port_free_on_every(HOSTS)}"
+            replay = port_free_on_every(HOSTS)
+            try:
+                pool = await exits.enter_async_context(servers(sample, events, replay, replays))
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EADDRINUSE or attempt == attempts - 1:
+                    raise
+                continue
+            yield pool, events, replay
+            return
+
+
 @contextlib.asynccontextmanager
 async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
     """The servers, the EPP serving `sample` and Envoy; each prefix of HOMES
     stored on its server directly, and the EPP's index holding them."""
-    events = f"tcp://{HOSTS[0]}:{port_free_on_every(HOSTS)}"
-    replay = port_free_on_every(HOSTS)
-    async with servers(sample, events, replay, replays) as pool:
+    async with publishing_servers(sample, replays) as (pool, events, replay):
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         config = sample_config(tmp_path, sample, f"http://{addresses[0]}", events, replay)
         async with (
