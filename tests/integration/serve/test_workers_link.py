@@ -26,8 +26,8 @@ from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
+from epp.serve.assembly import decided_then
 from epp.serve.owner import Owner, WorkerSlot
-from epp.serve.server import decided_then
 from epp.serve.worker import RemoteAdmission
 
 CONFIG = """
