@@ -5,7 +5,10 @@ buckets, deprecated twin); the docs' metric table is generated from it
 (`python3 -m epp.cli.docgen metrics`).
 
 - `spec`: what a metric's declaration is (`Spec`, `Kind`, `Twin`);
-- `catalogue`: the metric list, the buckets, the table generator;
+- `catalogue`: the metric list, the table generator;
+- `vocabulary`: the buckets, label sets and name prefixes the declarations share;
+- `prefix_cache`: the precise prefix cache's family (KV-block index, KV events,
+  prefix indexer, token producer), in the list's order;
 - `series`: `Family` (one metric's series as plain numbers, and its twin),
   `Tally`, `BoundedLabel`;
 - `recorder`: the per-request hooks (`RequestMetrics`), `TimedPlacer`,
@@ -17,7 +20,6 @@ buckets, deprecated twin); the docs' metric table is generated from it
   `serve_metrics`.
 """
 
-from epp.serve.metrics.catalogue import SCHEDULER_BUCKETS
 from epp.serve.metrics.collectors import StageView
 from epp.serve.metrics.page import Authorize, EppMetrics, serve_metrics
 from epp.serve.metrics.recorder import (
@@ -27,6 +29,7 @@ from epp.serve.metrics.recorder import (
     flow_control_outcome,
 )
 from epp.serve.metrics.series import BoundedLabel, Tally
+from epp.serve.metrics.vocabulary import SCHEDULER_BUCKETS
 
 __all__ = [
     "SCHEDULER_BUCKETS",

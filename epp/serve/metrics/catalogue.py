@@ -9,6 +9,10 @@ name the reference's older dashboards read (`inference_objective_*`,
 it carries the canonical labels it names, renamed where the reference's
 twin used another name, and sums the canonical series that share them
 (llm-d-router `docs/metrics.md`, `pkg/epp/metrics/`).
+
+The declarations share `vocabulary`'s buckets, label sets and prefixes; the
+precise prefix cache's family is declared in `prefix_cache` and takes its
+place in the list here.
 """
 
 from __future__ import annotations
@@ -16,64 +20,39 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from epp.serve.metrics.prefix_cache import PREFIX_CACHE
 from epp.serve.metrics.spec import Kind, Spec, Twin
-
-DURATION_BUCKETS = (
-    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
-    15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
-)  # fmt: skip
-SIZE_BUCKETS = tuple(2**power for power in range(6, 31))
-INPUT_TOKEN_BUCKETS = (
-    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536,
-    131072, 262144, 524288, 1048576,
-)  # fmt: skip
-OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-RESPONSE_SIZE_BUCKETS = INPUT_TOKEN_BUCKETS[: INPUT_TOKEN_BUCKETS.index(65536) + 1]
-TTFT_BUCKETS = DURATION_BUCKETS[: DURATION_BUCKETS.index(120) + 1]
-NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-TPOT_BUCKETS = (
-    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5,
-    0.6, 0.8, 1, 2,
-)  # fmt: skip
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2)
-PROCESSING_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-)  # fmt: skip
-RESPONSE_PROCESSING_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-)  # fmt: skip
-SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
-CYCLE_BUCKETS = SCHEDULER_BUCKETS
-"""The reference's buckets for the enqueue and dispatch-cycle durations (the same list)."""
-LOOKUP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-"""Prometheus's default buckets, which the reference's lookup latency uses."""
-HIT_RATIO_BUCKETS = tuple(step / 10 for step in range(11))
-HIT_BYTES_BUCKETS = (0, *(2**power for power in range(4, 17)))
-QUEUE_BUCKETS = (
-    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-    30.0, 60.0,
-)  # fmt: skip
-
-MODEL = ("model_name", "target_model_name")
-REQUEST = (*MODEL, "fairness_id", "priority")
-"""The canonical labels of the request and latency metrics."""
-QUEUE = ("fairness_id", "priority", "inference_pool", *MODEL)
-POOL_STAGE = ("inference_pool", "stage")
-PER_ENDPOINT = ("name", "model_server_endpoint")
-LIMIT = ("inference_pool", "endpoint")
-SESSIONS = ("inference_pool", "plugin")
-PLUGIN = ("plugin_name", "plugin_type")
-POD = ("pod_identifier",)
-
-C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
-P = "llm_d_epp_"
-OBJECTIVE = "inference_objective_"
-EXTENSION = "inference_extension_"
-POOL = "inference_pool_"
-SCHEDULER = "llm_d_inference_scheduler_"
-KVCACHE_INDEX = "kvcache_index_"
-"""The prefix of the KV-cache index counters' deprecated twins
-(`pkg/kvcache/metrics/collector.go`)."""
+from epp.serve.metrics.vocabulary import (
+    CYCLE_BUCKETS,
+    DURATION_BUCKETS,
+    EXTENSION,
+    INPUT_TOKEN_BUCKETS,
+    ITL_BUCKETS,
+    LIMIT,
+    MODEL,
+    NTPOT_BUCKETS,
+    OBJECTIVE,
+    OUTPUT_TOKEN_BUCKETS,
+    PER_ENDPOINT,
+    POOL,
+    POOL_STAGE,
+    PROCESSING_BUCKETS,
+    QUEUE,
+    QUEUE_BUCKETS,
+    REQUEST,
+    RESPONSE_PROCESSING_BUCKETS,
+    RESPONSE_SIZE_BUCKETS,
+    SCHEDULER,
+    SCHEDULER_BUCKETS,
+    SESSIONS,
+    SIZE_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    C,
+    G,
+    H,
+    P,
+)
 
 
 def _request(
@@ -83,12 +62,6 @@ def _request(
         P + name, kind, text, labels, buckets,
         None if twin is None else Twin(OBJECTIVE + twin, keep),
     )  # fmt: skip
-
-
-def _index_counter(noun: str, text: str) -> Spec:
-    name = f"{P}kv_cache_index_{noun}_total"
-    twin = Twin(f"{KVCACHE_INDEX}{noun}_total", help=f"Deprecated: use {name}. {text}")
-    return Spec(name, C, text + ".", twin=twin)
 
 
 def _pool_average(noun: str) -> tuple[Spec, Spec]:
@@ -410,147 +383,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "Open HTTP/2 connections, by port.",
         ("port",),
     ),
-    _index_counter("admissions", "Total number of KV-block admissions"),
-    _index_counter("evictions", "Total number of KV-block evictions"),
-    _index_counter("lookup_requests", "Total number of lookup calls"),
-    _index_counter("lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup"),
-    _index_counter(
-        "max_pod_hit_count", "Longest contiguous per-pod prefix chain observed per lookup"
-    ),
-    Spec(
-        P + "kv_cache_index_lookup_latency_seconds",
-        H,
-        "Latency of Lookup calls in seconds.",
-        buckets=LOOKUP_BUCKETS,
-        twin=Twin(
-            KVCACHE_INDEX + "lookup_latency_seconds",
-            help=f"Deprecated: use {P}kv_cache_index_lookup_latency_seconds. Latency of "
-            "Lookup calls in seconds",
-        ),
-    ),
-    Spec(
-        P + "kv_cache_index_blocks",
-        G,
-        "Block keys the precise index holds (some endpoint reported storing each).",
-    ),
-    Spec(
-        P + "kv_cache_index_capacity_blocks",
-        G,
-        "The precise index's limit in block keys (inMemoryConfig.size); past it the least "
-        "recently stored key is evicted.",
-    ),
-    Spec(
-        P + "kv_cache_index_removals_unknown_total",
-        C,
-        "BlockRemoved events for blocks the endpoint was not known to hold.",
-    ),
-    Spec(
-        P + "kv_cache_events_active_subscribers",
-        G,
-        "Number of ZMQ subscribers currently managed, including those retrying a failed "
-        "connection.",
-    ),
-    Spec(
-        P + "kv_cache_events_subscriber_reconnections_total",
-        C,
-        "Times a subscriber's publisher came back after a disconnection (its blocks are "
-        "dropped and replayed).",
-        POD,
-    ),
-    Spec(
-        P + "kv_cache_events_messages_received_total",
-        C,
-        "Total number of messages received from ZMQ subscribers.",
-        POD,
-    ),
-    Spec(
-        P + "kv_cache_events_zmq_errors_total",
-        C,
-        "Total number of ZMQ subscriber errors.",
-        (*POD, "operation"),
-    ),
-    Spec(
-        P + "kv_cache_events_applied_total",
-        C,
-        "KV-cache events applied to the precise index, by type.",
-        ("type",),
-    ),
-    Spec(
-        P + "kv_cache_events_dropped_total",
-        C,
-        "KV-cache events or batches dropped, by reason (malformed, unknown-type, "
-        "malformed-batch, malformed-frame, unknown-pod).",
-        ("reason",),
-    ),
-    Spec(
-        P + "kv_cache_events_sequence_gaps_total",
-        C,
-        "Batches missing from a publisher's sequence.",
-    ),
-    Spec(
-        P + "kv_cache_events_replays_total",
-        C,
-        "Replays asked of the servers' replay sockets, by result.",
-        ("result",),
-    ),
-    Spec(
-        P + "kv_cache_events_resets_total",
-        C,
-        "Times a server's blocks were dropped because it restarted or reconnected.",
-    ),
-    Spec(
-        P + "prefix_indexer_size",
-        G,
-        "Blocks the approximate prefix index holds, over every endpoint.",
-        PLUGIN,
-        twin=Twin(EXTENSION + "prefix_indexer_size", ()),
-    ),
-    Spec(
-        P + "prefix_indexer_hit_ratio",
-        H,
-        "Ratio of prefix length matched to total prefix length in the cache lookup, on the "
-        "endpoint chosen.",
-        PLUGIN,
-        HIT_RATIO_BUCKETS,
-        Twin(EXTENSION + "prefix_indexer_hit_ratio", ()),
-    ),
-    Spec(
-        P + "prefix_indexer_hit_bytes",
-        H,
-        "Length of the prefix match in bytes (4 a token) in the cache lookup, on the "
-        "endpoint chosen.",
-        PLUGIN,
-        HIT_BYTES_BUCKETS,
-        Twin(EXTENSION + "prefix_indexer_hit_bytes", ()),
-    ),
-    Spec(
-        P + "prefix_predicted_cached_tokens",
-        H,
-        "Prompt tokens the prefix-cache producer's index predicted cached on the endpoint "
-        "chosen, per request.",
-        PLUGIN,
-        INPUT_TOKEN_BUCKETS,
-    ),
-    Spec(
-        P + "prefix_prompt_tokens",
-        H,
-        "Prompt tokens of the requests the prefix-cache producer predicted for (the "
-        "denominator of the predicted hit rate).",
-        PLUGIN,
-        INPUT_TOKEN_BUCKETS,
-    ),
-    Spec(
-        P + "token_producer_tokenized_total",
-        C,
-        "Requests the token-producer tokenized with its backend.",
-    ),
-    Spec(
-        P + "token_producer_fallbacks_total",
-        C,
-        "Requests scheduled with the estimated token count because the tokenizer timed "
-        "out, failed or was busy, by reason.",
-        ("reason",),
-    ),
+    *PREFIX_CACHE,
     Spec(
         "epp_worker_requests_total",
         C,

@@ -48,8 +48,8 @@ from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.endpoint import PoolSnapshot
 from epp.scheduling.sessions import SessionBindings
-from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.series import scraped
+from epp.serve.metrics.vocabulary import P
 
 if TYPE_CHECKING:
     from epp.datalayer.kvevents import KVEventStats

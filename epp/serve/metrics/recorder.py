@@ -60,8 +60,8 @@ from epp.scheduling.profiles import ENCODERS_HEADER, PREFILLER_HEADER
 from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.spec import PluginSpec
 from epp.scheduling.stages import DISAGG_HANDLERS
-from epp.serve.metrics.catalogue import SCHEDULER_BUCKETS, P
 from epp.serve.metrics.series import LABEL_VALUE_LIMIT, OTHER, BoundedLabel, Family, Tally
+from epp.serve.metrics.vocabulary import SCHEDULER_BUCKETS, P
 
 
 def epp_version() -> str:
