@@ -66,6 +66,8 @@ from epp.sim.requests import (
     Policy,
     PrefillLeg,
     SimRequest,
+    requests_of,
+    tenant_prefixes,
 )
 from epp.sim.scenario import PathDelay, Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
@@ -114,41 +116,16 @@ class Simulation:
         ] or [NO_LABELS] * pool.servers
         self.index_of = {address: index for index, address in enumerate(self.addresses)}
         self.up = [True] * pool.servers
-        groups = sorted({t.prefix_group for t in scenario.tenants if t.prefix_group})
-        group_of = [
-            groups.index(t.prefix_group) if t.prefix_group else -1 for t in scenario.tenants
-        ]
-        prefix_tokens_of = [t.prefix_tokens for t in scenario.tenants]
-        lora_of = [t.lora for t in scenario.tenants]
         self.content_keys = pool.kv_event_lag_s is not None or any(
             t.conversation is not None for t in scenario.tenants
         )
         """Whether the servers key their prefix caches by block content."""
-        prefixes = sorted(
-            {(t.prefix_group, t.lora or "") for t in scenario.tenants if t.prefix_group}
-        )
-        self.prefix_of = [
-            prefixes.index((t.prefix_group, t.lora or "")) if t.prefix_group else -1
-            for t in scenario.tenants
-        ]
+        self.prefix_of = tenant_prefixes(scenario)
         """Each tenant's prefix (its group for its model or adapter), by number."""
         if pool.kv_event_lag_s is not None:
             for server in self.servers:
                 server.kv_log = []
-        self.requests = [
-            SimRequest(
-                number,
-                item.prompt_tokens,
-                item.output_tokens,
-                group_of[item.tenant],
-                prefix_tokens_of[item.tenant],
-                lora_of[item.tenant],
-                tenant=item.tenant,
-                arrival=item.time,
-                conversation=item.conversation,
-            )
-            for number, item in enumerate(arrivals)
-        ]
+        self.requests = requests_of(scenario, arrivals)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._scheduled = [inf] * pool.servers

@@ -7,10 +7,14 @@ the engine tells the policy that routes the requests (the EPP or a baseline).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from epp.scheduling.kvblocks import KVEvent
 from epp.sim.server_model import ServerRequest
+
+if TYPE_CHECKING:
+    from epp.sim.scenario import Scenario
+    from epp.sim.workload import Arrived
 
 COMPLETED = "completed"
 SERVER_REJECTED = "server-rejected"
@@ -51,6 +55,41 @@ class PrefillLeg(ServerRequest):
     """The sidecar's remote prefill of `parent`: its prompt, one output token."""
 
     parent: SimRequest | None = None
+
+
+def requests_of(scenario: Scenario, arrivals: list[Arrived]) -> list[SimRequest]:
+    """The arrivals as simulated requests, numbered in arrival order, each
+    with its tenant's prefix group (by number, -1 without one), prefix
+    length and adapter."""
+    tenants = scenario.tenants
+    groups = sorted({t.prefix_group for t in tenants if t.prefix_group})
+    group_of = [groups.index(t.prefix_group) if t.prefix_group else -1 for t in tenants]
+    prefix_tokens_of = [t.prefix_tokens for t in tenants]
+    lora_of = [t.lora for t in tenants]
+    return [
+        SimRequest(
+            number,
+            item.prompt_tokens,
+            item.output_tokens,
+            group_of[item.tenant],
+            prefix_tokens_of[item.tenant],
+            lora_of[item.tenant],
+            tenant=item.tenant,
+            arrival=item.time,
+            conversation=item.conversation,
+        )
+        for number, item in enumerate(arrivals)
+    ]
+
+
+def tenant_prefixes(scenario: Scenario) -> list[int]:
+    """Each tenant's prefix (its group for its model or adapter), by number;
+    -1 for a tenant without a prefix group."""
+    prefixes = sorted({(t.prefix_group, t.lora or "") for t in scenario.tenants if t.prefix_group})
+    return [
+        prefixes.index((t.prefix_group, t.lora or "")) if t.prefix_group else -1
+        for t in scenario.tenants
+    ]
 
 
 class Policy(Protocol):
