@@ -69,7 +69,7 @@ from epp.sim.requests import (
     requests_of,
     tenant_prefixes,
 )
-from epp.sim.scenario import PathDelay, Scenario, ServerEvent
+from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
@@ -136,12 +136,14 @@ class Simulation:
         self.timer_at = inf
         """When the policy's timer fires next (inf: not set)."""
         self._transfers = 0
-        self._request_path = pool.request_path
-        self._response_path = pool.response_path
+        # None for a leg that is off: tested per event, where a PathDelay's
+        # __bool__ would be a call each time (bench.instructions).
+        self._request_path = pool.request_path or None
+        self._response_path = pool.response_path or None
         self._path_rng = random.Random(scenario.seed ^ PATH_SEED)
-        self._token_producer = pool.token_producer if tokenizes else PathDelay()
-        """The policy's wait for each request's tokens before it sees it."""
         """The path's own draws, so a change to it leaves the workload's alone."""
+        self._token_producer = (pool.token_producer or None) if tokenizes else None
+        """The policy's wait for each request's tokens before it sees it."""
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
         self._progress = progress
@@ -184,9 +186,11 @@ class Simulation:
         `prefill_index`, when one is named), which receives it the request
         path's delay later; a full waiting queue rejects it."""
         request.server = server_index
-        if self._request_path:
-            delay = self._request_path.draw(self._path_rng)
-            self._push(now + delay, DELIVER, (request, server_index, prefill_index))
+        path = self._request_path
+        if path is not None:
+            leg = (request, server_index, prefill_index)
+            self._seq += 1  # _push inline: once per request (bench.instructions)
+            heappush(self._heap, (now + path.draw(self._path_rng), self._seq, DELIVER, leg))
         else:
             self._deliver(request, server_index, prefill_index, now)
 
@@ -325,11 +329,11 @@ class Simulation:
     def _report(self, when: float) -> None:
         """Tell the policy what the servers' last steps reported: first
         tokens, then completions (a finished prefill leg moves its KV)."""
-        policy = self.policy
-        first_tokens = self._first_tokens
-        if self._response_path:
+        if self._response_path is not None:
             self._report_later(when)
             return
+        policy = self.policy
+        first_tokens = self._first_tokens
         while first_tokens:
             policy.first_token(first_tokens.pop(0), when)
         finished = self._finished
@@ -347,28 +351,31 @@ class Simulation:
     def _report_later(self, when: float) -> None:
         """`_report` across the response path: a first token and an end
         reach the client and the policy one drawn delay after the server
-        wrote them (a prefill leg's end stays with the sidecar)."""
+        wrote them (a prefill leg's end stays with the sidecar). One draw
+        per request, at the first of the two; the pushes are `_push` inline,
+        as this runs twice per request (bench.instructions)."""
+        path = self._response_path
+        rng = self._path_rng
+        heap = self._heap
         first_tokens = self._first_tokens
-        while first_tokens:
-            request = first_tokens.pop(0)
-            self._push(when + self._response_delay(request), FIRST_SEEN, request)
+        for request in first_tokens:  # nothing is reported meanwhile
+            delay = request.response_delay
+            if delay is None:
+                delay = request.response_delay = path.draw(rng)
+            self._seq += 1
+            heappush(heap, (when + delay, self._seq, FIRST_SEEN, request))
+        first_tokens.clear()
         finished = self._finished
         while finished:
             done = finished.pop()
             if type(done) is PrefillLeg:
                 self._prefilled(done, when)
-            else:
-                self._push(when + self._response_delay(done), DONE_SEEN, done)
-
-    def _response_delay(self, request: SimRequest) -> float:
-        if request.response_delay is None:
-            request.response_delay = self._response_path.draw(self._path_rng)
-        return request.response_delay
-
-    def _first_seen(self, request: SimRequest, now: float) -> None:
-        if request.outcome is None:  # else evicted, or lost with its server, meanwhile
-            request.first_token_at = now
-            self.policy.first_token(request, now)
+                continue
+            delay = done.response_delay
+            if delay is None:
+                delay = done.response_delay = path.draw(rng)
+            self._seq += 1
+            heappush(heap, (when + delay, self._seq, DONE_SEEN, done))
 
     def _done_seen(self, request: SimRequest, now: float) -> None:
         if request.outcome is not None:
@@ -442,6 +449,7 @@ class Simulation:
         progress_step = max(1, count // 100)
         waiting_by_tenant = self.waiting_by_tenant
         arrival_time = requests[0].arrival if count else inf
+        report = self._report_later if self._response_path is not None else self._report
         while True:
             if heap and heap[0][0] <= arrival_time:
                 when, _, kind, data = heappop(heap)
@@ -461,12 +469,16 @@ class Simulation:
                         self._seq += 1
                         heappush(heap, (following, self._seq, SERVER, index))
                     if first_tokens or finished:
-                        self._report(when)
-                elif kind == TIMER:
-                    if when != self.timer_at:
-                        continue
-                    self.timer_at = inf
-                    policy.timer(when)
+                        report(when)
+                # The rest by how often they come (bench.instructions).
+                elif kind == DELIVER:
+                    self._deliver(*data, when)  # type: ignore[misc]
+                elif kind == FIRST_SEEN:
+                    if data.outcome is None:  # type: ignore[attr-defined]  # else ended meanwhile
+                        data.first_token_at = when  # type: ignore[attr-defined]
+                        policy.first_token(data, when)  # type: ignore[arg-type]
+                elif kind == DONE_SEEN:
+                    self._done_seen(data, when)  # type: ignore[arg-type]
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():
                         lag = pool.scrape_lag_s
@@ -481,6 +493,11 @@ class Simulation:
                     for address, metrics in zip(self.addresses, sampled, strict=True):
                         set_metrics(address, metrics)
                     policy.pool_changed(when)
+                elif kind == TIMER:
+                    if when != self.timer_at:
+                        continue
+                    self.timer_at = inf
+                    policy.timer(when)
                 elif kind == SAMPLE:
                     self._sample(when)
                     if when < scenario.duration_s:
@@ -489,12 +506,6 @@ class Simulation:
                         self._push(when + sample_every, SAMPLE, None)
                 elif kind == TRANSFER:
                     self._transferred(data, when)  # type: ignore[arg-type]
-                elif kind == DELIVER:
-                    self._deliver(*data, when)  # type: ignore[misc]
-                elif kind == FIRST_SEEN:
-                    self._first_seen(data, when)  # type: ignore[arg-type]
-                elif kind == DONE_SEEN:
-                    self._done_seen(data, when)  # type: ignore[arg-type]
                 elif kind == OFFER:
                     policy.arrive(data, when)  # type: ignore[arg-type]
                 elif kind == KV_EVENTS:
@@ -509,7 +520,7 @@ class Simulation:
                 self.now = now = arrival_time
                 arrival_time = requests[next_index].arrival if next_index < count else inf
                 waiting_by_tenant[request.tenant] += 1
-                if self._token_producer:
+                if self._token_producer is not None:
                     self._push(now + self._token_producer.draw(self._path_rng), OFFER, request)
                 else:
                     policy.arrive(request, now)

@@ -171,20 +171,26 @@ class PathDelay:
 
     median_ms: float = 0.0
     p90_ms: float = 0.0
+    _mu: float = field(init=False, repr=False, compare=False, default=0.0)
+    _sigma: float = field(init=False, repr=False, compare=False, default=0.0)
+    """The underlying normal's mean and deviation (0: always the median),
+    worked out once: `draw` runs twice per simulated request."""
 
     def __post_init__(self) -> None:
         if self.median_ms < 0 or self.p90_ms < self.median_ms:
             raise ValueError(f"need 0 <= median <= p90, got {self.median_ms}, {self.p90_ms}")
+        if 0 < self.median_ms < self.p90_ms:
+            object.__setattr__(self, "_mu", math.log(self.median_ms))
+            object.__setattr__(self, "_sigma", math.log(self.p90_ms / self.median_ms) / P90_SIGMAS)
 
     def __bool__(self) -> bool:
         return self.median_ms > 0
 
     def draw(self, rng: random.Random) -> float:
         """One request's delay, in seconds."""
-        if self.p90_ms == self.median_ms:
+        if not self._sigma:
             return self.median_ms / 1000.0
-        sigma = math.log(self.p90_ms / self.median_ms) / P90_SIGMAS
-        return rng.lognormvariate(math.log(self.median_ms), sigma) / 1000.0
+        return rng.lognormvariate(self._mu, self._sigma) / 1000.0
 
 
 REQUEST_PATH = PathDelay(5.0, 12.0)
