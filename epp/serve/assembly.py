@@ -244,9 +244,9 @@ class EppParts:
         )
         if self.replica is not None:
             self.replica.on_evict = self.service.evict
-            self.metrics.watch_replicas(self.replica.stats)
-        if self.decider is not None:
-            self.metrics.watch_replicas(self.decider.stats)
+        linked = [side.stats for side in (self.replica, self.decider) if side is not None]
+        if linked:
+            self.metrics.watch_replicas(*linked)
 
     def _addresses(self) -> list[str]:
         return [endpoint.address for endpoint in self.store.snapshot().endpoints]

@@ -20,7 +20,8 @@ admit on its own within `share(limit, replicas)` of each endpoint, so the
 decider keeps aside, on each endpoint, the larger of that share and what
 the replica held there when it went (placeholder requests adopted at the
 endpoint, completed when the replica reports again). A decider that starts
-keeps a share aside for each replica that has not reported yet. So what
+keeps a share aside for each replica that has not reported yet (in cluster
+mode its own replica too, whose requests come over loopback). So what
 away replicas use and what the decider hands out never sum past an
 endpoint's limit.
 """
@@ -131,12 +132,16 @@ class Decider:
 
     # -- running ---------------------------------------------------------------
 
-    def lead(self, epoch: int) -> None:
-        """Decide from now on, writing `epoch` (cluster mode: the Lease was won)."""
+    def lead(self, epoch: int, forwarded_here: bool = False) -> None:
+        """Decide from now on, writing `epoch`. `forwarded_here`: this
+        process's own requests come over a stream too (cluster mode, the
+        Lease won), so every replica's share is set aside until it reports,
+        else every other replica's."""
         self.resign()
         self.epoch = epoch
         self.leading = True
-        self._unreported = [self._keep_aside("unreported", {}) for _ in range(self.replicas - 1)]
+        unreported = self.replicas if forwarded_here else self.replicas - 1
+        self._unreported = [self._keep_aside("unreported", {}) for _ in range(unreported)]
         log.info("epp decider leading (epoch %d)", epoch)
 
     def resign(self) -> None:
@@ -377,13 +382,13 @@ def follow_lease(decider: Decider, mode: ClusterMode, address: str) -> None:
 
     def leadership(leading: bool) -> None:
         if leading:
-            decider.lead(elector.transitions)
+            decider.lead(elector.transitions, forwarded_here=True)
         else:
             decider.resign()
 
     mode.leadership_listeners.append(leadership)
     if elector.is_leader:
-        decider.lead(elector.transitions)
+        decider.lead(elector.transitions, forwarded_here=True)
 
 
 def lease_decider(mode: ClusterMode | None) -> str | None:

@@ -135,6 +135,34 @@ class ServeOptions(ReferenceOptions):
             Kind.INT,
         ),
     )
+    ha_lease_duration: float = option(
+        15.0,
+        Flag(
+            _O,
+            "With --ha-enable-leader-election: how long the Lease holds after its holder's "
+            "last renewal (the reference keeps controller-runtime's 15s); a holder that dies "
+            "without releasing it is replaced after this long.",
+            Kind.DURATION,
+        ),
+    )
+    ha_renew_deadline: float = option(
+        10.0,
+        Flag(
+            _O,
+            "With --ha-enable-leader-election: a holder that could not renew the Lease for "
+            "this long steps down (shorter than --ha-lease-duration).",
+            Kind.DURATION,
+        ),
+    )
+    ha_retry_period: float = option(
+        2.0,
+        Flag(
+            _O,
+            "With --ha-enable-leader-election: how often each replica reads (and the holder "
+            "renews) the Lease (shorter than --ha-renew-deadline).",
+            Kind.DURATION,
+        ),
+    )
     replica_id: str | None = option(
         None,
         Flag(
@@ -262,6 +290,12 @@ class ServeOptions(ReferenceOptions):
             found.append("--decider-port in cluster mode needs --ha-enable-leader-election")
         if self.replicas < 1:
             found.append(f"--replicas {self.replicas}: at least 1")
+        if not self.ha_lease_duration > self.ha_renew_deadline > self.ha_retry_period > 0:
+            found.append(
+                "--ha-lease-duration, --ha-renew-deadline, --ha-retry-period: each shorter "
+                f"than the one before and above 0, got {self.ha_lease_duration:g}s, "
+                f"{self.ha_renew_deadline:g}s, {self.ha_retry_period:g}s"
+            )
         return found
 
     def inert_warnings(self, given: Mapping[str, Any]) -> list[str]:

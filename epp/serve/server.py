@@ -157,6 +157,7 @@ class EppServer(EppParts):
 
     async def _start_cluster_mode(self) -> None:
         from epp.k8s.cluster import ClusterSettings, cluster_mode
+        from epp.k8s.leader import LeaseSettings
 
         options = self.options
         assert options.served_pool_name is not None
@@ -166,6 +167,11 @@ class EppServer(EppParts):
                     options.served_pool_name,
                     options.namespace,
                     leader_election=options.ha_enable_leader_election,
+                    lease=LeaseSettings(
+                        options.ha_lease_duration,
+                        options.ha_renew_deadline,
+                        options.ha_retry_period,
+                    ),
                     endpoint_selector=options.endpoint_selector,
                     target_ports=options.endpoint_target_ports,
                 ),

@@ -1,11 +1,19 @@
 """Three EPP replicas of one pool on loopback, each behind its own Envoy
-(docs/operations/replicas.md): a decider (`--decider-port`) and two
-forwarding replicas (`--decider`), one of them optionally through a relay
-a test can cut, in front of two stand-in model servers with a limit of
-`LIMIT` requests each (`maxPerEndpoint`).
+(docs/operations/replicas.md), in front of two stand-in model servers with
+a limit of `LIMIT` requests each (`maxPerEndpoint`).
+
+File mode: a decider (`--decider-port`) and two forwarding replicas
+(`--decider`), one of them optionally through a relay a test can cut.
 
     async with replicated_pool(tmp_path) as (pool, relay):
         pool.urls[0]  # the decider's Envoy; pool.urls[1:] the replicas'
+
+Cluster mode: three replicas against the emulated API server
+(`tests.support.kube`), each with `--decider-port` and leader election on
+`LEASE_S` timings; the first one started holds the Lease and decides.
+
+    async with clustered_pool(tmp_path, kube) as pool:
+        pool.decider  # the Lease holder; pool.replicas the other two
 """
 
 from __future__ import annotations
@@ -19,9 +27,12 @@ from pathlib import Path
 
 import aiohttp
 
+from epp.k8s.leader import lease_name
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import RunningEpp, objectives_yaml, start_epp
 from tests.support.fake_vllm import FakeVllm, running_fake_vllm
+from tests.support.kube import KubeEmulator, objective, pod
+from tests.support.kube import pool as pool_object
 from tests.support.waiting import eventually
 
 LIMIT = 3
@@ -34,6 +45,9 @@ flowControl:
     maxPerEndpoint: {LIMIT}
 """
 OBJECTIVES = objectives_yaml("e2e-pool", batch=-1, chat=10)
+LEASE_S = (2.0, 1.0, 0.1)
+"""Cluster mode's lease duration, renew deadline and retry period: a holder
+killed without releasing the Lease is replaced after about 2 s."""
 
 
 class Cut:
@@ -154,6 +168,67 @@ async def replicated_pool(tmp_path: Path, cut: bool = False) -> AsyncIterator[tu
         finally:
             await relay.stop()
             for epp in (*replicas, decider, *(pool.later if pool else ())):
+                await epp.terminate()
+
+
+def cluster_replica_args(workdir: Path, kube: KubeEmulator, name: str) -> tuple[list[str], dict]:
+    """The flags and environment of cluster-mode replica `name` (its pod name too)."""
+    duration, renew, retry = LEASE_S
+    args = [
+        f"--config-file={workdir / 'config.yaml'}",
+        "--pool-name=e2e-pool",
+        "--ha-enable-leader-election",
+        "--metrics-endpoint-auth=false",
+        f"--ha-lease-duration={duration}s",
+        f"--ha-renew-deadline={renew}s",
+        f"--ha-retry-period={retry}s",
+        "--decider-port=0",
+        "--replicas=3",
+        f"--replica-id={name}",
+    ]
+    env = {
+        "KUBECONFIG": kube.write_kubeconfig(workdir / "kubeconfig"),
+        "NAMESPACE": "default",
+        "POD_NAME": name,
+    }
+    return args, env
+
+
+def lease_holder(kube: KubeEmulator) -> str | None:
+    lease = kube.objects.get(
+        (("coordination.k8s.io", "leases"), "default", lease_name("default", "e2e-pool"))
+    )
+    return lease["spec"].get("holderIdentity") if lease else None
+
+
+@contextlib.asynccontextmanager
+async def clustered_pool(tmp_path: Path, kube: KubeEmulator) -> AsyncIterator[Pool]:
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    async with running_fake_vllm() as one, running_fake_vllm() as two:
+        ports = tuple(int(server.address.rsplit(":", 1)[1]) for server in (one, two))
+        kube.apply(pool_object("e2e-pool", selector={"app": "vllm"}, ports=ports))
+        kube.apply(pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
+        kube.apply(objective("batch", -1, pools=("e2e-pool",)))
+        kube.apply(objective("chat", 10, pools=("e2e-pool",)))
+        epps: list[RunningEpp] = []
+        try:
+            for name in ("epp-a", "epp-b", "epp-c"):
+                args, env = cluster_replica_args(tmp_path, kube, name)
+                epps.append(await start_epp(*args, env=env))
+                if name == "epp-a":
+                    await eventually(lambda: lease_holder(kube) == "epp-a", 10.0)
+            for epp in epps:
+                await eventually(lambda e=epp: "joined the decider" in e.log(), 10.0)
+            async with contextlib.AsyncExitStack() as stack:
+                urls = []
+                for epp in epps:
+                    envoy = await stack.enter_async_context(
+                        running_envoy(epp_port=epp.ports["grpc"])
+                    )
+                    urls.append(f"http://127.0.0.1:{envoy.listen_port}/v1/completions")
+                yield Pool([one, two], epps[0], epps[1:], urls, tmp_path, "")
+        finally:
+            for epp in epps:
                 await epp.terminate()
 
 

@@ -330,17 +330,21 @@ ReplicaStats = Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]
 
 
 class ReplicasCollector(Collector):
-    """A replica's or a decider's own series (`epp.serve.replica`, `epp.serve.decider`)."""
+    """A replica's and a decider's own series (`epp.serve.replica`,
+    `epp.serve.decider`); a series both report (in cluster mode a replica is
+    both) is their sum, so each family is written once."""
 
-    def __init__(self, stats: ReplicaStats) -> None:
+    def __init__(self, *stats: ReplicaStats) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
-        for name, labels, value in self._stats():
-            rows.setdefault(name, []).append((labels, value))
+        rows: dict[str, dict[tuple[str, ...], float]] = {}
+        for stats in self._stats:
+            for name, labels, value in stats():
+                found = rows.setdefault(name, {})
+                found[labels] = found.get(labels, 0.0) + value
         for name, found in rows.items():
-            yield from scraped(name, found)
+            yield from scraped(name, list(found.items()))
 
 
 class PrefixIndexCollector(Collector):

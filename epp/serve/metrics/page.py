@@ -80,9 +80,9 @@ class EppMetrics(RequestMetrics):
         """Report each protocol worker's requests, connections and restarts at scrape time."""
         self.registry.register(WorkersCollector(counts))
 
-    def watch_replicas(self, stats: ReplicaStats) -> None:
-        """Report a replica's or a decider's state at scrape time."""
-        self.registry.register(ReplicasCollector(stats))
+    def watch_replicas(self, *stats: ReplicaStats) -> None:
+        """Report a replica's and a decider's state at scrape time."""
+        self.registry.register(ReplicasCollector(*stats))
 
     def watch_sessions(self, stores: Callable[[], Mapping[str, SessionBindings]]) -> None:
         """Report the session bindings per plugin, and how many its limit
