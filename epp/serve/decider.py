@@ -130,6 +130,11 @@ class Decider:
         yield "epp_decider_epoch", (), self.epoch
         yield "epp_replica_frames_refused_total", (), self.frames_refused
 
+    def has_reported(self, replica_id: str) -> bool:
+        """Whether replica `replica_id` has reported what it runs to this decider."""
+        known = self._known.get(replica_id)
+        return known is not None and known.reported
+
     # -- running ---------------------------------------------------------------
 
     def lead(self, epoch: int, forwarded_here: bool = False) -> None:
