@@ -37,6 +37,7 @@ class LimitEstimator:
         "burst_until",
         "crowded",
         "done",
+        "done_at",
         "done_unseen",
         "factor",
         "found",
@@ -85,6 +86,9 @@ class LimitEstimator:
         self.sent_at: deque[float] = deque(maxlen=settings.maximum)
         """When the requests sent here since the last sample's read went
         (the gate's clock): the sample cannot show them."""
+        self.done_at: deque[float] = deque(maxlen=settings.maximum)
+        """When the requests that ended here since the last sample's read
+        ended (the gate's clock): the sample may still count them running."""
         self.sent_seq = 0
         """The newest (by the core's sequence number) request sent here."""
         self.seen_seq = 0
@@ -223,14 +227,19 @@ class LimitEstimator:
         sent_at = self.sent_at
         while sent_at and sent_at[0] <= now:
             sent_at.popleft()
-        pending = waiting + len(sent_at)
-        # Or, if more, what it holds beyond the running count shown, up to
-        # what it was sent in the interval before: a request still on its
-        # way to the server when it was read (the gateway's path).
-        unseen = held - running
-        if unseen > self.sent_before:
-            unseen = self.sent_before
-        self.pending = unseen if unseen > pending else pending
+        unseen = len(sent_at)
+        done_at = self.done_at
+        while done_at and done_at[0] <= now:
+            done_at.popleft()
+        # Or, if more, what it held at the read that the read showed neither
+        # running nor waiting (what ended after the read it may show
+        # running), up to what it was sent in the interval before: a request
+        # still on its way to the server when it was read (the gateway's
+        # path).
+        on_path = held + len(done_at) - running - waiting
+        if on_path > self.sent_before:
+            on_path = self.sent_before
+        self.pending = waiting + (on_path if on_path > unseen else unseen)
         # What it still holds unseen may share the current step.
         self.burst = self.pending
         self.running = running

@@ -121,10 +121,13 @@ class AdaptiveGate:
             if estimator is None:
                 estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
             now = self._clock()
-            if now >= estimator.burst_until:
-                # A step ended since the burst began: this one starts the next.
+            if not estimator.burst or now >= estimator.burst_until:
+                # A step ended since the burst began (heard, or a mean step
+                # passed): this one starts the next, which lasts a mean step
+                # (with none measured yet, until a step end is heard).
                 estimator.burst = 0
-                estimator.burst_until = now + estimator.latency.mean_itl
+                step = estimator.latency.mean_itl
+                estimator.burst_until = now + step if step > 0.0 else inf
             estimator.pending += 1
             estimator.burst += 1
             estimator.sent += 1
@@ -148,6 +151,7 @@ class AdaptiveGate:
             if estimator is not None:
                 estimator.burst = 0
                 estimator.done += 1
+                estimator.done_at.append(self._clock())
                 if request.seq > estimator.seen_seq:
                     # Sent after the last sample, so counted as pending
                     # unless its first token came: done, it is not waiting.

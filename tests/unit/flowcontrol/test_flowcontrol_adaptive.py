@@ -531,6 +531,33 @@ def test_a_request_sent_after_the_read_is_pending_though_another_ended_meanwhile
     assert gate._estimators[A].pending == 1
 
 
+def test_a_request_on_its_way_at_the_read_stays_pending_though_another_ended_after_it():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(0, 0))
+    gate.has_room(A, 0)
+    first = dispatch(gate, A)
+    pool.publish(0.1, a=(1, 0))
+    gate.has_room(A, 0)
+    pool.now = 0.13
+    dispatch(gate, A)  # before the read at 0.14, which it has not reached yet
+    pool.now = 0.145
+    gate.on_complete(first)  # after the read: the sample still shows it running
+    pool.publish(0.15, read=0.14, a=(1, 0))
+    gate.has_room(A, 0)
+    assert gate._estimators[A].pending == 1
+
+
+def test_before_a_step_is_measured_only_a_step_end_heard_lets_more_than_step_arrivals_go():
+    pool, gate = settled_gate(64, 0)  # no histogram: no step length known
+    assert gate._estimators[A].budget > STEP_ARRIVALS
+    sent = [dispatch(gate, A) for _ in range(STEP_ARRIVALS)]
+    pool.now += 0.04
+    assert not gate.has_room(A, 0)
+    gate.on_first_token(sent[0])
+    assert gate.has_room(A, 0)
+
+
 def stepping_gate(step: float = 0.02) -> tuple[Pool, AdaptiveGate]:
     """A settled gate (limit 64, running nothing) whose server's steps last `step`."""
     pool, gate = settled_gate(64, 0)
