@@ -515,7 +515,10 @@ def test_a_request_sent_after_the_server_was_read_stays_pending_past_its_sample(
     assert gate._estimators[A].pending == 1
 
 
-def test_a_request_sent_after_the_read_is_pending_though_another_ended_meanwhile():
+def pending_after_a_read(sent_at: float) -> int:
+    """A request sent at `sent_at`, another (seen running at 0.1) ending at
+    0.145, both after the sample before and the other after the read at
+    0.14 that shows it running: what the endpoint has pending after it."""
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
     pool.publish(0.05, a=(0, 0))
@@ -523,29 +526,21 @@ def test_a_request_sent_after_the_read_is_pending_though_another_ended_meanwhile
     first = dispatch(gate, A)
     pool.publish(0.1, a=(1, 0))
     gate.has_room(A, 0)
+    pool.now = sent_at
+    dispatch(gate, A)
     pool.now = 0.145
-    dispatch(gate, A)  # after the read at 0.14
-    gate.on_complete(first)  # also after the read: the sample still shows it running
+    gate.on_complete(first)
     pool.publish(0.15, read=0.14, a=(1, 0))
     gate.has_room(A, 0)
-    assert gate._estimators[A].pending == 1
+    return gate._estimators[A].pending
+
+
+def test_a_request_sent_after_the_read_is_pending_though_another_ended_meanwhile():
+    assert pending_after_a_read(0.145) == 1
 
 
 def test_a_request_on_its_way_at_the_read_stays_pending_though_another_ended_after_it():
-    pool = Pool(A)
-    gate = gate_with_bands(pool, 0)
-    pool.publish(0.05, a=(0, 0))
-    gate.has_room(A, 0)
-    first = dispatch(gate, A)
-    pool.publish(0.1, a=(1, 0))
-    gate.has_room(A, 0)
-    pool.now = 0.13
-    dispatch(gate, A)  # before the read at 0.14, which it has not reached yet
-    pool.now = 0.145
-    gate.on_complete(first)  # after the read: the sample still shows it running
-    pool.publish(0.15, read=0.14, a=(1, 0))
-    gate.has_room(A, 0)
-    assert gate._estimators[A].pending == 1
+    assert pending_after_a_read(0.13) == 1  # sent before the read, not there yet
 
 
 def test_before_a_step_is_measured_only_a_step_end_heard_lets_more_than_step_arrivals_go():
