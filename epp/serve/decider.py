@@ -56,6 +56,7 @@ from epp.serve.replicas import (
     JOINED,
     REPORTED,
     SERVICE,
+    ClockOffset,
     StreamLink,
     decode,
     share,
@@ -237,9 +238,13 @@ class Decider:
     async def _read(self, frames: AsyncIterator[bytes], link: StreamLink) -> None:
         replica: Replica | None = None
         slot: WorkerSlot | None = None
+        offset = ClockOffset()
         try:
             async for frame in frames:
-                epoch, messages = decode(frame)
+                epoch, messages, stamp = decode(frame)
+                if stamp is not None:
+                    offset.sample(self._clock(), stamp)
+                offset.translate(messages)
                 if epoch > self.epoch:
                     self.frames_refused += 1
                     log.error(

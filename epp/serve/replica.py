@@ -140,7 +140,7 @@ class ReplicaAdmission(RemoteAdmission):
             if self.decider is None:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            link = StreamLink(lambda: self.epoch)
+            link = StreamLink(lambda: self.epoch, self._clock)
             link.send([HELLO, self.replica_id])
             try:
                 async with grpc.aio.insecure_channel(
@@ -148,7 +148,7 @@ class ReplicaAdmission(RemoteAdmission):
                 ) as channel:
                     call = self._call = channel.stream_stream(METHOD)(link.frames())
                     async for frame in call:
-                        epoch, messages = decode(frame)
+                        epoch, messages, _ = decode(frame)
                         if epoch < self.epoch:
                             self.frames_refused += 1
                             log.error(

@@ -9,6 +9,15 @@ side has to say in one turn of its loop. The decider writes its epoch; a
 replica writes the highest epoch it has seen, and refuses a frame from an
 older one (a deposed decider's late answers).
 
+Clocks. A replica may run on another host, whose monotonic clock has
+another origin, so its frames are `[epoch, messages, now]`: its clock when
+the frame left. The decider keeps, per stream, the smallest difference
+between its own clock at receipt and that stamp (`ClockOffset`: the offset
+plus the shortest delay seen, allowed to grow by `DRIFT` per second so the
+two clocks' drift is followed), and adds it to each arrival time the
+replica sends (ARRIVE, HELD), so FCFS order and TTL deadlines are the
+decider's.
+
 Replica -> decider:
 
     HELLO     the replica's id (its first message on a stream)
@@ -40,12 +49,14 @@ import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import orjson
 
 from epp.flowcontrol.config import GateConfig, GateKind
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.core import Core
+from epp.serve import wire
 from epp.serve.wire import MAX_FRAME_BYTES, Message, arrival_fields
 
 SERVICE = "epp.replicas.v1.Decider"
@@ -75,20 +86,56 @@ MAX_QUEUED_FRAMES = 4096
 """Frames a link holds for a peer that does not read; past it the link ends."""
 
 
+DRIFT = 1e-3
+"""How fast a clock offset estimate may grow (s/s): far above two hosts'
+monotonic clocks' drift, far below a frame delay's spread."""
+ARRIVAL_AT = {wire.ARRIVE: 4, HELD: 5}
+"""Where a replica's message holds an arrival time in its own clock."""
+
+
+@dataclass(slots=True)
+class ClockOffset:
+    """What to add to a peer's clock to read the decider's (see the module
+    docstring); None until the first stamped frame."""
+
+    value: float | None = None
+    at: float = 0.0
+
+    def sample(self, now: float, stamp: float) -> None:
+        seen = now - stamp
+        if self.value is None or seen < self.value + (now - self.at) * DRIFT:
+            self.value = seen
+        else:
+            self.value += (now - self.at) * DRIFT
+        self.at = now
+
+    def translate(self, messages: list[Message]) -> None:
+        """Each arrival time in `messages` to the decider's clock (in place)."""
+        if self.value is None:
+            return
+        for message in messages:
+            index = ARRIVAL_AT.get(message[0])
+            if index is not None:
+                message[index] += self.value
+
+
 def share(limit: int, replicas: int) -> int:
     """A replica's part of an endpoint's `limit` when `replicas` share it."""
     return limit // max(1, replicas)
 
 
-def decode(frame: bytes) -> tuple[int, list[Message]]:
-    """A frame's epoch and messages; ValueError when it is not one."""
+def decode(frame: bytes) -> tuple[int, list[Message], float | None]:
+    """A frame's epoch, messages and its sender's clock (None: not stamped);
+    ValueError when it is not one."""
     try:
-        epoch, messages = orjson.loads(frame)
+        epoch, messages, *stamp = orjson.loads(frame)
     except (orjson.JSONDecodeError, TypeError, ValueError) as error:
         raise ValueError(f"not a replicas frame: {error}") from None
-    if not isinstance(epoch, int) or not isinstance(messages, list):
+    if not isinstance(epoch, int) or not isinstance(messages, list) or len(stamp) > 1:
         raise ValueError("not a replicas frame")
-    return epoch, messages
+    if stamp and not isinstance(stamp[0], int | float):
+        raise ValueError("not a replicas frame")
+    return epoch, messages, float(stamp[0]) if stamp else None
 
 
 class StreamLink:
@@ -96,8 +143,10 @@ class StreamLink:
     messages of one loop turn leave as one frame stamped with `epoch()`.
     `frames()` is what the gRPC call writes; `close` ends it."""
 
-    def __init__(self, epoch: Callable[[], int]) -> None:
+    def __init__(self, epoch: Callable[[], int], clock: Callable[[], float] | None = None) -> None:
         self._epoch = epoch
+        self._clock = clock
+        """Stamps each frame with this clock when given (a replica's side)."""
         self._outbox: list[Message] = []
         self._armed = False
         self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -119,7 +168,10 @@ class StreamLink:
         if self._frames.qsize() >= MAX_QUEUED_FRAMES:
             self.close()
             return
-        self._frames.put_nowait(orjson.dumps([self._epoch(), outbox]))
+        frame = [self._epoch(), outbox] if self._clock is None else [
+            self._epoch(), outbox, self._clock()
+        ]  # fmt: skip
+        self._frames.put_nowait(orjson.dumps(frame))
 
     async def frames(self) -> AsyncIterator[bytes]:
         while True:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -165,3 +166,50 @@ async def test_a_decider_port_in_use_is_a_startup_error_naming_the_flag() -> Non
         finally:
             server.hurry()
             await server.stop()
+
+
+SKEW_S = 1e6
+"""A replica host's monotonic clock ahead of the decider's (another boot time)."""
+TWO_PER_ENDPOINT = """\
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+flowControl:
+  gate:
+    kinds: [concurrency]
+    maxPerEndpoint: 2
+"""
+
+
+async def test_a_decider_reads_a_replicas_arrival_times_in_its_own_clock() -> None:
+    decider = EppServer(
+        loopback_options(
+            endpoints=ENDPOINT, decider_port=0, replicas=2, config_text=TWO_PER_ENDPOINT
+        )
+    )
+    await decider.start()
+
+    def skewed() -> float:
+        return time.monotonic() + SKEW_S
+
+    replica = ReplicaAdmission(
+        "r1", f"127.0.0.1:{decider.ports['decider']}", 2, lambda: [ENDPOINT], lambda _: 2,
+        clock=skewed,
+    )  # fmt: skip
+    replica.start()
+    try:
+        await eventually(lambda: replica.joined, 5.0)
+        running = [request(n) for n in (1, 2)]
+        for held in running:
+            held.arrival = skewed()
+            assert replica.offer(held) is None
+            assert await asyncio.wait_for(replica.wait(held), 5) is Outcome.DISPATCHED
+        late = request(3)
+        late.arrival, late.ttl = skewed(), 0.3
+        assert replica.offer(late) is None
+        # its deadline is 0.3 s after it arrived, in the decider's clock too
+        outcome = await asyncio.wait_for(replica.wait(late), 3)
+        assert outcome is Outcome.REJECTED_TTL_EXPIRED
+    finally:
+        await replica.stop()
+        decider.hurry()
+        await decider.stop()
