@@ -170,14 +170,11 @@ class EppParts:
         on_outcome = at_end_of_turn(self.metrics.on_outcome)
         self.owner: Owner | None = None
         if options.workers:
+            self.metrics.streams_here = False
             owner = self.owner = Owner(
-                options.workers,
-                self._worker_spec,
-                self.priority_of,
-                self.metrics.on_stream_event,
-                self.metrics.on_response_processed,
-                self.metrics.chunk_gaps,
+                options.workers, self._worker_spec, self.priority_of, self.metrics.merge()
             )
+            self.metrics.gather = owner.gather
             on_outcome = decided_then(owner.decided, on_outcome)
         limit_of = endpoint_limit(self.core, self.config.flow_control.gate)
         self.decider: Decider | None = None

@@ -22,6 +22,9 @@ Connections go round robin to the live workers; with none, a connection
 is closed at once (Envoy retries it). With `scrapes` set, the live workers
 read the model servers' metrics pages and the owner applies each read
 (`epp.serve.scrapes`); a worker's death or start reassigns the shares.
+The workers record the stream side of the request metrics; their series
+are added to the owner's (`series`, asked for by `gather` when the page is
+read, and sent each second).
 """
 
 from __future__ import annotations
@@ -36,13 +39,12 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.scheduler import Scheduler
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
-from epp.serve.metrics.series import Tally
+from epp.serve.metrics.shipping import Merge
 from epp.serve.scrapes import ScrapeShares
 from epp.serve.worker import WorkerSpec
 
@@ -54,6 +56,8 @@ START_TIMEOUT_S = 60.0
 """How long `start` waits for every worker to serve."""
 STOP_WAIT_S = 10.0
 """How long a stopping worker gets to exit before it is killed."""
+PULL_TIMEOUT_S = 0.5
+"""How long a read of the metrics page waits for the workers' series."""
 LISTEN_BACKLOG = 1024
 
 
@@ -77,6 +81,10 @@ class WorkerSlot:
     """Its process's limit trips, as it last said."""
     trips_before: collections.Counter[str] = field(default_factory=collections.Counter)
     """The limit trips of its processes that died."""
+    pulled: int = -1
+    """The last PULL its process answered."""
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when its process answers a PULL."""
 
     serving: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when this worker process said it serves; cleared when it is gone."""
@@ -117,9 +125,7 @@ class Owner:
         workers: int,
         spec: Callable[[int, int, int], WorkerSpec],
         priority_of: Callable[[Mapping[str, str]], int],
-        on_stream_event: Callable[[Rejected | Release], None] | None = None,
-        on_response_processed: Callable[[float], None] | None = None,
-        chunk_gaps: Callable[[FlowRequest], Tally] | None = None,
+        series: Merge | None = None,
     ) -> None:
         self.admission: AdmissionController | None = None
         self.scrapes: ScrapeShares | None = None
@@ -128,9 +134,9 @@ class Owner:
         self.transport = WorkersTransport(self.slots)
         self._spec = spec
         self._priority_of = priority_of
-        self._on_stream_event = on_stream_event
-        self._on_response_processed = on_response_processed
-        self._chunk_gaps = chunk_gaps
+        self._series = series
+        """Where the workers' stream-side series are added (None: dropped)."""
+        self._pulls = 0
         self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
         self._health: dict[str, int] = {}
         self._endpoints: list[str] = []
@@ -205,36 +211,23 @@ class Owner:
                 slot.serving.set()
                 self._assign_scrapes()
                 continue
-            if kind == wire.PROCESSED:
-                if self._on_response_processed is not None:
-                    self._on_response_processed(message[1])
+            if kind == wire.SERIES:
+                if self._series is not None:
+                    self._series.add(slot.index, message[2])
+                if message[1] is not None:
+                    slot.pulled = message[1]
+                    slot.answered.set()
                 continue
             rid = message[1]
-            if kind == wire.REJECTED:
-                request = requests.get(rid) if rid is not None else None
-                if self._on_stream_event is not None:
-                    self._on_stream_event(Rejected(message[2], message[3], request))
-                if request is not None and request.state is not State.DISPATCHED:
-                    self._forget(slot, rid)
-                continue
             request = requests.get(rid)
             if request is None:
                 continue
             if kind == wire.COMPLETE:
                 self._forget(slot, rid)
-                (
-                    input_tokens, output_tokens, itl, size, first, streaming, cached, status, gaps,
-                ) = message[2:]  # fmt: skip
-                admission.complete(request, input_tokens, output_tokens, itl)
-                if gaps is not None and self._chunk_gaps is not None:
-                    self._chunk_gaps(request).add_counts(gaps[0], gaps[1])
-                if size is not None and self._on_stream_event is not None:
-                    self._on_stream_event(
-                        Release(
-                            request, input_tokens, output_tokens, size, first, streaming, cached,
-                            status,
-                        )
-                    )  # fmt: skip
+                admission.complete(request, message[2], message[3], message[4])
+            elif kind == wire.REJECTED:
+                if request.state is not State.DISPATCHED:
+                    self._forget(slot, rid)
             elif kind == wire.FIRST_TOKEN:
                 admission.first_token(request)
             elif kind == wire.PREFILL_DONE:
@@ -245,6 +238,26 @@ class Owner:
         if looks:
             admission.poke()
         self._publish_geometry(admission)
+
+    async def gather(self) -> None:
+        """Have every live worker send its series now (the metrics page is
+        read): back when all answered or after `PULL_TIMEOUT_S`."""
+        self._pulls += 1
+        pull = self._pulls
+        asked = [slot for slot in self.slots if slot.live and slot.link is not None]
+        for slot in asked:
+            slot.answered.clear()
+            slot.link.send([wire.PULL, pull])  # type: ignore[union-attr]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PULL_TIMEOUT_S
+        for slot in asked:
+            while slot.pulled < pull and slot.live:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(slot.answered.wait(), left)
+                slot.answered.clear()
 
     def _publish_geometry(self, admission: AdmissionController) -> None:
         """Tell the workers how the prefix scorer hashes prompts now, when that changed."""
@@ -270,12 +283,13 @@ class Owner:
         try:
             denial = admission.screen(request)
             if denial is not None:
-                slot.link.send([wire.DENIED, rid, denial])
+                slot.link.send([wire.DENIED, rid, denial, request.priority])
                 return
             admission.offer(request)  # the decision goes out through `decided`
         except Exception:
             log.exception("admission failed for request %s", request.request_id)
-            slot.link.send([wire.DECISION, rid, None, None, None, None, None, None])
+            failed = [None, None, None, None, None, None, request.priority]
+            slot.link.send([wire.DECISION, rid, *failed])
 
     def _forget(self, slot: WorkerSlot, rid: int) -> None:
         request = slot.requests.pop(rid, None)
@@ -287,6 +301,8 @@ class Owner:
         slot.serving.clear()
         slot.trips_before.update(slot.trips)
         slot.trips, slot.open_connections = {}, 0
+        if self._series is not None:
+            self._series.forget(slot.index)
         if self.scrapes is not None and not self._stopping:
             self.scrapes.lost(slot.index)
             self._assign_scrapes()

@@ -260,7 +260,10 @@ class ReplicaAdmission(RemoteAdmission):
         if best is None:
             return None
         self.degraded_admissions += 1
-        self._decided(self._rid_of[request], [Outcome.DISPATCHED.value, best, None, (), None, None])
+        self._decided(
+            self._rid_of[request],
+            [Outcome.DISPATCHED.value, best, None, (), None, None, request.priority],
+        )
         return request.outcome
 
     # -- bookkeeping -----------------------------------------------------------------

@@ -8,16 +8,15 @@ one frame. Each message is an array whose first item is its kind.
 Worker -> owner (`rid` numbers a request on its worker's link):
 
     ARRIVE       rid + the request's scheduling inputs (`arrival_fields`)
-    COMPLETE     rid, input tokens, output tokens, itl; then for metrics
-                 response bytes, first byte time, streaming, cached tokens,
-                 upstream status (all null when the stream ended without a
-                 response: a withdraw); the gaps between its SSE chunks as
-                 [bucket counts, sum] or null
+    COMPLETE     rid, input tokens, output tokens, itl
     FIRST_TOKEN  rid
     PREFILL_DONE rid
     CANCEL       rid (the stream went away before a decision came)
-    REJECTED     rid or null, HTTP status, reason (a local error reply)
-    PROCESSED    seconds spent on one call's response (a metric)
+    REJECTED     rid (a local error reply to a request the owner knows)
+    SERIES       the answered PULL's number or null, then what the worker's
+                 stream-side metric series gathered since its last SERIES
+                 (`epp.serve.metrics.shipping`): sent each second when
+                 something changed, and in answer to a PULL
     SERVING      the worker is ready for connections (its first message)
     METRICS      address + one read of its metrics page (`metrics_fields`)
     SCRAPE_FAILED address, the failure's reason (a read of its page failed)
@@ -27,8 +26,8 @@ Worker -> owner (`rid` numbers a request on its worker's link):
 Owner -> worker:
 
     DECISION     rid, outcome value (null: admission failed), endpoint,
-                 destination, fallbacks, routing, response headers
-    DENIED       rid, the admitter's reason
+                 destination, fallbacks, routing, response headers, priority
+    DENIED       rid, the admitter's reason, priority
     EVICT        rid
     ENDPOINTS    the pool's addresses (requests without a body go to one)
     READY        a health service and its status
@@ -37,6 +36,7 @@ Owner -> worker:
                  geometry the scorer no longer uses is hashed again there)
     SCRAPE       the endpoints whose metrics this worker reads, as
                  [name, address, labels, id] each (all of its share)
+    PULL         a number: send SERIES now (the owner's page is being read)
 
 Times are `time.monotonic()` seconds, one clock for every process of a host.
 """
@@ -61,7 +61,7 @@ FIRST_TOKEN = 3
 PREFILL_DONE = 4
 CANCEL = 5
 REJECTED = 6
-PROCESSED = 7
+SERIES = 7
 SERVING = 8
 METRICS = 9
 SCRAPE_FAILED = 10
@@ -74,6 +74,7 @@ READY = 15
 GEOMETRY = 16
 SCRAPE = 17
 TRANSPORT = 18  # worker -> owner
+PULL = 19  # owner -> worker
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -157,11 +158,13 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
 
 
 def decision_fields(request: FlowRequest) -> Message:
-    """What the scheduler wrote on a decided request that its reply needs."""
+    """What the scheduler wrote on a decided request that its reply needs,
+    and the priority its metrics are labelled with."""
     outcome = request.outcome
     payload: InferenceRequest | None = request.payload
     if payload is None or outcome is None or not outcome.is_dispatched:
-        return [outcome.value if outcome is not None else None, None, None, None, None, None]
+        value = outcome.value if outcome is not None else None
+        return [value, None, None, None, None, None, request.priority]
     return [
         outcome.value,
         request.endpoint,
@@ -169,6 +172,7 @@ def decision_fields(request: FlowRequest) -> Message:
         payload.fallbacks,
         payload.routing,
         payload.response_headers,
+        request.priority,
     ]
 
 

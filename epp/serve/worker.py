@@ -43,7 +43,9 @@ from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.health import Health
 from epp.serve.metrics.catalogue import P, spec
+from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.series import Tally
+from epp.serve.metrics.shipping import take
 from epp.serve.options import ServeOptions
 from epp.serve.scrapes import ScrapeSettings, ScrapeShare
 from epp.transport import GrpcServer, TransportLimits
@@ -55,7 +57,7 @@ FINAL_FLUSH_S = 1.0
 
 OUTCOMES = {outcome.value: outcome for outcome in Outcome}
 TRANSPORT_REPORT_S = 1.0
-"""How often a worker looks whether its transport series changed."""
+"""How often a worker ships its series and looks whether its transport series changed."""
 ITL_BUCKETS = spec(P + "request_streaming_itl_seconds").buckets
 
 
@@ -87,8 +89,16 @@ class RemoteAdmission:
     A request is known by its `rid` from `offer` until its last message
     (COMPLETE, CANCEL, or REJECTED of an undispatched request)."""
 
-    def __init__(self, link: wire.Link | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        link: wire.Link | None = None,
+        seed: int = 0,
+        metrics: RequestMetrics | None = None,
+    ) -> None:
         self.link = link
+        self.metrics = metrics
+        """Where this worker records its requests' stream-side series (`ship`
+        sends them to the owner); None: the owner records none of them."""
         self.on_evict: Callable[[FlowRequest], None] | None = None
         self.health: Health | None = None
         self.owner_gone = asyncio.Event()
@@ -165,9 +175,7 @@ class RemoteAdmission:
         output_tokens: int = 0,
         itl: float | None = None,
     ) -> None:
-        self._complete(
-            request, [input_tokens, output_tokens, itl, None, None, None, None, None, None]
-        )
+        self._complete(request, [input_tokens, output_tokens, itl])
 
     def first_token(self, request: FlowRequest) -> None:
         rid = self._rid_of.get(request)
@@ -181,39 +189,30 @@ class RemoteAdmission:
 
     # -- what the worker's service reports ------------------------------------------
 
-    def released(self, event: Release, itl: float | None) -> None:
-        """A dispatched request is over, with what its response showed."""
-        self._complete(
-            event.request,
-            [
-                event.input_tokens,
-                event.output_tokens,
-                itl,
-                event.response_bytes,
-                event.first_byte_at,
-                event.streaming,
-                event.cached_tokens,
-                event.upstream_status,
-                None,
-            ],
-        )
-
     def rejected(self, event: Rejected) -> None:
-        """A local error reply (for the owner's metrics)."""
+        """A local error reply: an undispatched request the owner knows ends there."""
         request = event.request
-        rid = self._rid_of.get(request) if request is not None else None
-        if request is not None and request.state is not State.DISPATCHED:
-            self._forget(request)
-        self._send([wire.REJECTED, rid, event.http_status, event.reason])
+        if request is None or request.state is State.DISPATCHED:
+            return
+        rid = self._forget(request)
+        if rid is not None:
+            self._send([wire.REJECTED, rid])
 
     def chunk_gaps(self, request: FlowRequest) -> Tally:
-        """Where the stream tallies `request`'s gaps between SSE chunks; the
-        counts go to the owner with its COMPLETE."""
+        """Where the stream tallies `request`'s gaps between SSE chunks (added
+        to the ITL series when it completes: a shipped series starts again
+        from nothing, so a running stream keeps its own)."""
         tally = self._gaps[request] = Tally(ITL_BUCKETS)
         return tally
 
-    def processed(self, seconds: float) -> None:
-        self._send([wire.PROCESSED, seconds])
+    def ship(self, pull: int | None = None) -> None:
+        """Send the owner what the stream-side series gathered since the last
+        time: in answer to PULL `pull` always, otherwise when there is something."""
+        if self.metrics is None:
+            return
+        rows = take(self.metrics.stream_families())
+        if rows or pull is not None:
+            self._send([wire.SERIES, pull, rows])
 
     def any_endpoint(self) -> str | None:
         """A random endpoint of the pool as the owner last told it."""
@@ -227,7 +226,12 @@ class RemoteAdmission:
             if kind == wire.DECISION:
                 self._decided(message[1], message[2:])
             elif kind == wire.DENIED:
+                request = self._requests.get(message[1])
+                if request is not None:
+                    request.priority = message[3]
                 self._settle(message[1], AdmissionDenied(message[2]))
+            elif kind == wire.PULL:
+                self.ship(message[1])
             elif kind == wire.EVICT:
                 request = self._requests.get(message[1])
                 if request is not None and self.on_evict is not None:
@@ -261,7 +265,8 @@ class RemoteAdmission:
         request = self._requests.get(rid)
         if request is None:
             return  # withdrawn meanwhile: the owner had its CANCEL
-        value, endpoint, destination, fallbacks, routing, response_headers = fields
+        value, endpoint, destination, fallbacks, routing, response_headers, priority = fields
+        request.priority = priority
         if value is None:
             self._settle(rid, AdmissionFailed(f"request {request.request_id}"))
             return
@@ -274,6 +279,8 @@ class RemoteAdmission:
             payload.fallbacks = tuple(fallbacks)
             payload.routing = routing
             payload.response_headers = response_headers
+            if self.metrics is not None:
+                self.metrics.on_started(request)
         else:
             request.state = State.DROPPED
         request.outcome = outcome
@@ -296,11 +303,14 @@ class RemoteAdmission:
         if request.state is not State.DISPATCHED:
             return
         request.state = State.COMPLETED
-        gaps = self._gaps.pop(request, None)
+        metrics = self.metrics
+        if metrics is not None:
+            gaps = self._gaps.get(request)
+            if gaps is not None and gaps.count:
+                metrics.chunk_gaps(request).merge(gaps)
+            metrics.on_complete(request)
         rid = self._forget(request)
         if rid is not None:
-            if gaps is not None and gaps.count:
-                fields[-1] = [gaps.counts, gaps.total]
             self._send([wire.COMPLETE, rid, *fields])
 
     def _forget(self, request: FlowRequest) -> int | None:
@@ -322,22 +332,18 @@ class WorkerService(ExtProcService):
     admission: RemoteAdmission
 
     def settle(self, event: Rejected | Release | PrefillDone | FirstToken) -> None:
-        admission = self.admission
-        if isinstance(event, FirstToken):
-            admission.first_token(event.request)
-        elif isinstance(event, PrefillDone):
-            admission.prefill_done(event.request)
-        elif isinstance(event, Release):
-            admission.released(event, event.time_per_output_token(self.clock()))
-        else:
-            admission.rejected(event)
+        if isinstance(event, Rejected):
+            self.admission.rejected(event)
+        super().settle(event)
 
 
-async def report_transport(server: GrpcServer, link: wire.Link) -> None:
-    """Tell the owner this process's open connections and limit trips when they change."""
+async def report_transport(server: GrpcServer, link: wire.Link, admission: RemoteAdmission) -> None:
+    """Each second, ship the stream-side series, and tell the owner this
+    process's open connections and limit trips when they changed."""
     last: tuple[int, dict[str, int]] = (0, {})
     while True:
         await asyncio.sleep(TRANSPORT_REPORT_S)
+        admission.ship()
         now = (server.open_connections, dict(server.trips))
         if now != last:
             last = now
@@ -352,7 +358,8 @@ def no_priority(headers: object) -> int:
 async def run(spec: WorkerSpec) -> int:
     loop = asyncio.get_running_loop()
     options = spec.options
-    admission = RemoteAdmission(seed=spec.seed)
+    metrics = RequestMetrics("")
+    admission = RemoteAdmission(seed=spec.seed, metrics=metrics)
     link = wire.Link(admission.on_messages, admission.on_lost)
     admission.link = link
     health = admission.health = Health()
@@ -368,7 +375,11 @@ async def run(spec: WorkerSpec) -> int:
         chunk_gaps=admission.chunk_gaps,
     )
     service = WorkerService(
-        admission, no_priority, settings, on_response_processed=admission.processed
+        admission,
+        no_priority,
+        settings,
+        listener=metrics.on_stream_event,
+        on_response_processed=metrics.on_response_processed,
     )
     admission.on_evict = service.evict
     server = GrpcServer({PROCESS_METHOD: service.open, **health.routes()}, limits=spec.limits)
@@ -407,7 +418,7 @@ async def run(spec: WorkerSpec) -> int:
         admission.on_scrape = share.assign
         await share.scraper.start()
     link.send([wire.SERVING])
-    reports = loop.create_task(report_transport(server, link), name="transport report")
+    reports = loop.create_task(report_transport(server, link, admission), name="transport report")
     log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
     await admission.owner_gone.wait()
     with contextlib.suppress(ValueError, OSError):

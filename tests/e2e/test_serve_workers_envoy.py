@@ -132,6 +132,19 @@ async def test_the_gaps_between_streamed_chunks_reach_the_owners_histogram(stack
     assert after - before >= 10
 
 
+async def test_both_workers_responses_are_on_the_owners_page_when_it_is_read(stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        before = await stack.total(session, "llm_d_epp_request_duration_seconds_count")
+        results = await burst(stack, 20)
+        assert [status for status, _ in results] == [200] * 20
+        after = await stack.total(session, "llm_d_epp_request_duration_seconds_count")
+        running = await stack.total(session, "llm_d_epp_request_running")
+        served = await stack.counters(session, "epp_worker_requests_total")
+    assert after - before == 20
+    assert running == 0
+    assert served["0"] > 0 and served["1"] > 0
+
+
 async def test_a_killed_worker_is_started_again_and_the_pool_keeps_serving(stack) -> None:
     killed = stack.worker_pids()[1]
     os.kill(killed, 9)

@@ -13,6 +13,8 @@ buckets, deprecated twin); the docs' metric table is generated from it
   `Tally`, `BoundedLabel`;
 - `recorder`: the per-request hooks (`RequestMetrics`), `TimedPlacer`,
   `PluginDurations`, the reference's outcome names;
+- `shipping`: under --workers, a worker's stream-side series (`take`)
+  added to the owner's page (`Merge`);
 - `collectors`: what is read at scrape time (pool, saturation, limits,
   credits, scrape failures, transport, sessions, the precise prefix
   cache's index and events, the token producer);

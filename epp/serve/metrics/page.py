@@ -105,6 +105,10 @@ class EppMetrics(RequestMetrics):
         """Report the token producer's tokenized requests and fallbacks at scrape time."""
         self.registry.register(TokenProducerCollector(stats))
 
+    gather: Callable[[], Awaitable[None]] | None = None
+    """Awaited before each read of the page: under --workers, the workers'
+    stream-side series come in (`Owner.gather`)."""
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -127,6 +131,8 @@ async def serve_metrics(
             status = await authorize(request.headers.get("Authorization"), request.path)
             if status != 200:
                 return web.Response(status=status, text=HTTPStatus(status).phrase + "\n")
+        if metrics.gather is not None:
+            await metrics.gather()
         return web.Response(
             body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

@@ -61,6 +61,7 @@ from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.spec import PluginSpec
 from epp.scheduling.stages import DISAGG_HANDLERS
 from epp.serve.metrics.series import LABEL_VALUE_LIMIT, OTHER, BoundedLabel, Family, Tally
+from epp.serve.metrics.shipping import Merge
 from epp.serve.metrics.vocabulary import SCHEDULER_BUCKETS, P
 
 
@@ -207,6 +208,9 @@ class RequestMetrics:
         self.model = BoundedLabel(label_limit)
         self._clock = clock
         self._endpoint_names = endpoint_names or (lambda address: ("", ""))
+        self.streams_here = True
+        """False under --workers: the workers record the stream side
+        (`stream_families`, `request_running` included) and ship it here."""
         self._queued: dict[FlowRequest, tuple[str, ...]] = {}
         self._flow_series: defaultdict[FlowKey, set[tuple[Family, tuple[str, ...]]]] = defaultdict(
             set
@@ -330,7 +334,7 @@ class RequestMetrics:
         self._flow_tally(self.queue_duration, flow, request).add(waited)
         self.flow_control_total.add((reference_outcome, priority, self.pool_name))
         if outcome.is_dispatched:
-            if model:
+            if model and self.streams_here:
                 self.running.add(labels)
             self._attempt("success", target, request.endpoint)
             payload = request.payload
@@ -408,9 +412,33 @@ class RequestMetrics:
 
     def on_complete(self, request: FlowRequest) -> None:
         """A dispatched request gave its endpoint back (however it ended)."""
+        if not self.streams_here:
+            return
         labels = self._request_labels(request)
         if labels[0]:
             self.running.add(labels, -1)
+
+    def on_started(self, request: FlowRequest) -> None:
+        """A protocol worker's request was dispatched: it runs until `on_complete`."""
+        labels = self._request_labels(request)
+        if labels[0]:
+            self.running.add(labels)
+
+    def merge(self) -> Merge:
+        """Adds the takes of protocol workers' `stream_families` to this
+        process's, their labels capped as its own."""
+        caps = {"model_name": self.model, "target_model_name": self.model}
+        return Merge(self.stream_families(), {**caps, "fairness_id": self.fairness_id})
+
+    def stream_families(self) -> list[Family]:
+        """The families written from what a stream sees (its response, its
+        errors, while it runs), which a protocol worker records and ships."""
+        return [
+            self.request_errors, self.request_duration, self.response_size,
+            self.input_tokens, self.output_tokens, self.cached_tokens, self.ntpot,
+            self.ttft, self.streaming_tpot, self.streaming_itl, self.running,
+            self.response_processing,
+        ]  # fmt: skip
 
     def on_flows_collected(self, keys: Iterable[FlowKey]) -> None:
         """Remove the flow-control series of flows the core collected (the

@@ -113,7 +113,7 @@ async def test_a_replica_refuses_a_decision_from_an_older_epoch_than_it_has_seen
         assert replica.offer(waiting) is None
         await eventually(lambda: wire.ARRIVE in decider.kinds())
         rid = next(m[1] for m in decider.received if m[0] == wire.ARRIVE)
-        dispatched = [Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None]
+        dispatched = [Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 1]
         decider.say(9, [wire.DECISION, rid, *dispatched])
         await eventually(lambda: replica.frames_refused == 1)
         assert waiting.outcome is None

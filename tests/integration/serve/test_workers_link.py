@@ -132,6 +132,10 @@ async def remote_stack(workers: int, clock) -> Remote:
     return Remote(owner, core, admission, remotes, links, decided)
 
 
+def in_core(core: Core) -> tuple[int, int]:
+    return core.in_flight, core.queued_requests
+
+
 async def settled(condition, timeout: float = 2.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -204,7 +208,9 @@ async def run_both(trace) -> None:
                 withdrawn.add(mine.request_id)
                 local.withdraw(mine)
                 worker.withdraw(theirs)
+        # each event reaches the owner's core before the next one happens (at its time)
         await settled(lambda: len(remote.owner_decided) == len(local_decided))
+        await settled(lambda: in_core(remote.core) == in_core(local.core))
         told = sum(d[0] not in withdrawn for d in remote.owner_decided)
         await settled(lambda told=told: len(worker_decided) == told)
     assert remote.owner_decided == local_decided
