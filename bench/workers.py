@@ -92,7 +92,7 @@ async def measure(load: Load, endpoints: int, refresh: str, before: str | None =
             archive = subprocess.run(["git", "archive", before], capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
             old = await stack.enter_async_context(
-                running_epp(*flags, "--workers=1", env={"PYTHONPATH": tree})
+                running_epp(*flags, "--workers=1", env={"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"})
             )
             old_gateway = await stack.enter_async_context(running_envoy(epp_port=old.ports["grpc"]))
             ways["before"] = split_way(old, old_gateway)
