@@ -9,10 +9,10 @@ list and the reasoning):
 
 - work per frame does not depend on the number of open streams: a
   stream's WINDOW_UPDATE pumps that stream's call; the connection's pumps
-  the calls blocked on the connection window (`_blocked_on_connection`),
-  in order, until that window is spent; a SETTINGS frame that raises the
-  initial window pumps the calls blocked on their stream's window
-  (`_blocked_on_stream`), and any other SETTINGS frame pumps none;
+  the calls blocked on the connection window, in order, until that window
+  is spent; a SETTINGS frame that raises the initial window pumps the calls
+  blocked on their stream's window, and any other SETTINGS frame pumps
+  none (`Outbound`, outbound.py);
 - inbound: received DATA is acknowledged (its window handed back) while the
   connection holds at most `connection_buffer_bytes` (partial messages and
   unsent replies); above it the acknowledgements wait, so the client can
@@ -36,8 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import h2.config
 import h2.errors
@@ -45,122 +44,29 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from epp.transport.framing import FramingError, MessageReader, Status, prefix, trailers
+from epp.transport.calls import Call, Handler, Route
+from epp.transport.framing import FramingError, Status, prefix, trailers
+from epp.transport.guards import Guards
 from epp.transport.h2_internals import ServerH2Connection, goaway_frame
+from epp.transport.outbound import Outbound
+from epp.transport.turns import FrameCounter
 
 if TYPE_CHECKING:
     from epp.transport.server import GrpcServer
 
 log = logging.getLogger("epp.transport")
 
+__all__ = ["Call", "FrameCounter", "GrpcConnection", "Handler", "Route"]
+"""`Call`, `Handler`, `Route` (calls.py) and `FrameCounter` (turns.py) are
+importable from here too."""
+
 MAX_STREAM_ID = 2**31 - 1
-FRAME_HEADER_BYTES = 9
-HEADERS_FRAME = 0x1
-PREFACE_BYTES = 24
-
-
-class FrameCounter:
-    """Where a turn's share of a connection's bytes ends: walks the HTTP/2
-    frame headers (9 bytes each) across reads, without parsing frames."""
-
-    __slots__ = ("_header", "_skip")
-
-    def __init__(self) -> None:
-        self._skip = PREFACE_BYTES
-        """Bytes of the current frame's payload (or the preface) still to come."""
-        self._header = b""
-        """The start of a frame header cut by the end of a read."""
-
-    def cut(self, data: bytes, frames: int, streams: int, size: int) -> int:
-        """The length of `data`'s prefix that starts at most `frames` frames,
-        `streams` HEADERS frames and, once past `size` bytes, no new frame;
-        walks that prefix."""
-        position, end = 0, len(data)
-        while position < end:
-            if self._skip:
-                step = min(self._skip, end - position)
-                position += step
-                self._skip -= step
-                continue
-            if self._header:
-                header = self._header + data[position : position + 9 - len(self._header)]
-            else:
-                header = data[position : position + FRAME_HEADER_BYTES]
-            if len(header) < FRAME_HEADER_BYTES:
-                self._header = header
-                return end
-            if frames <= 0 or position >= size or (header[3] == HEADERS_FRAME and streams <= 0):
-                return position
-            position += FRAME_HEADER_BYTES - len(self._header)
-            self._header = b""
-            frames -= 1
-            streams -= header[3] == HEADERS_FRAME
-            self._skip = int.from_bytes(header[:3], "big")
-        return end
-
-
-WRITE_BATCH_BYTES = 64 * 1024
 LINGER_SECONDS = 1.0
 """How long a connection ended by a limit still reads (and drops) input."""
-"""Pumped bytes after which a flush writes and looks at pause_writing."""
 RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-WINDOW_UPDATES_PER_DATA_FRAME = 10
-"""WINDOW_UPDATEs per DATA frame sent that are not counted as control
-frames (Envoy's max_inbound_window_update_frames_per_data_frame_sent)."""
 PAUSED_FOR_TURN = 1
 PAUSED_FOR_WRITES = 2
-
-
-class Handler(Protocol):
-    def on_message(self, payload: bytes) -> None: ...
-
-    def on_half_close(self) -> None: ...
-
-    def on_cancel(self) -> None: ...
-
-
-Route = Callable[["Call"], Handler]
-"""Makes the handler of one call to a method (routes are keyed by `/package.Service/Method`)."""
-
-
-class Call:
-    """One gRPC call, as its handler sees it."""
-
-    __slots__ = (
-        "_connection",
-        "_outbox",
-        "_trailers",
-        "closed",
-        "delivered",
-        "handler",
-        "headers_sent",
-        "id",
-        "reader",
-    )
-
-    def __init__(self, connection: GrpcConnection, stream_id: int, max_message_bytes: int) -> None:
-        self._connection = connection
-        self.id = stream_id
-        self.handler: Handler | None = None
-        self.headers_sent = False
-        self.closed = False
-        self.delivered = False
-        """A message reached the handler (a reset before that is premature)."""
-        self.reader = MessageReader(max_message_bytes)
-        self._outbox = bytearray()
-        self._trailers: list[tuple[bytes, bytes]] | None = None
-
-    def send(self, payload: bytes) -> None:
-        """Send one message (ignored once the call is over)."""
-        if not self.closed:
-            self._connection.send_message(self, payload)
-
-    def finish(self, status: Status = Status.OK, message: str = "") -> None:
-        """End the call with `status` (ignored once the call is over)."""
-        if not self.closed:
-            self.closed = True
-            self._connection.finish(self, status, message)
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -184,13 +90,6 @@ class GrpcConnection(asyncio.Protocol):
         )
         self._transport: asyncio.Transport | None = None
         self.calls: dict[int, Call] = {}
-        self._unsent: dict[Call, None] = {}
-        """Calls with messages or trailers to send at the next flush, in order."""
-        self._blocked_on_stream: dict[Call, None] = {}
-        """Calls with messages that wait for their stream's flow-control window."""
-        self._blocked_on_connection: dict[Call, None] = {}
-        """Calls with messages that wait for the connection's flow-control
-        window only (their stream's is open), in the order they blocked."""
         self.buffered = 0
         """Bytes held: partial inbound messages and unsent replies of all calls."""
         self._held_acks: dict[int, int] = {}
@@ -202,19 +101,10 @@ class GrpcConnection(asyncio.Protocol):
         self._closed = False
         self._refused = False
         self._paused = 0
-        self._writing_paused = False
         self._backlog: bytes | None = None
         self._counter = FrameCounter()
-        self._streams_opened = 0
-        self._premature_resets = 0
-        self._control_frames = 0
-        self._window_update_credit = 0
-        """WINDOW_UPDATEs the client may send before they count as control
-        frames: a few for each DATA frame sent (as Envoy allows)."""
-        self._control_window_start = 0.0
-        self._ping_strikes = 0
-        self._last_ping = -float("inf")
-        self._sent_since_ping = True
+        self._guards = Guards(limits)
+        self._outbound = Outbound(self._h2, self._guards, self._finished)
         now = time.monotonic()
         self.made_at = now
         self.last_read = now
@@ -260,11 +150,11 @@ class GrpcConnection(asyncio.Protocol):
         self._receive(data)
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        self._outbound.paused = True
         self._pause(PAUSED_FOR_WRITES)
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        self._outbound.paused = False
         self._resume(PAUSED_FOR_WRITES)
         self._flush()
 
@@ -295,7 +185,7 @@ class GrpcConnection(asyncio.Protocol):
             except h2.exceptions.StreamClosedError:
                 return  # reset by the client in the data being handled: its StreamReset follows
             call.headers_sent = True
-            self._sent_since_ping = True
+            self._guards.sent_since_ping = True
         outbox = call._outbox
         outbox += prefix(len(payload))
         outbox += payload
@@ -304,14 +194,14 @@ class GrpcConnection(asyncio.Protocol):
             self._server.trip("call_outbox")
             self._reset(call, CALM)
             return
-        self._unsent[call] = None
+        self._outbound.queue(call)
         self._flush_later()
 
     def finish(self, call: Call, status: Status, message: str) -> None:
         fields = trailers(status, message)
         if call.headers_sent:
             call._trailers = fields
-            self._unsent[call] = None
+            self._outbound.queue(call)
         else:
             with contextlib.suppress(h2.exceptions.StreamClosedError):
                 self._h2.send_headers(call.id, [*RESPONSE_HEADERS, *fields], end_stream=True)
@@ -428,7 +318,7 @@ class GrpcConnection(asyncio.Protocol):
                 self._control_frame()
                 window = event.changed_settings.get(h2.settings.SettingCodes.INITIAL_WINDOW_SIZE)
                 if window is not None and window.new_value > (window.original_value or 0):
-                    self._unsent.update(self._blocked_on_stream)
+                    self._outbound.initial_window_raised()
             elif kind is h2.events.PingReceived:
                 self._on_ping()
             elif kind is h2.events.PingAckReceived:
@@ -446,7 +336,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
-        self._streams_opened += 1
+        self._guards.stream_opened()
         headers = dict(event.headers or ())
         content_type = headers.get(b"content-type", b"")
         if not content_type.startswith(b"application/grpc"):
@@ -511,53 +401,33 @@ class GrpcConnection(asyncio.Protocol):
         call = self.calls.pop(event.stream_id, None)
         if call is None:
             return
-        if event.remote_reset and not call.delivered:
-            self._premature_resets += 1
-            limits = self.limits
-            if (
-                self._streams_opened >= limits.premature_reset_min_streams
-                and self._premature_resets > limits.premature_reset_ratio * self._streams_opened
-            ):
-                self._cancel(call)
-                self._end("premature_resets", CALM)
-                return
+        if event.remote_reset and not call.delivered and self._guards.too_many_premature_resets():
+            self._cancel(call)
+            self._end("premature_resets", CALM)
+            return
         self._cancel(call)
         self._call_removed()
 
     def _on_window_updated(self, stream_id: int) -> None:
-        if self._window_update_credit > 0:
-            self._window_update_credit -= 1
-        else:
-            self._control_frame()
+        if self._guards.window_update():
+            self._end("control_frames", CALM)
         if stream_id:
             call = self.calls.get(stream_id)
-            if call is not None and call in self._blocked_on_stream:
-                self._unsent[call] = None
+            if call is not None:
+                self._outbound.stream_window_opened(call)
 
     def _on_ping(self) -> None:
         """grpc-go's ping policy: a PING within `min_ping_interval` of the
         previous one, with nothing sent in between, is a strike."""
         self._control_frame()
-        now = time.monotonic()
-        if not self._sent_since_ping and now - self._last_ping < self.limits.min_ping_interval:
-            self._ping_strikes += 1
-            if self._ping_strikes > self.limits.max_ping_strikes:
-                self._end("ping_strikes", CALM)
-                return
-        self._last_ping = now
-        self._sent_since_ping = False
+        if self._guards.ping_strikes_out():
+            self._end("ping_strikes", CALM)
 
     def _control_frame(self) -> None:
         """Count a control frame; more than the limit within a second ends
         the connection."""
-        self._control_frames += 1
-        if self._control_frames > self.limits.max_control_frames_per_second:
-            now = time.monotonic()
-            if now - self._control_window_start < 1.0:
-                self._end("control_frames", CALM)
-                return
-            self._control_frames = 1
-            self._control_window_start = now
+        if self._guards.control_frame():
+            self._end("control_frames", CALM)
 
     def _end(self, limit: str, error_code: int) -> None:
         """A limit ends the connection: GOAWAY with `error_code`, then close."""
@@ -609,87 +479,18 @@ class GrpcConnection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_soon = None
         transport = None if self._closed else self._transport
-        blocked = self._blocked_on_connection
-        if blocked and not self._writing_paused and self._h2.outbound_flow_control_window > 0:
-            self._pump_blocked_on_connection(transport)
-        if self._unsent and not self._writing_paused:
-            unsent, self._unsent = self._unsent, {}
-            pumped = 0
-            for call in unsent:
-                if self._writing_paused:
-                    self._unsent[call] = None
-                    continue
-                pumped += self._pump(call)
-                if pumped >= WRITE_BATCH_BYTES and transport is not None:
-                    pumped = 0
-                    transport.write(self._h2.data_to_send())
+        self.buffered -= self._outbound.pump_ready(transport.write if transport else None)
         if self._held_acks and self.buffered <= self.limits.connection_buffer_bytes:
             self._release_acks()
         data = self._h2.data_to_send()
         if data and transport is not None:
             transport.write(data)
 
-    def _pump_blocked_on_connection(self, transport: asyncio.Transport | None) -> None:
-        """Pump the calls that waited for the connection's window, oldest
-        first, while it lasts: each pump sends, or moves its call to the
-        stream-blocked set, or spends the window and ends the loop."""
-        blocked = self._blocked_on_connection
-        pumped = 0
-        while blocked and self._h2.outbound_flow_control_window > 0 and not self._writing_paused:
-            call = next(iter(blocked))
-            del blocked[call]
-            pumped += self._pump(call)
-            if pumped >= WRITE_BATCH_BYTES and transport is not None:
-                pumped = 0
-                transport.write(self._h2.data_to_send())
-
     def _flush_later(self) -> None:
         """One write for everything sent in this turn of the event loop
         (data_received flushes its own at its end)."""
         if not self._receiving and self._flush_soon is None:
             self._flush_soon = asyncio.get_running_loop().call_soon(self._flush)
-
-    def _pump(self, call: Call) -> int:
-        """Send what flow control lets through now; the trailers once all is
-        out. Returns the bytes sent."""
-        h2_connection = self._h2
-        outbox = call._outbox
-        sent = 0
-        try:
-            while outbox:
-                size = min(
-                    len(outbox),
-                    h2_connection.local_flow_control_window(call.id),
-                    h2_connection.max_outbound_frame_size,
-                )
-                if size <= 0:
-                    self._block(call)
-                    return sent
-                h2_connection.send_data(call.id, bytes(outbox[:size]))
-                del outbox[:size]
-                sent += size
-                self._window_update_credit += WINDOW_UPDATES_PER_DATA_FRAME
-            self._blocked_on_stream.pop(call, None)
-            self._blocked_on_connection.pop(call, None)
-            if call._trailers is not None:
-                h2_connection.send_headers(call.id, call._trailers, end_stream=True)
-                self._finished(call)
-        except h2.exceptions.StreamClosedError:
-            self._finished(call)
-        finally:
-            self.buffered -= sent
-            if sent:
-                self._sent_since_ping = True
-        return sent
-
-    def _block(self, call: Call) -> None:
-        """File a call that has data but no window, by the window it waits for."""
-        if self._h2.streams[call.id].outbound_flow_control_window <= 0:
-            self._blocked_on_connection.pop(call, None)
-            self._blocked_on_stream[call] = None
-        else:
-            self._blocked_on_stream.pop(call, None)
-            self._blocked_on_connection[call] = None
 
     # -- ending calls ------------------------------------------------------------------
 
@@ -755,9 +556,7 @@ class GrpcConnection(asyncio.Protocol):
         self.buffered -= len(call._outbox)
         call._outbox.clear()
         call._trailers = None
-        self._unsent.pop(call, None)
-        self._blocked_on_stream.pop(call, None)
-        self._blocked_on_connection.pop(call, None)
+        self._outbound.forget(call)
 
     def _call_removed(self) -> None:
         if not self.calls:

@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from epp.transport.connection import GrpcConnection, Route
+from epp.transport.calls import Route
+from epp.transport.connection import GrpcConnection
 from epp.transport.limits import TransportLimits, effective_max_connections
 
 TIMER_PERIOD = 1.0

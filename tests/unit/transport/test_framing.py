@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.transport.connection import FrameCounter
 from epp.transport.framing import FramingError, MessageReader, Status, prefix, trailers
+from epp.transport.turns import FrameCounter
 
 
 def wire(*messages: bytes) -> bytes:

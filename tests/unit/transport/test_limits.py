@@ -31,6 +31,7 @@ from epp.serve.health import Health
 from epp.serve.tls import server_ssl_context
 from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
 from epp.transport.connection import GrpcConnection
+from epp.transport.outbound import Outbound
 from tests.support.grpc_handlers import ECHO, SINK, Echo, Sink
 from tests.support.waiting import eventually
 from tests.unit.transport.raw_h2 import (
@@ -336,7 +337,7 @@ async def test_a_client_that_never_reads_cannot_grow_the_servers_write_buffer():
 
         client = await while_probing(stack, never_read)
         connection = stack.connection()
-        assert connection._writing_paused
+        assert connection._outbound.paused
         written = connection._transport.get_write_buffer_size()
         client.sock.setblocking(False)
         with contextlib.suppress(OSError):
@@ -508,7 +509,7 @@ async def test_connections_over_the_cap_are_closed_and_health_still_answers():
 
 async def test_a_window_update_pumps_only_the_calls_blocked_on_flow_control(monkeypatch):
     pumped: list[int] = []
-    pump = GrpcConnection._pump
+    pump = Outbound.pump
 
     def counted(self, call):
         pumped.append(call.id)
@@ -518,7 +519,7 @@ async def test_a_window_update_pumps_only_the_calls_blocked_on_flow_control(monk
         client = await asyncio.to_thread(RawH2, stack.port)
         client.send_raw(new_streams(client, 1, 2_000))
         await eventually(lambda: sum(len(c.calls) for c in stack.grpc.connections) == 2_000)
-        monkeypatch.setattr(GrpcConnection, "_pump", counted)
+        monkeypatch.setattr(Outbound, "pump", counted)
         client.send_raw(WindowUpdateFrame(0, window_increment=1).serialize() * 100)
         client.send_raw(SettingsFrame(0, settings={4: 70_000}).serialize())
         assert await asyncio.to_thread(client.round_trip)  # all of it handled
@@ -529,13 +530,13 @@ async def test_a_window_update_pumps_only_the_calls_blocked_on_flow_control(monk
 def pumps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The stream ids of the calls pumped from now on."""
     pumped: list[int] = []
-    pump = GrpcConnection._pump
+    pump = Outbound.pump
 
     def counted(self, call):
         pumped.append(call.id)
         return pump(self, call)
 
-    monkeypatch.setattr(GrpcConnection, "_pump", counted)
+    monkeypatch.setattr(Outbound, "pump", counted)
     return pumped
 
 
