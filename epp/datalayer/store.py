@@ -124,6 +124,23 @@ class EndpointStore:
         self._changed(membership=False)
         return previous.updated_at is None or not previous.same_values(metrics)
 
+    def set_all_metrics(
+        self, addresses: Iterable[str], readings: Iterable[EndpointMetrics]
+    ) -> None:
+        """`set_metrics` for endpoints read together (the simulator's scrape
+        of its whole pool), one change for all: what a reader sees is the
+        same, as none reads in between, at a call per scrape rather than
+        several per endpoint (`bench.instructions`)."""
+        endpoints = self._endpoints
+        changed = False
+        for address, metrics in zip(addresses, readings):  # noqa: B905 (a keyword parse per call)
+            current = endpoints.get(address)
+            if current is not None:
+                endpoints[address] = current.with_metrics(metrics)
+                changed = True
+        if changed:
+            self._changed(membership=False)
+
     def mark_failing(self, address: str) -> bool:
         """The latest read of `address` failed: its metrics turn stale at once
         (the last values stay). Returns whether it was not failing before."""

@@ -55,7 +55,6 @@ from types import MappingProxyType
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
-from epp.scheduling.endpoint import EndpointMetrics
 from epp.sim.blocks import block_keys
 from epp.sim.requests import (
     COMPLETED,
@@ -377,16 +376,6 @@ class Simulation:
             self._seq += 1
             heappush(heap, (when + delay, self._seq, DONE_SEEN, done))
 
-    def _done_seen(self, request: SimRequest, now: float) -> None:
-        if request.outcome is not None:
-            return
-        request.finished_at = now
-        request.outcome = COMPLETED
-        self.service_by_tenant[request.tenant] += (
-            self._weights[request.tenant][1] * request.output_tokens
-        )
-        self.policy.finished(request, now)
-
     def want_timer(self, when: float | None) -> None:
         """Make sure the policy's timer fires at `when` (None: no need)."""
         if when is not None and when < self.timer_at:
@@ -450,6 +439,8 @@ class Simulation:
         waiting_by_tenant = self.waiting_by_tenant
         arrival_time = requests[0].arrival if count else inf
         report = self._report_later if self._response_path is not None else self._report
+        service = self.service_by_tenant
+        weights = self._weights
         while True:
             if heap and heap[0][0] <= arrival_time:
                 when, _, kind, data = heappop(heap)
@@ -478,7 +469,12 @@ class Simulation:
                         data.first_token_at = when  # type: ignore[attr-defined]
                         policy.first_token(data, when)  # type: ignore[arg-type]
                 elif kind == DONE_SEEN:
-                    self._done_seen(data, when)  # type: ignore[arg-type]
+                    if data.outcome is None:  # type: ignore[attr-defined]  # else ended meanwhile
+                        data.finished_at = when  # type: ignore[attr-defined]
+                        data.outcome = COMPLETED  # type: ignore[attr-defined]
+                        tenant = data.tenant  # type: ignore[attr-defined]
+                        service[tenant] += weights[tenant][1] * data.output_tokens  # type: ignore[attr-defined]
+                        policy.finished(data, when)  # type: ignore[arg-type]
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():
                         lag = pool.scrape_lag_s
@@ -488,10 +484,7 @@ class Simulation:
                         if self.idle_capacity_s is not None:
                             self._measure_idle()
                 elif kind == PUBLISH:
-                    sampled: list[EndpointMetrics] = data  # type: ignore[assignment]
-                    set_metrics = self.store.set_metrics
-                    for address, metrics in zip(self.addresses, sampled, strict=True):
-                        set_metrics(address, metrics)
+                    self.store.set_all_metrics(self.addresses, data)  # type: ignore[arg-type]
                     policy.pool_changed(when)
                 elif kind == TIMER:
                     if when != self.timer_at:
