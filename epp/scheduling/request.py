@@ -25,6 +25,11 @@ class PrefixMatch:
         return min(self.matched * self.block_tokens, self.prompt_tokens)
 
 
+UNMEASURED = PrefixMatch("", "", 0, 0, 0, 0)
+"""The `prefix_match` of a request whose caller reports no prefix metrics
+(the simulator): set beforehand, it is kept, so the scorers build none."""
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """The parsed inference request, as the scheduler needs it.
@@ -66,7 +71,7 @@ class InferenceRequest:
     cache then matches nothing); `cache_salt` is the body's `cache_salt`.
     `kv_block_keys` caches their vLLM block keys (`kvblocks`).
     `prefix_match` is what the first prefix-cache scorer's index predicted
-    for the endpoint it was placed on. `body` is the
+    for the endpoint it was placed on (`UNMEASURED`: not wanted). `body` is the
     request body as sent upstream and `chat` whether it is a chat (messages)
     request, for the token producer.
     """

@@ -45,7 +45,7 @@ from epp.scheduling.core import build_core
 from epp.scheduling.kvblocks import KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.profiles import PREFILLER_HEADER
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import UNMEASURED, InferenceRequest
 from epp.sim.engine import Simulation
 from epp.sim.requests import COMPLETED, NO_ENDPOINTS, SimRequest
 from epp.sim.scenario import Scenario
@@ -217,7 +217,7 @@ class EppPolicy:
             b"",  # body
             False,  # chat
             self.sim.keys_of(request, *precise) if precise is not None else None,
-            None,  # prefix match
+            UNMEASURED,  # prefix match: no prefix metrics here (bench.instructions)
             request,
         )
         # All positional: calling a class with a keyword builds a dict.

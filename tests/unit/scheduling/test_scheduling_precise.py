@@ -15,7 +15,7 @@ from epp.scheduling.cache_scorers import PrecisePrefixCacheScorer
 from epp.scheduling.core import Core, build_core
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.kvblocks import AllBlocksCleared, BlockHasher, BlockStored
-from epp.scheduling.request import InferenceRequest, PrefixMatch
+from epp.scheduling.request import UNMEASURED, InferenceRequest, PrefixMatch
 
 SAMPLES = Path(__file__).parents[2] / "data" / "reference_configs"
 NOW = 100.0
@@ -115,6 +115,18 @@ def test_the_approximate_index_predicts_the_blocks_it_sent_the_endpoint_before()
     producer = "approx-prefix-cache-producer"
     assert first.prefix_match == PrefixMatch(producer, producer, 0, 5, 16, 81)
     assert second.prefix_match == PrefixMatch(producer, producer, 5, 5, 16, 81)
+
+
+def test_a_request_that_wants_no_prefix_metrics_keeps_its_unmeasured_match() -> None:
+    core = core_for(EppConfig(), Pool(endpoint(1), endpoint(2)))
+    prompt = "p" * 64 * 5 + "tail"
+    first, second = (
+        InferenceRequest("m", "m", prompt=prompt, input_tokens=81, prefix_match=UNMEASURED)
+        for _ in "12"
+    )
+    assert core.scheduler.choose(first) == core.scheduler.choose(second)
+    assert first.prefix_match is UNMEASURED
+    assert second.prefix_match is UNMEASURED
 
 
 def test_the_servers_hash_seed_from_the_config_is_used() -> None:
