@@ -1,6 +1,6 @@
 """Precise against approximate prefix routing, live through Envoy.
 
-    python3 -m bench.precise_live [--seconds S] [--rate RPS] [--json]
+    python3 -m bench.precise_live [--seconds S] [--rate RPS] [--tokenizer local|render] [--json]
 
 Four simulated vLLM servers (`epp.demo.model_server`, real time) on their own
 loopback addresses publish their KV-cache events over ZMQ; `epp serve` with
@@ -12,6 +12,13 @@ PREFIX_TOKENS tokens and a tail of the request's own, Poisson arrivals,
 streamed; each policy gets fresh servers. Hit rate: cached prompt tokens
 over prompt tokens, summed over the servers; TTFT: the client's, to the
 first streamed chunk.
+
+Tokens: with `--tokenizer local` (the default) every server tokenizes with
+a byte-level BPE trained on the run's prompts (`epp.demo.tokenizer_file`)
+and the precise EPP's token producer loads the same tokenizer.json
+(`local.modelDir`), tokenizing in process; with `render` the servers keep
+their simulated tokenizer and the token producer asks the first server's
+render endpoint (`vllm.url`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.demo.envoy_process import running_envoy
 from epp.demo.kv_publisher import port_free_on_every
 from epp.demo.model_server import KVEventsPublishing, SimulatedServer, serving_on
+from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp
 
@@ -48,18 +56,28 @@ PARAMS = ServerParams(
 )
 
 
-def servers(events_port: int) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
+def servers(
+    events_port: int, tokenizer: Path | None
+) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
     publishing = KVEventsPublishing(events_port, None)
-    return serving_on([SimulatedServer(PARAMS, MODEL, kv_events=publishing) for _ in HOSTS], HOSTS)
+    tokenize = encoder(tokenizer) if tokenizer is not None else None
+    pool = [SimulatedServer(PARAMS, MODEL, kv_events=publishing, tokenizer=tokenize) for _ in HOSTS]
+    return serving_on(pool, HOSTS)
 
 
-def precise_config(folder: Path, render: str, events_port: int) -> Path:
+def precise_config(folder: Path, render: str, events_port: int, tokenizer: Path | None) -> Path:
+    """precise-prefix.yaml with the render URL (or, with `tokenizer`, the
+    local backend on that model directory) and the servers' events port."""
     config = yaml.safe_load((ROOT / "config" / "epp" / "precise-prefix.yaml").read_text())
     for plugin in config["plugins"]:
         parameters = plugin.get("parameters") or {}
         if plugin["type"] == "token-producer":
             parameters["modelName"] = MODEL
-            parameters["vllm"]["url"] = render
+            if tokenizer is not None:
+                timeout = parameters.pop("vllm")["timeout"]
+                parameters["local"] = {"modelDir": str(tokenizer), "timeout": timeout}
+            else:
+                parameters["vllm"]["url"] = render
         if plugin["type"] == "precise-prefix-cache-producer":
             parameters["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] = events_port
     path = folder / "precise.yaml"
@@ -123,16 +141,18 @@ def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[
     }
 
 
-async def run(policy: str, arrivals: list[tuple[float, str]]) -> dict[str, Any]:
+async def run(
+    policy: str, arrivals: list[tuple[float, str]], tokenizer: Path | None
+) -> dict[str, Any]:
     events_port = port_free_on_every(HOSTS)
-    async with servers(events_port) as pool:
+    async with servers(events_port, tokenizer) as pool:
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         if policy == "round-robin":
             urls = [f"http://{address}/v1/completions" for address in addresses]
             return summary(pool, await drive(urls, arrivals), len(arrivals))
         with tempfile.TemporaryDirectory() as folder:
             config = (
-                precise_config(Path(folder), f"http://{addresses[0]}", events_port)
+                precise_config(Path(folder), f"http://{addresses[0]}", events_port, tokenizer)
                 if policy == "precise"
                 else ROOT / "config" / "epp" / "default.yaml"
             )
@@ -167,11 +187,16 @@ def token_producer_seconds(page: str) -> dict[str, float]:
     return {"token_producer_mean_s": total / count, "tokenized": count} if count else {}
 
 
-async def main_async(seconds: float, rate: float, seed: int) -> dict[str, dict[str, Any]]:
+async def main_async(
+    seconds: float, rate: float, seed: int, local: bool
+) -> dict[str, dict[str, Any]]:
     arrivals = workload(seconds, rate, seed)
-    return {
-        policy: await run(policy, arrivals) for policy in ("precise", "approximate", "round-robin")
-    }
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = train(Path(folder), [text for _, text in arrivals]) if local else None
+        return {
+            policy: await run(policy, arrivals, tokenizer)
+            for policy in ("precise", "approximate", "round-robin")
+        }
 
 
 def main() -> None:
@@ -179,9 +204,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument("--tokenizer", choices=("local", "render"), default="local")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
-    results = asyncio.run(main_async(options.seconds, options.rate, options.seed))
+    results = asyncio.run(
+        main_async(options.seconds, options.rate, options.seed, options.tokenizer == "local")
+    )
     if options.json:
         print(json.dumps(results, indent=2))
         return

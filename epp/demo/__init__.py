@@ -10,6 +10,8 @@ a real Envoy and `epp serve`, all on loopback.
 | `realtime_model` | the simulator's model server played on the event loop's clock  |
 | `server_formats` | the OpenAI bodies it reads and writes, as vLLM does             |
 | `server_metrics` | its metrics pages, posing as vLLM, SGLang or trtllm-serve       |
+| `kv_publisher`   | its KV-cache events over ZMQ, as vLLM publishes them            |
+| `tokenizer_file` | a trained tokenizer.json the servers and the EPP both load      |
 | `loadgen`        | the scenario's tenants played through Envoy                     |
 | `loadwatch`      | what the EPP saw of the servers' load, and how late             |
 | `report`         | the numbers in the shape of `epp simulate`'s report             |

@@ -7,7 +7,8 @@ The OpenAI surface a gateway sees, in vLLM's formats (`server_formats`):
 vLLM's fields, `/health`, the engine's metrics pages (`server_metrics`),
 and vLLM's tokenizer endpoints (`/v1/completions/render`,
 `/v1/chat/completions/render`, `/tokenize`) over its own tokenizer
-(`server_formats.token_ids`). With `kv_events` it publishes its prefix
+(`server_formats.token_ids`, or a real `tokenizer.json` given as
+`tokenizer`, the one an EPP's local token producer loads). With `kv_events` it publishes its prefix
 cache's stores and evictions as vLLM does (`kv_publisher`).
 A request for a model the server does not serve gets 404 (the served names
 are configurable; LoRA adapters count, and a request for one runs it); a
@@ -48,8 +49,9 @@ import contextlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -70,6 +72,7 @@ from epp.demo.server_formats import (
     token_ids,
 )
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
+from epp.demo.tokenizer_file import encoder
 from epp.extproc.headers import REQUEST_ID
 from epp.scheduling.kvblocks import BlockHasher, BlockRemoved, BlockStored, HashAlgorithm, KVEvent
 from epp.scheduling.prefix import block_hashes
@@ -127,6 +130,7 @@ class SimulatedServer:
         tokenize_delay_s: float = 0.0,
         render_endpoints: bool = True,
         timing: TextIO | None = None,
+        tokenizer: Callable[[str], list[int]] | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -146,6 +150,9 @@ class SimulatedServer:
         self.kv_events = kv_events
         self.tokenize_delay_s = tokenize_delay_s
         self.render_endpoints = render_endpoints
+        self.tokenizer = tokenizer
+        """A real tokenizer of prompt text (`epp.demo.tokenizer_file`); None:
+        the simulated one (`server_formats.token_ids`)."""
         self.timing = timing
         """Where each answered request's times go, one JSON line (module docstring)."""
         self.publisher: KVEventPublisher | None = None
@@ -277,7 +284,11 @@ class SimulatedServer:
         is_tokens = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         if api is Api.COMPLETIONS and prompt and is_tokens:
             return prompt
-        return token_ids(prompt_of(api, body))
+        return self._text_tokens(prompt_of(api, body))
+
+    def _text_tokens(self, text: str) -> list[int]:
+        tokenizer = self.tokenizer
+        return tokenizer(text) if tokenizer is not None else token_ids(text)
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")
@@ -343,6 +354,10 @@ class SimulatedServer:
         names = (*self.served, *self.lora_adapters)
         asked = read_request(api, await request.read(), names)
         prompt_tokens = asked.prompt_tokens
+        tokens: tuple[int, ...] = ()
+        if asked.prompt_text and (self._hasher is not None or self.tokenizer is not None):
+            tokens = tuple(self._text_tokens(asked.prompt_text))
+            prompt_tokens = len(tokens)
         if asked.previous_response_id is not None:
             context = self._responses.get(asked.previous_response_id)
             if context is None:
@@ -366,9 +381,7 @@ class SimulatedServer:
         remote_prefill = kv.get("do_remote_prefill") is True
         if remote_prefill:
             await asyncio.sleep(self.kv_transfer.seconds(prompt_tokens))
-        tokens: tuple[int, ...] = ()
         if self._hasher is not None:
-            tokens = tuple(token_ids(asked.prompt_text)) if asked.prompt_text else ()
             count = max(0, prompt_tokens - 1) // self.params.block_size
             blocks = self._hasher.keys(tokens, count, lora)
         else:
@@ -494,11 +507,15 @@ async def _serve(
     kv_transfer: KvTransfer,
     engine: str,
     timing_log: str | None,
+    tokenizer_dir: str | None = None,
 ) -> None:
+    tokenizer = encoder(Path(tokenizer_dir)) if tokenizer_dir else None
     with contextlib.ExitStack() as stack:
         timing = stack.enter_context(open(timing_log, "a", buffering=1)) if timing_log else None
         servers = [
-            SimulatedServer(params, model_name, kv_transfer, engine=engine, timing=timing)
+            SimulatedServer(
+                params, model_name, kv_transfer, engine=engine, timing=timing, tokenizer=tokenizer
+            )
             for _ in range(count)
         ]
         await serve_until_signalled(servers, ready_file)
@@ -531,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         help="append each answered request's times to this file, one JSON line "
         "(x-request-id; received, first token written, done; time.monotonic() seconds)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenize with DIR/tokenizer.json (epp.demo.tokenizer_file) instead of "
+        "the simulated tokenizer",
+    )
     args = parser.parse_args(argv)
     try:
         params = ServerParams(**json.loads(args.params))
@@ -549,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_transfer,
             args.engine,
             args.timing_log,
+            args.tokenizer,
         )
     )
     return 0

@@ -3,16 +3,17 @@ three simulated vLLM servers on their own loopback addresses publish their
 KV-cache events over ZMQ as vLLM does (on a port of their own that the EPP
 subscribes to, `podDiscoveryConfig.socketPort`, or connected to the EPP's
 bound `kvEventsConfig.zmqEndpoint`), the EPP tokenizes each prompt through
-a server's render endpoint, and a request goes to the server that holds its
-prefix. Each prefix is stored on its server by a request sent to that
-server directly, past the EPP, so only the server's events can tell the EPP
-where it is."""
+a server's render endpoint (or in process, with the servers' own
+`tokenizer.json`), and a request goes to the server that holds its prefix.
+Each prefix is stored on its server by a request sent to that server
+directly, past the EPP, so only the server's events can tell the EPP where
+it is."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,11 @@ import yaml
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.demo import tokenizer_file
 from epp.demo.kv_publisher import port_free_on_every
 from epp.demo.model_server import KVEventsPublishing, SimulatedServer, serving_on
 from epp.demo.server_formats import token_ids
+from epp.demo.tokenizer_file import encoder
 from epp.sim.server_model import ServerParams
 from tests.support.dashboards import read_page, reference_queries, unmet
 from tests.support.envoy import running_envoy
@@ -40,30 +43,41 @@ MODEL = "hf-repo/model-name"
 @dataclass(slots=True, frozen=True)
 class Sample:
     """A sample and what its servers run with: its block size and hash seed,
-    and whether they connect to the EPP's bound endpoint."""
+    whether they connect to the EPP's bound endpoint, and whether they and the
+    EPP's token producer (its local backend) load one trained tokenizer.json."""
 
     file: str
     block: int
     seed: str = ""
     bound: bool = False
+    local: bool = False
+
+    def name(self) -> str:
+        return self.file + (" (local tokenizer)" if self.local else "")
 
 
 SAMPLES = (
     Sample("epp-precise-prefix-cache-config.yaml", 64),
     Sample("sim-epp-kvcache-config.yaml", 16, bound=True),
     Sample("sim-epp-tokenizer-vllm-http-config.yaml", 16, "42", bound=True),
+    Sample("sim-epp-kvcache-config.yaml", 16, bound=True, local=True),
 )
 
 
 def sample_config(folder: Path, sample: Sample, render_url: str, events: str, replay: int) -> Path:
     """The sample as written, with what a deployment fills in: the model, the
-    render service's URL and where the KV-cache events come from."""
+    render service's URL (or the model directory) and where the KV-cache
+    events come from."""
     config = yaml.safe_load((SAMPLES_DIR / sample.file).read_text())
     for plugin in config["plugins"]:
         parameters = plugin.get("parameters") or {}
         if plugin["type"] == "token-producer":
             parameters["modelName"] = MODEL
-            parameters["vllm"]["url"] = render_url
+            if sample.local:
+                del parameters["vllm"]
+                parameters["local"] = {"modelDir": str(folder)}
+            else:
+                parameters["vllm"]["url"] = render_url
         if plugin["type"] == "precise-prefix-cache-producer":
             if sample.bound:
                 parameters["kvEventsConfig"]["zmqEndpoint"] = events
@@ -78,10 +92,15 @@ def sample_config(folder: Path, sample: Sample, render_url: str, events: str, re
 
 
 def servers(
-    sample: Sample, events: str, replay: int, replays: int = len(HOSTS)
+    sample: Sample,
+    events: str,
+    replay: int,
+    replays: int = len(HOSTS),
+    tokenizer: Callable[[str], list[int]] | None = None,
 ) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
-    """A server on each of HOSTS publishing as `sample` says; only the first
-    `replays` of them keep a replay socket."""
+    """A server on each of HOSTS publishing as `sample` says, tokenizing
+    with `tokenizer` (None: the simulated one); only the first `replays` of
+    them keep a replay socket."""
     port = int(events.rsplit(":", 1)[1])
     params = ServerParams(block_size=sample.block, kv_blocks=4000)
     publishing = [
@@ -91,7 +110,11 @@ def servers(
         for index in range(len(HOSTS))
     ]
     return serving_on(
-        [SimulatedServer(params, MODEL, kv_events=each) for each in publishing], HOSTS
+        [
+            SimulatedServer(params, MODEL, kv_events=each, tokenizer=tokenizer)
+            for each in publishing
+        ],
+        HOSTS,
     )
 
 
@@ -120,7 +143,10 @@ async def complete(session: aiohttp.ClientSession, url: str, text: str) -> dict:
 
 @contextlib.asynccontextmanager
 async def publishing_servers(
-    sample: Sample, replays: int, attempts: int = 5
+    sample: Sample,
+    replays: int,
+    tokenizer: Callable[[str], list[int]] | None = None,
+    attempts: int = 5,
 ) -> AsyncIterator[tuple[list[SimulatedServer], str, int]]:
     """`servers` on an events port and a replay port free on every host, with
     the endpoint and replay port; new ports when another process binds a probed
@@ -130,7 +156,9 @@ async def publishing_servers(
             events = f"tcp://{HOSTS[0]}:{port_free_on_every(HOSTS)}"
             replay = port_free_on_every(HOSTS)
             try:
-                pool = await exits.enter_async_context(servers(sample, events, replay, replays))
+                pool = await exits.enter_async_context(
+                    servers(sample, events, replay, replays, tokenizer)
+                )
             except zmq.ZMQError as error:
                 if error.errno != zmq.EADDRINUSE or attempt == attempts - 1:
                     raise
@@ -143,7 +171,12 @@ async def publishing_servers(
 async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
     """The servers, the EPP serving `sample` and Envoy; each prefix of HOMES
     stored on its server directly, and the EPP's index holding them."""
-    async with publishing_servers(sample, replays) as (pool, events, replay):
+    tokenize = token_ids
+    if sample.local:
+        corpus = [prompt(prefix, turn) for prefix in HOMES for turn in range(4)]
+        tokenize = encoder(tokenizer_file.train(tmp_path, corpus))
+    servers_tokenizer = tokenize if sample.local else None
+    async with publishing_servers(sample, replays, servers_tokenizer) as (pool, events, replay):
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         config = sample_config(tmp_path, sample, f"http://{addresses[0]}", events, replay)
         async with (
@@ -159,7 +192,7 @@ async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
                 await complete(session, direct, prompt(prefix, 0))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10
-            blocks = sum(len(token_ids(prompt(p, 0))) // sample.block for p in HOMES)
+            blocks = sum(len(tokenize(prompt(p, 0))) // sample.block for p in HOMES)
             name = "llm_d_epp_kv_cache_index_blocks"
             while (await series(session, epp.metrics_url, name)).get((), 0) < blocks:
                 assert loop.time() < deadline, f"the index never held {blocks} blocks:\n{epp.log()}"
@@ -177,7 +210,7 @@ HOMES = {"alpha": 1, "beta": 2}
 """Each prefix and the server it is stored on."""
 
 
-@pytest.mark.parametrize("sample", SAMPLES, ids=lambda sample: sample.file)
+@pytest.mark.parametrize("sample", SAMPLES, ids=Sample.name)
 async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(tmp_path, sample):
     async with stack(tmp_path, sample) as (pool, addresses, epp, gateway, session):
         before = [server.model.admitted_total for server in pool]

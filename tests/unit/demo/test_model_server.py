@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.reader import MetricsReader
 from epp.demo.model_server import SimulatedServer
+from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
 from tests.support.waiting import eventually
 
@@ -110,6 +111,18 @@ async def test_a_repeated_prompt_reports_its_full_blocks_but_the_last_token_as_c
         assert status == 200
         cached.append(json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"])
     assert cached == [0, 48]  # three blocks of 16; the 49th token is computed
+
+
+async def test_with_a_tokenizer_json_the_prompt_counts_and_renders_in_its_tokens(tmp_path):
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    encode = encoder(train(tmp_path, [text]))
+    async with running(tokenizer=encode) as (_, url):
+        body = {"model": MODEL, "prompt": text, "max_tokens": 2}
+        status, reply, _ = await post(f"{url}/v1/completions", body)
+        _, rendered, _ = await post(f"{url}/v1/completions/render", body)
+    assert status == 200
+    assert json.loads(reply)["usage"]["prompt_tokens"] == len(encode(text)) != len(text) // 4
+    assert json.loads(rendered)[0]["token_ids"] == encode(text)
 
 
 async def test_streaming_chat_sends_a_role_chunk_then_every_token_then_usage_then_done(
