@@ -9,8 +9,9 @@ Backends (`epp.config.precise.TokenizerSettings`):
 - `udsTokenizerConfig`: the reference's tokenizer sidecar, HTTP on a Unix
   socket: `/chat-template` renders a chat, `/tokenize` tokenizes text.
 - `local`: the Hugging Face `tokenizers` library on the model directory's
-  `tokenizer.json`, on the prompt text (no chat template), in a small thread
-  pool (`tokenizers` releases the GIL while it encodes).
+  `tokenizer.json`, on the prompt text (no chat template): on the event loop
+  up to `INLINE_CHARS`, beyond in a small thread pool (`tokenizers` releases
+  the GIL while it encodes).
 - `estimate`: nothing; tokens stay estimated (characters / 4).
 
 Whatever happens, the request goes on: a backend slower than its timeout
@@ -44,6 +45,13 @@ CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETIONS_RENDER = "/v1/completions/render"
 TOKENIZE = "/tokenize"
 MAX_RESPONSE_BYTES = 64 << 20
+
+INLINE_CHARS = 16_384
+INLINE_TOKENS = 4_096
+"""Prompts up to INLINE_CHARS characters are encoded, and their block keys
+up to INLINE_TOKENS tokens hashed, on the event loop: about a millisecond
+each, less than handing them to a thread costs (a thread waits for the GIL
+up to a switch interval, 5 ms, each way, while the loop is busy)."""
 
 
 class TokenizeError(Exception):
@@ -194,8 +202,11 @@ class LocalTokenizer:
         return self._tokenizer.encode_batch([text], add_special_tokens=True)[0].ids
 
     async def tokens(self, request: InferenceRequest) -> list[int]:
+        text = request.prompt
+        if len(text) <= INLINE_CHARS:
+            return self.encode(text)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.encode, request.prompt)
+        return await loop.run_in_executor(self._pool, self.encode, text)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -230,8 +241,9 @@ class TokenProducer:
         self._in_flight = 0
         self._keys = keys
         """The precise prefix cache's block keys of the tokens (None: not
-        configured now), hashed in a worker thread: a long prompt's keys
-        take tens of milliseconds, which the event loop must not spend."""
+        configured now), hashed in a worker thread past INLINE_TOKENS: a
+        long prompt's keys take tens of milliseconds, which the event loop
+        must not spend."""
 
     async def tokenize(self, request: InferenceRequest) -> None:
         """Set `request.token_ids` (and its token count); on any failure
@@ -264,8 +276,12 @@ class TokenProducer:
         request.token_ids = tokens
         request.input_tokens = len(tokens)
         self.stats.tokenized += 1
-        if self._keys is not None and tokens:
-            request.kv_block_keys = await asyncio.to_thread(self._keys, tokens, request.cache_salt)
+        keys = self._keys
+        if keys is not None and tokens:
+            if len(tokens) <= INLINE_TOKENS:
+                request.kv_block_keys = keys(tokens, request.cache_salt)
+            else:
+                request.kv_block_keys = await asyncio.to_thread(keys, tokens, request.cache_salt)
 
     async def close(self) -> None:
         await self.backend.close()

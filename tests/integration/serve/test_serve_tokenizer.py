@@ -23,7 +23,13 @@ from epp.demo.model_server import SimulatedServer
 from epp.demo.server_formats import token_ids
 from epp.scheduling.kvblocks import BlockHasher, PreciseConfig
 from epp.scheduling.request import InferenceRequest
-from epp.serve.tokenizer import LocalTokenizer, TokenProducer, UdsSidecar, backend_for
+from epp.serve.tokenizer import (
+    INLINE_TOKENS,
+    LocalTokenizer,
+    TokenProducer,
+    UdsSidecar,
+    backend_for,
+)
 from epp.sim.server_model import ServerParams
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 30}]}
@@ -85,12 +91,14 @@ async def test_a_long_prompts_tokens_arrive_whole_over_many_reads() -> None:
     assert request.token_ids == token_ids(prompt)
 
 
-async def test_the_precise_block_keys_are_hashed_off_the_event_loop() -> None:
+async def keys_hashed_in(prompt: str) -> tuple[InferenceRequest, set[int]]:
+    """A completion of `prompt` tokenized by a server's render endpoint, and
+    the threads its block keys were hashed in."""
     precise = PreciseConfig(hasher=BlockHasher(16))
-    threads = []
+    threads = set()
 
     def keys(tokens, salt):
-        threads.append(threading.get_ident())
+        threads.add(threading.get_ident())
         return precise.keys_of(tokens, salt)
 
     async with vllm_server() as url:
@@ -98,12 +106,25 @@ async def test_the_precise_block_keys_are_hashed_off_the_event_loop() -> None:
         backend = backend_for(settings)
         assert backend is not None
         tokens = TokenProducer(settings, backend, keys=keys)
-        request = completion_request()
+        body = orjson.dumps({"model": "m", "prompt": prompt})
+        request = InferenceRequest("m", "m", prompt=prompt, body=body)
         await tokens.tokenize(request)
         await tokens.close()
-    assert request.kv_block_keys == precise.keys_of(token_ids(COMPLETION["prompt"]))
+    assert request.kv_block_keys == precise.keys_of(token_ids(prompt))
     assert len(request.kv_block_keys) == len(request.token_ids) // 16
+    return request, threads
+
+
+async def test_a_long_prompts_block_keys_are_hashed_off_the_event_loop() -> None:
+    request, threads = await keys_hashed_in("once upon a time " * 4_000)
+    assert len(request.token_ids) > INLINE_TOKENS
     assert threads and threading.get_ident() not in threads
+
+
+async def test_a_short_prompts_block_keys_are_hashed_on_the_event_loop() -> None:
+    request, threads = await keys_hashed_in(COMPLETION["prompt"])
+    assert len(request.token_ids) <= INLINE_TOKENS
+    assert threads == {threading.get_ident()}  # no thread's GIL wait
 
 
 async def test_a_tokenizer_slower_than_its_timeout_leaves_the_estimate() -> None:
@@ -164,7 +185,7 @@ async def test_the_local_backend_tokenizes_with_the_model_directorys_tokenizer_j
     assert request.token_ids[:4] == [1, 2, 3, 4]
 
 
-async def test_the_local_backend_encodes_off_the_event_loop(tmp_path: Path) -> None:
+async def test_the_local_backend_encodes_a_long_prompt_off_the_event_loop(tmp_path: Path) -> None:
     write_tokenizer(tmp_path)
     local = LocalTokenizer(str(tmp_path))
     request = InferenceRequest("m", "m", prompt="once upon a time " * 25_000)
@@ -182,6 +203,23 @@ async def test_the_local_backend_encodes_off_the_event_loop(tmp_path: Path) -> N
     await local.close()
     assert len(tokens) == 100_000
     assert ticks > 2  # the loop ran while the encode was under way
+
+
+async def test_the_local_backend_encodes_a_short_prompt_on_the_event_loop(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path)
+    local = LocalTokenizer(str(tmp_path))
+    threads = set()
+    encode = local.encode
+
+    def recording(text: str) -> list[int]:
+        threads.add(threading.get_ident())
+        return encode(text)
+
+    local.encode = recording  # type: ignore[method-assign]
+    tokens = await local.tokens(completion_request())
+    await local.close()
+    assert len(tokens) == 120
+    assert threads == {threading.get_ident()}
 
 
 def test_a_model_directory_without_tokenizer_json_is_refused_at_start(tmp_path: Path) -> None:
