@@ -16,6 +16,9 @@ the block keys in a worker thread), per request: the vllm backend's render
 round trip to an idle simulated vLLM server on loopback, and the local
 backend; the samples' median and 90th percentile, and the samples
 themselves (`--json`: what a scenario's `epp.token_producer_ms` draws from).
+The local backend again on a loop busy with other work (`on_a_busy_loop`),
+as `epp serve` runs it (a short prompt on the loop) and always in threads,
+alternating request by request.
 """
 
 from __future__ import annotations
@@ -162,7 +165,46 @@ async def producers(tokens: int, count: int) -> dict[str, list[float]]:
             tokenized = await producer_seconds(local, text, count)
         finally:
             await local.close()
-    return {"vllm_render_s": rendered, "local_s": tokenized}
+        busy = await on_a_busy_loop(folder, text, count)
+    return {"vllm_render_s": rendered, "local_s": tokenized, **busy}
+
+
+BUSY_TASKS = 3
+BUSY_WORK = 20_000
+"""The busy loop's stand-in for other streams: BUSY_TASKS tasks, each summing
+range(BUSY_WORK) (about 0.3 ms) between yields."""
+
+
+async def on_a_busy_loop(folder: str, text: str, count: int) -> dict[str, list[float]]:
+    """Per-request seconds of the local backend on a loop that is busy with
+    other work, as the EPP's is under load: as `epp serve` runs it (a short
+    prompt encoded and its keys hashed on the loop) and always in threads,
+    the two alternating request by request."""
+    keys = BlockHasher(16).keys
+    settings = TokenizerSettings(TokenizerBackend.LOCAL, "model", model_dir=folder)
+    served = TokenProducer(settings, LocalTokenizer(folder), keys=keys)
+    threaded = TokenProducer(
+        settings, LocalTokenizer(folder, inline_chars=0), keys=keys, inline_tokens=0
+    )
+    stop = asyncio.Event()
+
+    async def other_streams() -> None:
+        while not stop.is_set():
+            sum(range(BUSY_WORK))
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(other_streams()) for _ in range(BUSY_TASKS)]
+    samples: dict[str, list[float]] = {"local_busy_s": [], "local_busy_threads_s": []}
+    try:
+        for _ in range(count):
+            for name, producer in (("local_busy_s", served), ("local_busy_threads_s", threaded)):
+                samples[name] += await producer_seconds(producer, text, 1)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await served.close()
+        await threaded.close()
+    return samples
 
 
 def quantiles(samples: list[float]) -> tuple[float, float]:
@@ -203,7 +245,7 @@ def main() -> None:
             f"{r['tokens']:>7,} tokens ({r['blocks']:,} blocks): hash {r['hash_s'] * 1e3:.3f} ms, "
             f"lookup {r['lookup_s'] * 1e6:.1f} us, tokenize {r['tokenize_s'] * 1e3:.3f} ms"
         )
-        for backend in ("vllm_render_s", "local_s"):
+        for backend in ("vllm_render_s", "local_s", "local_busy_s", "local_busy_threads_s"):
             p50, p90 = quantiles(r[backend])
             print(
                 f"{'':>7}  token producer, {backend[:-2].replace('_', ' ')}: "

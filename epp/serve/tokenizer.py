@@ -184,7 +184,7 @@ class UdsSidecar:
 class LocalTokenizer:
     """`tokenizer.json` from a model directory, encoding in worker threads."""
 
-    def __init__(self, model_dir: str, workers: int = 2) -> None:
+    def __init__(self, model_dir: str, workers: int = 2, inline_chars: int = INLINE_CHARS) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         path = Path(model_dir) / "tokenizer.json"
@@ -195,6 +195,7 @@ class LocalTokenizer:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="tokenizer"
         )
+        self.inline_chars = inline_chars
 
     def encode(self, text: str) -> list[int]:
         # encode_batch releases the GIL while it encodes; encode holds it,
@@ -203,7 +204,7 @@ class LocalTokenizer:
 
     async def tokens(self, request: InferenceRequest) -> list[int]:
         text = request.prompt
-        if len(text) <= INLINE_CHARS:
+        if len(text) <= self.inline_chars:
             return self.encode(text)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.encode, text)
@@ -233,6 +234,7 @@ class TokenProducer:
         observe: Callable[[float], None] | None = None,
         stats: TokenizerStats | None = None,
         keys: Callable[[Sequence[int], str | None], tuple[int, ...] | None] | None = None,
+        inline_tokens: int = INLINE_TOKENS,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -240,6 +242,7 @@ class TokenProducer:
         self._observe = observe
         self._in_flight = 0
         self._keys = keys
+        self.inline_tokens = inline_tokens
         """The precise prefix cache's block keys of the tokens (None: not
         configured now), hashed in a worker thread past INLINE_TOKENS: a
         long prompt's keys take tens of milliseconds, which the event loop
@@ -278,7 +281,7 @@ class TokenProducer:
         self.stats.tokenized += 1
         keys = self._keys
         if keys is not None and tokens:
-            if len(tokens) <= INLINE_TOKENS:
+            if len(tokens) <= self.inline_tokens:
                 request.kv_block_keys = keys(tokens, request.cache_salt)
             else:
                 request.kv_block_keys = await asyncio.to_thread(keys, tokens, request.cache_salt)
