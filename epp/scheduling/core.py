@@ -230,6 +230,8 @@ class Core:
     def first_token(self, request: FlowRequest, now: float) -> list[FlowRequest]:
         """A streamed response's first token reached the EPP: its server runs
         the request. The room that may make is for queued requests only."""
+        if self.load is not None:
+            self.load.on_first_token(request)
         adaptive = self.adaptive
         if adaptive is None or not adaptive.on_first_token(request):
             return []

@@ -251,7 +251,7 @@ ENTRIES: tuple[PluginType, ...] = (
     PluginType(
         "inflight-load-producer",
         Kind.PRODUCER,
-        "counts requests and tokens in flight per pod, from dispatch to response",
+        "counts requests in flight per pod to their end, uncached prompt tokens to the first token",
         (
             Param("addEstimatedOutputTokens", T.BOOL, False, "count estimated output tokens too"),
             Param("outputRatio", T.FLOAT, 1.5, "estimated output / input tokens", 0),

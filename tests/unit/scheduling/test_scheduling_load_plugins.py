@@ -18,10 +18,10 @@ from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.config import SchedulingConfig
-from epp.scheduling.core import build_core
+from epp.scheduling.core import Core, build_core
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.inflight import InFlightLoad
-from epp.scheduling.request import InferenceRequest
+from epp.scheduling.request import InferenceRequest, PrefixMatch
 from epp.scheduling.spec import BuildContext
 
 HEAD = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -79,6 +79,26 @@ def test_in_flight_load_counts_requests_and_tokens_per_endpoint_until_they_end()
     assert (load.requests_at("10.0.0.1:8000"), load.tokens_at("10.0.0.1:8000")) == (1, 50)
 
 
+def test_in_flight_tokens_leave_at_the_first_token_and_the_request_at_its_end():
+    load = InFlightLoad()
+    streamed = in_flight(load, pod(1), 100)
+    in_flight(load, pod(1), 50)
+    load.on_first_token(streamed)
+    assert (load.requests_at("10.0.0.1:8000"), load.tokens_at("10.0.0.1:8000")) == (2, 50)
+    load.on_complete(streamed)
+    assert (load.requests_at("10.0.0.1:8000"), load.tokens_at("10.0.0.1:8000")) == (1, 50)
+
+
+def test_in_flight_load_charges_only_the_prompt_not_cached_where_it_was_placed():
+    load = InFlightLoad()
+    payload = request(tokens=100)
+    payload.prefix_match = PrefixMatch("p", "approx-prefix-cache-producer", 3, 6, 16, 100)
+    flow_request = FlowRequest("r", "f", 0, 0.0, input_tokens=100, payload=payload)
+    flow_request.endpoint = pod(1).address
+    load.on_dispatch(flow_request)
+    assert load.tokens_at("10.0.0.1:8000") == 100 - 3 * 16
+
+
 def test_in_flight_load_gives_back_what_it_charged_even_if_the_estimate_changed():
     load = InFlightLoad()
     charged = in_flight(load, pod(1), 100)
@@ -87,7 +107,8 @@ def test_in_flight_load_gives_back_what_it_charged_even_if_the_estimate_changed(
     assert load.tokens_at("10.0.0.1:8000") == 0
 
 
-def test_the_core_tells_the_in_flight_load_of_dispatches_when_a_plugin_reads_it():
+def token_load_core() -> Core:
+    """The core of a one-pod pool whose profile has a token-load-scorer."""
     config = parse_config(
         {
             **HEAD,
@@ -97,9 +118,23 @@ def test_the_core_tells_the_in_flight_load_of_dispatches_when_a_plugin_reads_it(
     ).scheduling
     pool = PoolSnapshot(endpoints=(pod(1),), version=1, membership=1)
     core = build_core(FlowControlConfig(), config, lambda: pool, lambda: NOW, random.Random(1))
+    return core
+
+
+def test_the_core_tells_the_in_flight_load_of_dispatches_when_a_plugin_reads_it():
+    core = token_load_core()
     flow_request = FlowRequest("r", "f", 0, NOW, input_tokens=40, payload=request())
     core.controller.enqueue_and_dispatch(flow_request, NOW)
     assert core.load is not None and core.load.tokens_at("10.0.0.1:8000") == 40
+
+
+def test_the_core_takes_a_requests_tokens_off_its_endpoint_at_its_first_token():
+    core = token_load_core()
+    flow_request = FlowRequest("r", "f", 0, NOW, input_tokens=40, payload=request())
+    core.controller.enqueue_and_dispatch(flow_request, NOW)
+    core.first_token(flow_request, NOW + 0.1)
+    assert core.load is not None
+    assert (core.load.requests_at("10.0.0.1:8000"), core.load.tokens_at("10.0.0.1:8000")) == (1, 0)
 
 
 def test_the_core_has_no_in_flight_load_when_no_plugin_reads_it():
