@@ -167,6 +167,26 @@ async def publishing_servers(
             return
 
 
+RECEIVED = "llm_d_epp_kv_cache_events_messages_received_total"
+
+
+async def until_subscribed(
+    session: aiohttp.ClientSession, metrics_url: str, address: str, attempts: int = 40
+) -> None:
+    """Once the EPP has received a message from the server at `address`: a
+    subscription takes effect some time after the connection, and what the
+    server publishes before it is dropped, so a request of its own (a new
+    prompt each try) is sent to the server until one's events arrive."""
+    for attempt in range(attempts):
+        await complete(session, f"http://{address}/v1/completions", prompt(f"warm{attempt}", 0))
+        for _ in range(10):
+            received = await series(session, metrics_url, RECEIVED)
+            if any(dict(labels).get("pod_identifier") == address for labels in received):
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"no KV-cache events from {address} reached the EPP")
+
+
 @contextlib.asynccontextmanager
 async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
     """The servers, the EPP serving `sample` and Envoy; each prefix of HOMES
@@ -187,13 +207,16 @@ async def stack(tmp_path: Path, sample: Sample, replays: int = len(HOSTS)):
             for server in pool:  # a PUB drops what it sends before it is connected
                 assert server.publisher is not None
                 await asyncio.wait_for(server.publisher.connected.wait(), 10)
+            for address in addresses:
+                await until_subscribed(session, epp.metrics_url, address)
+            name = "llm_d_epp_kv_cache_index_blocks"
+            held = (await series(session, epp.metrics_url, name)).get((), 0)
             for prefix, home in HOMES.items():
                 direct = f"http://{addresses[home]}/v1/completions"
                 await complete(session, direct, prompt(prefix, 0))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10
-            blocks = sum(len(tokenize(prompt(p, 0))) // sample.block for p in HOMES)
-            name = "llm_d_epp_kv_cache_index_blocks"
+            blocks = held + sum(len(tokenize(prompt(p, 0))) // sample.block for p in HOMES)
             while (await series(session, epp.metrics_url, name)).get((), 0) < blocks:
                 assert loop.time() < deadline, f"the index never held {blocks} blocks:\n{epp.log()}"
                 await asyncio.sleep(0.05)
@@ -219,9 +242,7 @@ async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(t
                 await complete(session, gateway, prompt(prefix, turn))
         served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
         assert served == [0, 3, 3], served
-        received = await series(
-            session, epp.metrics_url, "llm_d_epp_kv_cache_events_messages_received_total"
-        )
+        received = await series(session, epp.metrics_url, RECEIVED)
         assert {dict(labels)["pod_identifier"] for labels in received} >= set(addresses[1:])
 
 
