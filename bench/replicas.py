@@ -12,6 +12,21 @@ and a cut link do to the traffic.
   request around the kill, the slowest request.
 - partition: the replica behind the relay is cut for 1.5 s; non-200
   answers, and how long after the cut ends it logs that it rejoined.
+- fairness (`--fairness-s`, `--fairness-policy`): the tenants of config/scenarios/unequal-tenants
+  (prompt and output tokens as it gives them, each tenant backlogged by
+  `TENANT_CLIENTS` closed-loop clients, the answer held 0.2 ms per prompt
+  and 2 ms per output token), plus a light stream of the higher `chat`
+  band; once all through the decider's Envoy (one process decides its own
+  requests), once spread over the three replicas' Envoys. From the merged
+  records (the decider's decision log at debug, each model server's start
+  and end of each request): priority inversions (a request decided while
+  one of a higher band, already received at the decider, waited there),
+  each endpoint's peak against its limit, and the VTC gap: the largest
+  difference in weighted token service (1 x prompt tokens when a request
+  starts at its server, 2 x output tokens when it ends) between tenants
+  over runs of 20 ms samples with the same tenants backlogged (sent, not
+  started), as `epp.sim.report.band_fairness` measures it, against the
+  single-process bound (2 x the largest single-request charge).
 
 The model servers answer at once (no hold) for the forwarding run, so the
 figure is the EPP path; 50 ms per request in the other two.
@@ -31,7 +46,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.replicas import complete, replicated_pool
+from epp.sim.scenario_file import load_scenario
+from tests.support.replicas import LIMIT, complete, config_with_fairness, replicated_pool
 
 CLIENTS = 8
 
@@ -135,41 +151,231 @@ async def partition() -> dict:
     }
 
 
-async def run(requests: int) -> dict:
-    return {
-        "forwarding": await forwarding(requests),
-        "kill": await kill(),
-        "partition": await partition(),
+TENANT_CLIENTS = 8
+SAMPLE_S = 0.02
+DECISIONS = "epp.serve.decider.decisions"
+UNEQUAL_TENANTS = Path(__file__).parent.parent / "config/scenarios/unequal-tenants.yaml"
+
+
+def tenant_sizes() -> dict[str, tuple[int, int]]:
+    """Each unequal-tenants tenant's (prompt, output) tokens."""
+    scenario = load_scenario(UNEQUAL_TENANTS)
+    return {t.name: (int(t.prompt_tokens.a), int(t.output_tokens.a)) for t in scenario.tenants}
+
+
+async def fair_request(
+    session: aiohttp.ClientSession, url: str, name: str, objective: str, tenant: str,
+    sizes: tuple[int, int], sent: list,
+) -> int:  # fmt: skip
+    prompt_tokens, output_tokens = sizes
+    body = {
+        "model": "m",
+        "prompt": name.ljust(4 * prompt_tokens, "x"),
+        "max_tokens": output_tokens,
+        "hold_s": 0.0002 * prompt_tokens + 0.002 * output_tokens,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": output_tokens},
     }
+    headers = {"x-llm-d-inference-objective": objective, "x-llm-d-inference-fairness-id": tenant}
+    sent.append((name, tenant, time.monotonic()))
+    async with session.post(url, data=json.dumps(body), headers=headers) as response:
+        await response.read()
+        return response.status
+
+
+def decision_lines(log: str) -> list[tuple[str, int, float, float]]:
+    """(request id, priority, received, decided) per dispatch in a decision log."""
+    found = []
+    for line in log.splitlines():
+        if " decision " not in line or "outcome dispatched" not in line:
+            continue
+        words = line.split(" decision ", 1)[1].split()
+        found.append((words[0], int(words[2]), float(words[4]), float(words[6])))
+    return found
+
+
+def inversions(decided: list[tuple[str, int, float, float]]) -> int:
+    """Dispatches made while a request of a higher band waited at the decider."""
+    count = 0
+    for _, priority, _, at in decided:
+        count += any(p > priority and received < at < done for _, p, received, done in decided)
+    return count
+
+
+def vtc_gap(records: list[dict], sent: list, sizes: dict[str, tuple[int, int]]) -> float:
+    """The largest service difference over runs of samples with the same
+    backlogged tenants (`epp.sim.report.band_fairness`)."""
+    tenants = sorted(sizes)
+    started = {r["prompt"].rstrip("x"): r for r in records}
+    events = []  # (time, tenant, service) and backlog (+1 sent, -1 started)
+    backlog_events = []
+    for name, tenant, at in sent:
+        if tenant not in sizes or name not in started:
+            continue
+        record = started[name]
+        prompt_tokens, output_tokens = sizes[tenant]
+        events += [
+            (record["at"], tenant, prompt_tokens),
+            (record["ended"], tenant, 2 * output_tokens),
+        ]
+        backlog_events += [(at, tenant, 1), (record["at"], tenant, -1)]
+    events.sort()
+    backlog_events.sort()
+    begin = min(at for at, _, _ in backlog_events)
+    end = max(at for at, _, _ in events)
+    service = dict.fromkeys(tenants, 0.0)
+    waiting = dict.fromkeys(tenants, 0)
+    e = b = 0
+    current: tuple[str, ...] = ()
+    start: dict[str, float] = {}
+    gap = 0.0
+    t = begin
+    while t <= end:
+        while e < len(events) and events[e][0] <= t:
+            service[events[e][1]] += events[e][2]
+            e += 1
+        while b < len(backlog_events) and backlog_events[b][0] <= t:
+            waiting[backlog_events[b][1]] += backlog_events[b][2]
+            b += 1
+        backlogged = tuple(name for name in tenants if waiting[name] > 0)
+        if backlogged != current:
+            current, start = backlogged, dict(service)
+        if len(current) >= 2:
+            received = [service[name] - start[name] for name in current]
+            gap = max(gap, max(received) - min(received))
+        t += SAMPLE_S
+    return gap
+
+
+async def fairness_run(seconds: float, spread: bool, policy: str) -> dict:
+    sizes = tenant_sizes()
+    with tempfile.TemporaryDirectory() as workdir:
+        async with (
+            replicated_pool(
+                Path(workdir),
+                decider_args=(f"--logger-levels={DECISIONS}=debug",),
+                config=config_with_fairness(policy),
+            ) as (pool, _),
+            aiohttp.ClientSession() as session,
+        ):  # fmt: skip
+            urls = pool.urls if spread else pool.urls[:1]
+            sent: list = []
+            statuses: list[int] = []
+            deadline = time.monotonic() + seconds
+
+            async def tenant_client(tenant: str, n: int) -> None:
+                k = 0
+                while time.monotonic() < deadline:
+                    url = urls[(n + k) % len(urls)]
+                    name = f"{tenant}.{n}.{k}"
+                    statuses.append(
+                        await fair_request(
+                            session, url, name, "standard", tenant, sizes[tenant], sent
+                        )
+                    )
+                    k += 1
+
+            async def chat_client() -> None:
+                k = 0
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(0.25)
+                    name = f"chat.{k}"
+                    statuses.append(
+                        await fair_request(
+                            session, urls[k % len(urls)], name, "chat", "chat", (20, 5), sent
+                        )
+                    )
+                    k += 1
+
+            await asyncio.gather(
+                chat_client(),
+                *(tenant_client(t, n) for t in sizes for n in range(TENANT_CLIENTS)),
+            )
+            decided = decision_lines(pool.decider.log())
+            records = [r for server in pool.servers for r in server.received if "ended" in r]
+            peaks = pool.peaks()
+    largest = max(p + 2 * o for p, o in sizes.values())
+    return {
+        "replicas_used": len(urls),
+        "requests": len(statuses),
+        "not_200": sum(1 for status in statuses if status != 200),
+        "decisions_logged": len(decided),
+        "priority_inversions": inversions(decided),
+        "peak_per_endpoint": peaks,
+        "limit": LIMIT,
+        "vtc_gap": vtc_gap(records, sent, sizes),
+        "vtc_bound": 2 * largest,
+    }
+
+
+async def fairness(seconds: float, policy: str) -> dict:
+    return {
+        "policy": policy,
+        "one_process": await fairness_run(seconds, False, policy),
+        "three_replicas": await fairness_run(seconds, True, policy),
+    }
+
+
+async def run(requests: int, fairness_s: float, policy: str, only: str | None) -> dict:
+    cases = {
+        "forwarding": lambda: forwarding(requests),
+        "kill": kill,
+        "partition": partition,
+        "fairness": lambda: fairness(fairness_s, policy),
+    }
+    return {name: await case() for name, case in cases.items() if only in (None, name)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.replicas", description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--fairness-s", type=float, default=20.0)
+    parser.add_argument(
+        "--fairness-policy",
+        default="vtc-fairness-policy",
+        choices=(
+            "vtc-fairness-policy",
+            "round-robin-fairness-policy",
+            "global-strict-fairness-policy",
+        ),
+    )
+    parser.add_argument("--only", choices=("forwarding", "kill", "partition", "fairness"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    report = asyncio.run(run(args.requests))
+    report = asyncio.run(run(args.requests, args.fairness_s, args.fairness_policy, args.only))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    fwd = report["forwarding"]
-    print(
-        f"forwarding ({fwd['requests_each']} each): decided here p50 "
-        f"{fwd['decided_here_ms']['p50']:.2f} ms p90 {fwd['decided_here_ms']['p90']:.2f} ms; "
-        f"forwarded p50 {fwd['forwarded_ms']['p50']:.2f} ms p90 "
-        f"{fwd['forwarded_ms']['p90']:.2f} ms; ratio {fwd['p50_ratio']:.2f}"
-    )
-    k = report["kill"]
-    print(
-        f"kill -9: {k['requests']} requests, {k['not_200']} not 200, longest gap "
-        f"{k['longest_gap_ms']:.0f} ms, slowest {k['slowest_ms']:.0f} ms "
-        f"(median {k['median_ms']:.0f} ms), peaks {k['peak_per_endpoint']}"
-    )
-    p = report["partition"]
-    print(
-        f"partition: {p['requests']} requests, {p['not_200']} not 200, rejoined "
-        f"{p['rejoined_after_ms']:.0f} ms after the cut ended, peaks {p['peak_per_endpoint']}"
-    )
+    if "forwarding" in report:
+        fwd = report["forwarding"]
+        print(
+            f"forwarding ({fwd['requests_each']} each): decided here p50 "
+            f"{fwd['decided_here_ms']['p50']:.2f} ms p90 {fwd['decided_here_ms']['p90']:.2f} ms; "
+            f"forwarded p50 {fwd['forwarded_ms']['p50']:.2f} ms p90 "
+            f"{fwd['forwarded_ms']['p90']:.2f} ms; ratio {fwd['p50_ratio']:.2f}"
+        )
+    if "kill" in report:
+        k = report["kill"]
+        print(
+            f"kill -9: {k['requests']} requests, {k['not_200']} not 200, longest gap "
+            f"{k['longest_gap_ms']:.0f} ms, slowest {k['slowest_ms']:.0f} ms "
+            f"(median {k['median_ms']:.0f} ms), peaks {k['peak_per_endpoint']}"
+        )
+    if "partition" in report:
+        p = report["partition"]
+        print(
+            f"partition: {p['requests']} requests, {p['not_200']} not 200, rejoined "
+            f"{p['rejoined_after_ms']:.0f} ms after the cut ended, peaks {p['peak_per_endpoint']}"
+        )
+    for name, f in report.get("fairness", {}).items():
+        if name == "policy":
+            continue
+        print(
+            f"fairness ({report['fairness']['policy']}), {name}: {f['requests']} requests, "
+            f"{f['not_200']} not 200, "
+            f"{f['priority_inversions']} priority inversions in {f['decisions_logged']} decisions, "
+            f"peaks {f['peak_per_endpoint']} (limit {f['limit']}), VTC gap {f['vtc_gap']:.0f} "
+            f"(bound {f['vtc_bound']})"
+        )
     return 0
 
 

@@ -186,7 +186,7 @@ class EppParts:
                 limit_of,
                 self._addresses,
             )
-            on_outcome = decided_then(self.decider.owner.decided, on_outcome)
+            on_outcome = decided_then(self.decider.decided, on_outcome)
         self.replica: ReplicaAdmission | None = None
         if options.decider is not None or (options.cluster and options.decider_port is not None):
             self.replica = ReplicaAdmission(

@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from epp.k8s.cluster import ClusterMode
 
 log = logging.getLogger("epp.serve.decider")
+decisions = logging.getLogger("epp.serve.decider.decisions")
+"""At debug: one line per decision (`Decider.decided`), for merged logs."""
 
 LimitOf = Callable[[str], int | None]
 """An endpoint's in-flight limit now (None: the gate sets it none)."""
@@ -114,6 +116,8 @@ class Decider:
         self._server: grpc.aio.Server | None = None
         self._beat: asyncio.Task[None] | None = None
         self.frames_refused = 0
+        self._received: dict[str, float] = {}
+        """When each undecided replica request arrived here (with `decisions` at debug)."""
         self.leading = False
         """Whether replicas are served (a stream from a replica is refused otherwise)."""
 
@@ -135,6 +139,24 @@ class Decider:
         """Whether replica `replica_id` has reported what it runs to this decider."""
         known = self._known.get(replica_id)
         return known is not None and known.reported
+
+    def decided(self, request: FlowRequest) -> None:
+        """`on_outcome`: the decision goes to its replica (`Owner.decided`);
+        with `decisions` at debug, a line with the request's priority, when
+        this decider received it (a replica's ARRIVE; its own requests:
+        their arrival) and when it decided."""
+        if decisions.isEnabledFor(logging.DEBUG):
+            received = self._received.pop(request.request_id, request.arrival)
+            decisions.debug(
+                "decision %s priority %d received %.6f decided %.6f outcome %s endpoint %s",
+                request.request_id,
+                request.priority,
+                received,
+                self._clock(),
+                request.outcome.value if request.outcome is not None else None,
+                request.endpoint,
+            )
+        self.owner.decided(request)
 
     # -- running ---------------------------------------------------------------
 
@@ -298,8 +320,17 @@ class Decider:
         self, replica: Replica, slot: WorkerSlot, messages: list[wire.Message]
     ) -> None:
         run: list[wire.Message] = []
+        logging_decisions = decisions.isEnabledFor(logging.DEBUG)
         for message in messages:
             kind = message[0]
+            if kind == wire.ARRIVE and logging_decisions:
+                # stamped as it reaches the core: what came before it in the frame is done
+                if run:
+                    self.owner.on_messages(slot, run)
+                    run = []
+                self._received[message[2]] = self._clock()
+                self.owner.on_messages(slot, [message])
+                continue
             if kind < HELLO:
                 run.append(message)
                 continue

@@ -5,8 +5,10 @@ Each request is recorded with the `x-gateway-destination-endpoint` header it
 came with and this server's own address, so a test can check that the
 request reached the endpoint the EPP picked. A prompt starting with "hold"
 waits until `release` is set; a body's `hold_s` holds the answer that long.
-`peak` is the most requests it ran at once. Answers carry OpenAI usage, with `status`
-(200 unless a test makes the server fail).
+`peak` is the most requests it ran at once. Answers carry OpenAI usage (a
+body's `usage`, else 3 prompt and 2 completion tokens), with `status`
+(200 unless a test makes the server fail). Each record gets `ended` when
+its answer is ready.
 """
 
 from __future__ import annotations
@@ -45,15 +47,14 @@ class FakeVllm:
     async def completions(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         prompt = str(body.get("prompt", ""))
-        self.received.append(
-            {
-                "prompt": prompt,
-                "body": body,
-                "destination": request.headers.get("x-gateway-destination-endpoint"),
-                "headers": dict(request.headers),
-                "at": time.monotonic(),
-            }
-        )
+        record = {
+            "prompt": prompt,
+            "body": body,
+            "destination": request.headers.get("x-gateway-destination-endpoint"),
+            "headers": dict(request.headers),
+            "at": time.monotonic(),
+        }
+        self.received.append(record)
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
@@ -63,12 +64,13 @@ class FakeVllm:
                 await asyncio.sleep(float(body["hold_s"]))
         finally:
             self.running -= 1
+            record["ended"] = time.monotonic()
         return web.json_response(
             {
                 "model": body.get("model"),
                 "served_by": self.address,
                 "choices": [{"text": "ok"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                "usage": body.get("usage") or {"prompt_tokens": 3, "completion_tokens": 2},
             },
             status=self.status,
         )

@@ -116,7 +116,7 @@ class Pool:
         return [server.peak for server in self.servers]
 
 
-async def start_decider(workdir: Path, endpoints: str, port: int = 0) -> RunningEpp:
+async def start_decider(workdir: Path, endpoints: str, port: int = 0, *args: str) -> RunningEpp:
     return await start_epp(
         f"--endpoints={endpoints}",
         f"--config-file={workdir / 'config.yaml'}",
@@ -125,16 +125,28 @@ async def start_decider(workdir: Path, endpoints: str, port: int = 0) -> Running
         f"--decider-port={port}",
         "--replicas=3",
         "--replica-id=decider",
+        *args,
+    )
+
+
+def config_with_fairness(policy: str) -> str:
+    """`CONFIG` with every band's fairness policy `policy` (a plugin type)."""
+    return CONFIG.replace(
+        "flowControl:\n",
+        f"plugins:\n- type: {policy}\nflowControl:\n"
+        f"  defaultPriorityBand:\n    fairnessPolicyRef: {policy}\n",
     )
 
 
 @contextlib.asynccontextmanager
-async def replicated_pool(tmp_path: Path, cut: bool = False) -> AsyncIterator[tuple[Pool, Cut]]:
-    (tmp_path / "config.yaml").write_text(CONFIG)
+async def replicated_pool(
+    tmp_path: Path, cut: bool = False, decider_args: tuple[str, ...] = (), config: str = CONFIG
+) -> AsyncIterator[tuple[Pool, Cut]]:
+    (tmp_path / "config.yaml").write_text(config)
     (tmp_path / "objectives.yaml").write_text(OBJECTIVES)
     async with running_fake_vllm() as one, running_fake_vllm() as two:
         endpoints = f"{one.address},{two.address}"
-        decider = await start_decider(tmp_path, endpoints)
+        decider = await start_decider(tmp_path, endpoints, 0, *decider_args)
         decider_port = decider.ports["decider"]
         relay = Cut(decider_port)
         await relay.start()
