@@ -41,6 +41,7 @@ class LimitEstimator:
         "done_unseen",
         "factor",
         "found",
+        "fresh_at",
         "latency",
         "limit",
         "most",
@@ -97,6 +98,10 @@ class LimitEstimator:
         self.queue = 0
         """The server's queue at the last sample."""
         self.seen: float | None = None
+        self.fresh_at = 0.0
+        """When its newest news is from: the last sample used, or (none yet)
+        when the gate first saw the endpoint (the gate sets it). Older than
+        `blind_after`, the samples cannot be learned from."""
         self.adjustments = 0
         self.budget = settings.pending
         """Requests it may have pending until the next sample (`_budget`)."""
@@ -190,7 +195,7 @@ class LimitEstimator:
         if sample.failing or now is None or now == self.seen:
             return None
         last = self.seen
-        self.seen = now
+        self.seen = self.fresh_at = now
         self.seen_seq = self.sent_seq
         if self.done >= 2:
             self.too_fast_to_see = self.done_unseen * 2 >= self.done

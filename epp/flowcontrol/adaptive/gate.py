@@ -118,9 +118,10 @@ class AdaptiveGate:
         if endpoint is not None:
             self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
             estimator = self._estimators.get(endpoint)
+            now = self._clock()
             if estimator is None:
                 estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
-            now = self._clock()
+                estimator.fresh_at = now
             if not estimator.burst or now >= estimator.burst_until:
                 # A step ended since the burst began (heard, or a mean step
                 # passed): this one starts the next, which lasts a mean step
@@ -254,7 +255,7 @@ class AdaptiveGate:
             address = endpoint.address
             estimator = estimators.get(address)
             held = in_flight.get(address, 0)
-            seen = estimator.seen if estimator is not None else None
+            seen = estimator.fresh_at if estimator is not None else None
             if seen is None or now - seen > blind_after or estimator.too_fast_to_see:
                 if blind_limit <= 0 or held < blind_limit:
                     kept.append(endpoint)
@@ -278,8 +279,7 @@ class AdaptiveGate:
         estimator = self._estimators.get(endpoint)
         if (
             estimator is None
-            or estimator.seen is None
-            or now - estimator.seen > self._blind_after
+            or now - estimator.fresh_at > self._blind_after
             or estimator.too_fast_to_see
         ):
             # No recent sample to learn from, or none that could see the
@@ -430,6 +430,7 @@ class AdaptiveGate:
         estimators = self._estimators
         present = set()
         blocked = self.blocked
+        now = self._clock()
         probes = max(1, int(len(pool.endpoints) * PROBE_SHARE))
         probing = sum(1 for e in estimators.values() if e.probing and e.found)
         for endpoint in pool.endpoints:
@@ -438,6 +439,7 @@ class AdaptiveGate:
             estimator = estimators.get(address)
             if estimator is None:
                 estimator = estimators[address] = LimitEstimator(self.settings)
+                estimator.fresh_at = now
             was = estimator.probing and estimator.found
             may_probe = probing < probes
             held = self._in_flight.get(address, 0)
@@ -448,5 +450,5 @@ class AdaptiveGate:
             for address in [a for a in estimators if a not in present]:
                 del estimators[address]
                 blocked.discard(address)
-        compare_to_pool(estimators.values(), self._clock())
+        compare_to_pool(estimators.values(), now)
         self._all_slowed = all(estimator.slowed for estimator in estimators.values())

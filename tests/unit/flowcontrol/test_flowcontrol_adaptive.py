@@ -491,6 +491,19 @@ def test_an_endpoint_without_recent_metrics_gets_the_fixed_limit_and_no_budget()
     assert not gate.has_room(A, 0)  # blind: maxPerEndpoint (32) in flight
 
 
+def test_an_endpoint_new_to_the_pool_is_learned_from_the_start_not_flooded_before_its_sample():
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.now = 5.0
+    pool.snapshot = PoolSnapshot(
+        (*pool.snapshot.endpoints, Endpoint(B, B)), pool.snapshot.version + 1, 1
+    )  # B joins (a restarted server): no sample of it yet
+    dispatch(gate, B)
+    assert not gate.has_room(B, 0)  # learning: one pending request at a time
+    pool.now = 5.0 + SETTINGS.blind_after + 0.01  # still no sample: blind
+    assert gate.has_room(B, 0)
+
+
 def test_a_request_done_before_any_sample_showed_it_running_is_no_longer_pending():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
