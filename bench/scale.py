@@ -33,8 +33,8 @@ import json
 import os
 import sys
 
-from bench.extproc_e2e import Load, Way, url_of
-from bench.workers import WORKER_STARTED
+from bench.extproc_e2e import Load
+from bench.workers import split_way
 from epp.demo.envoy_process import CONFIG_DIR, running_envoy
 from tests.support.epp_process import running_epp
 
@@ -70,11 +70,8 @@ async def measure(load: Load, sizes: list[int], refresh: str) -> dict:
             )
             async with contextlib.AsyncExitStack() as stack:
                 epp = await stack.enter_async_context(running_epp(*flags))
-                found = WORKER_STARTED.search(epp.log())
-                assert found is not None, epp.log()
                 gateway = await stack.enter_async_context(running_envoy(epp_port=epp.ports["grpc"]))
-                pids = {"owner": epp.process.pid, "worker": int(found.group(1))}
-                way = Way(url_of(gateway), pids)
+                way = split_way(epp, gateway)
                 measured = (await load.drive({"split": way}))["split"]
             result["by_endpoints"][str(size)] = {
                 "closed": figures(measured.cpu_closed["owner"], measured.cpu_closed["worker"]),
