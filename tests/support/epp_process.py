@@ -6,9 +6,11 @@
 All ports are 0 (the EPP binds free ones) and read back from the JSON that
 `--ready-file` gets once the EPP serves. Its drain window is 0 unless a
 test gives `--drain-timeout`. On exit the EPP gets SIGTERM (killed after a
-grace period); its log (stderr) stays readable through `log()`
-until then. `EPP_TEST_WORKERS=N` in the environment runs every EPP with
-`--workers N` (the e2e suite against the core owner and its workers).
+grace period). Its working directory (ready file, log) is a fresh
+`/tmp/epp-test-*` that `terminate()` removes, also when it never became
+ready; its log stays readable through `log()` afterwards.
+`EPP_TEST_WORKERS=N` in the environment runs every EPP with `--workers N`
+(the e2e suite against the core owner and its workers).
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ class RunningEpp:
     process: asyncio.subprocess.Process
     ports: dict[str, int]
     workdir: Path
+    """Removed by `terminate()`."""
+    final_log: str | None = None
+    """The log as it was when `terminate()` removed the working directory."""
 
     def log(self) -> str:
+        if self.final_log is not None:
+            return self.final_log
         return (self.workdir / "epp.log").read_text(errors="replace")
 
     @property
@@ -67,7 +74,8 @@ class RunningEpp:
             await asyncio.sleep(0.02)
 
     async def terminate(self, timeout: float = 15.0) -> int:
-        """SIGTERM, then the exit code (killed if it takes longer than `timeout`)."""
+        """SIGTERM, then the exit code (killed if it takes longer than
+        `timeout`); the working directory goes, its log is kept."""
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -75,6 +83,12 @@ class RunningEpp:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+        if self.final_log is None:
+            try:
+                self.final_log = self.log()
+            except FileNotFoundError:
+                self.final_log = ""
+            shutil.rmtree(self.workdir, ignore_errors=True)
         return self.process.returncode
 
 
@@ -99,35 +113,50 @@ async def start_epp(
     """`epp serve` with free ports and `args`; `env` adds to the environment."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-test-"))
     ready = workdir / "ready.json"
-    with (workdir / "epp.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "epp",
-            "serve",
-            "--grpc-port=0",
-            "--grpc-health-port=0",
-            "--metrics-port=0",
-            f"--bind-address={LOOPBACK}",
-            f"--ready-file={ready}",
-            "--drain-timeout=0s",  # a test that drains gives its own window
-            *WORKERS,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
+    try:
+        with (workdir / "epp.log").open("wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "epp",
+                "serve",
+                "--grpc-port=0",
+                "--grpc-health-port=0",
+                "--metrics-port=0",
+                f"--bind-address={LOOPBACK}",
+                f"--ready-file={ready}",
+                "--drain-timeout=0s",  # a test that drains gives its own window
+                *WORKERS,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     epp = RunningEpp(process, {}, workdir)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ready_timeout
-    while not ready.exists():
-        if process.returncode is not None or loop.time() > deadline:
-            await epp.terminate()
-            raise RuntimeError(f"epp serve did not start (exit {process.returncode}):\n{epp.log()}")
-        await asyncio.sleep(0.05)
-    epp.ports = json.loads(ready.read_text())
+    try:
+        epp.ports = await _ready_ports(epp, ready, ready_timeout)
+    except BaseException:
+        await epp.terminate()
+        raise
     return epp
+
+
+async def _ready_ports(epp: RunningEpp, ready: Path, timeout: float) -> dict[str, int]:
+    """The ports in the ready file once the EPP wrote it; a RuntimeError with
+    its log when it exits first or takes longer than `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not ready.exists():
+        if epp.process.returncode is not None or loop.time() > deadline:
+            raise RuntimeError(
+                f"epp serve did not start (exit {epp.process.returncode}):\n{epp.log()}"
+            )
+        await asyncio.sleep(0.05)
+    return json.loads(ready.read_text())
 
 
 @contextlib.asynccontextmanager
@@ -139,4 +168,3 @@ async def running_epp(
         yield epp
     finally:
         await epp.terminate()
-        shutil.rmtree(epp.workdir, ignore_errors=True)
