@@ -9,25 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from epp.datalayer.fetch import PageFetcher, ScrapeError
+from tests.support.http_server import http_server
 
 PAGE = "vllm:num_requests_waiting 3\nvllm:num_requests_running 1\n"
 LIMIT = 1 << 20
-
-
-@contextlib.asynccontextmanager
-async def aiohttp_server(routes: dict[str, Callable]) -> AsyncIterator[TestServer]:
-    app = web.Application()
-    for path, handler in routes.items():
-        app.router.add_get(path, handler)
-    server = TestServer(app, host="127.0.0.1", port=None)
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 @contextlib.asynccontextmanager
@@ -64,7 +51,7 @@ async def failure(fetch: PageFetcher) -> str:
 
 
 async def test_successive_reads_share_one_connection():
-    async with aiohttp_server({"/metrics": page}) as server:
+    async with http_server({"/metrics": page}) as server:
         fetch = fetcher(server.port)
         pages = [await fetch.get() for _ in range(5)]
         fetch.close()
@@ -82,7 +69,7 @@ async def test_a_chunked_page_is_read_whole():
         await response.write_eof()
         return response
 
-    async with aiohttp_server({"/metrics": chunked}) as server:
+    async with http_server({"/metrics": chunked}) as server:
         fetch = fetcher(server.port)
         assert [await fetch.get(), await fetch.get()] == [PAGE, PAGE]
         fetch.close()
@@ -119,7 +106,7 @@ async def test_a_same_origin_redirect_is_followed():
     async def moved(_: web.Request) -> web.Response:
         raise web.HTTPTemporaryRedirect("/metrics/")
 
-    async with aiohttp_server({"/metrics": moved, "/metrics/": page}) as server:
+    async with http_server({"/metrics": moved, "/metrics/": page}) as server:
         fetch = fetcher(server.port)
         assert await fetch.get() == PAGE
         fetch.close()
@@ -129,7 +116,7 @@ async def test_a_redirect_to_another_origin_fails_the_read():
     async def elsewhere(_: web.Request) -> web.Response:
         raise web.HTTPFound("http://127.0.0.2:9/metrics")
 
-    async with aiohttp_server({"/metrics": elsewhere}) as server:
+    async with http_server({"/metrics": elsewhere}) as server:
         assert await failure(fetcher(server.port)) == "http-status"
 
 
@@ -143,7 +130,7 @@ async def test_a_page_over_the_limit_fails_by_its_length_or_its_chunks():
         await response.write_eof()
         return response
 
-    async with aiohttp_server({"/metrics": page, "/chunked": chunked}) as server:
+    async with http_server({"/metrics": page, "/chunked": chunked}) as server:
         assert await failure(fetcher(server.port, limit=10)) == "too-large"
         assert await failure(fetcher(server.port, "/chunked", limit=1000)) == "too-large"
 
@@ -173,7 +160,7 @@ async def test_a_read_cut_by_a_timeout_leaves_no_answer_for_the_next_read():
         await asyncio.sleep(delay)
         return web.Response(text=f"answer after {delay}")
 
-    async with aiohttp_server({"/metrics": slow_then_fast}) as server:
+    async with http_server({"/metrics": slow_then_fast}) as server:
         fetch = fetcher(server.port)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.1):

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.models import ModelLists, ModelsPageError, ModelsScraper, read_model_list
 from epp.datalayer.store import EndpointStore
+from tests.support.http_server import http_server
 from tests.support.waiting import eventually
 
 
@@ -24,14 +25,8 @@ async def models_server(document: dict | None, status: int = 200) -> AsyncIterat
     async def handle(_: web.Request) -> web.Response:
         return web.json_response(document, status=status)
 
-    app = web.Application()
-    app.router.add_get("/v1/models", handle)
-    server = TestServer(app, host="127.0.0.1", port=None)
-    await server.start_server()
-    try:
+    async with http_server({"/v1/models": handle}) as server:
         yield server
-    finally:
-        await server.close()
 
 
 def spec(server: TestServer, name: str) -> EndpointSpec:

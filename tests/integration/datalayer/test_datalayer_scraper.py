@@ -12,6 +12,7 @@ from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.engines import ENGINE_LABEL
 from epp.datalayer.scraper import Coalesced, MetricsScraper, MetricsSource
 from epp.datalayer.store import EndpointStore
+from tests.support.http_server import http_server
 from tests.support.waiting import eventually
 
 PAGES = Path(__file__).parent / "pages"
@@ -36,14 +37,8 @@ async def metrics_server(
             await asyncio.sleep(delay)
         return respond() if respond is not None else web.Response(text=page)
 
-    app = web.Application()
-    app.router.add_get(path, handle)
-    server = TestServer(app, host="127.0.0.1", port=None)
-    await server.start_server(ssl=ssl_context)
-    try:
+    async with http_server({path: handle}, ssl_context) as server:
         yield server
-    finally:
-        await server.close()
 
 
 def spec(server: TestServer, engine: str = "vllm") -> EndpointSpec:
