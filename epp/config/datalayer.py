@@ -21,13 +21,12 @@ ENGINES = tuple(ENGINE_TABLES)
 
 
 @dataclass(slots=True, frozen=True)
-class MetricsSourceSettings:
-    """How each pod's Prometheus metrics are read. `port` None: the pod's
-    serving port; `interval` None: `--refresh-metrics-interval`."""
+class HttpSourceSettings:
+    """What the http data sources share: how each pod's page is fetched
+    (scheme, path, TLS). `interval` None: `--refresh-metrics-interval`."""
 
     scheme: str = "http"
     path: str = "/metrics"
-    port: int | None = None
     insecure_skip_verify: bool = True
     ca_cert_path: str = ""
     client_cert_path: str = ""
@@ -36,17 +35,19 @@ class MetricsSourceSettings:
 
 
 @dataclass(slots=True, frozen=True)
-class ModelsSourceSettings:
-    """How each pod's model list (`GET /v1/models`) is read, for the
-    `models-responder`. `interval` None: `--refresh-metrics-interval`."""
+class MetricsSourceSettings(HttpSourceSettings):
+    """How each pod's Prometheus metrics are read. `port` None: the pod's
+    serving port."""
 
-    scheme: str = "http"
+    port: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ModelsSourceSettings(HttpSourceSettings):
+    """How each pod's model list (`GET /v1/models`) is read, for the
+    `models-responder`."""
+
     path: str = "/v1/models"
-    insecure_skip_verify: bool = True
-    ca_cert_path: str = ""
-    client_cert_path: str = ""
-    client_key_path: str = ""
-    interval: float | None = None
 
 
 @dataclass(slots=True, frozen=True)

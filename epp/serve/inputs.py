@@ -11,6 +11,7 @@ import logging
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from epp import defaults
 from epp.api.manifests import load_pool
@@ -19,6 +20,7 @@ from epp.config.datalayer import (
     CoreMetricsSettings,
     DataLayerConfig,
     FileDiscovery,
+    HttpSourceSettings,
     MetricsSourceSettings,
 )
 from epp.datalayer.endpoints import (
@@ -56,6 +58,19 @@ def read_endpoints(value: str) -> list[EndpointSpec]:
     return parse_static_endpoints(entries)
 
 
+def fetched_as(settings: HttpSourceSettings, **where: Any) -> MetricsSource:
+    """An http data source's scheme and TLS as the page fetchers take them;
+    `where`: the rest of the `MetricsSource` (path, port, interval)."""
+    return MetricsSource(
+        scheme=settings.scheme,
+        verify_tls=not settings.insecure_skip_verify,
+        ca_cert_path=settings.ca_cert_path or None,
+        client_cert_path=settings.client_cert_path or None,
+        client_key_path=settings.client_key_path or None,
+        **where,
+    )
+
+
 def scrape_settings(data_layer: DataLayerConfig) -> tuple[MetricsSource, EngineLookup] | None:
     """The scraper's source and engine lookup from the configuration's
     metrics-data-source and its core-metrics-extractor (None: no metrics
@@ -68,14 +83,10 @@ def scrape_settings(data_layer: DataLayerConfig) -> tuple[MetricsSource, EngineL
         names = ", ".join(source.name for source in sources)
         raise StartupError(f"epp reads one metrics-data-source; the configuration has {names}")
     settings: MetricsSourceSettings = sources[0].settings
-    source = MetricsSource(
-        scheme=settings.scheme,
+    source = fetched_as(
+        settings,
         path=None if settings.path == "/metrics" else settings.path,
         port=settings.port,
-        verify_tls=not settings.insecure_skip_verify,
-        ca_cert_path=settings.ca_cert_path or None,
-        client_cert_path=settings.client_cert_path or None,
-        client_key_path=settings.client_key_path or None,
         interval=settings.interval,
     )
     extractors = [s for _, s in sources[0].extractors if isinstance(s, CoreMetricsSettings)]

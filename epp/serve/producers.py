@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 from epp.config.datalayer import ModelsSourceSettings
 from epp.config.loader import EppConfig
 from epp.datalayer.models import ModelLists, ModelsScraper
-from epp.datalayer.scraper import MetricsSource
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.core import Core
-from epp.serve.inputs import StartupError
+from epp.serve.inputs import StartupError, fetched_as
 from epp.serve.metrics import PluginDurations
 
 if TYPE_CHECKING:
@@ -34,13 +33,7 @@ def models_scraper(
 ) -> ModelsScraper:
     """What reads the pods' model lists for the models-responder (`interval`
     when the data source names none)."""
-    tls = MetricsSource(
-        scheme=settings.scheme,
-        verify_tls=not settings.insecure_skip_verify,
-        ca_cert_path=settings.ca_cert_path or None,
-        client_cert_path=settings.client_cert_path or None,
-        client_key_path=settings.client_key_path or None,
-    )
+    tls = fetched_as(settings)
     return ModelsScraper(
         store,
         lists,
