@@ -101,6 +101,9 @@ class Served:
     received: float
     first: float
     done: float
+    model_first: float | None = None
+    """The model's first token, seconds after the request entered it."""
+    model_done: float | None = None
 
 
 def read_envoy_log(path: Path, wall_minus_monotonic: float) -> dict[str, Envoyed]:
@@ -123,7 +126,13 @@ def read_server_log(path: Path) -> dict[str, Served]:
     found = {}
     for line in path.read_text().splitlines():
         entry = json.loads(line)
-        found[entry["id"]] = Served(entry["received"], entry["first"], entry["done"])
+        found[entry["id"]] = Served(
+            entry["received"],
+            entry["first"],
+            entry["done"],
+            entry.get("model_first"),
+            entry.get("model_done"),
+        )
     return found
 
 

@@ -51,12 +51,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.gateway_path import measured_path, play_timed
+from bench.gateway_path import Served, measured_path, play_timed, read_server_log
 from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
@@ -92,10 +93,13 @@ def quantiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def side_stats(
-    requests: Sequence[Any], first_byte: Callable[[Any], float], runs: int = 1
+    requests: Sequence[Any],
+    first_byte: Callable[[Any], float],
+    sent: Callable[[Any], float],
+    runs: int = 1,
 ) -> dict[str, Any]:
     """Counts (per run, averaged over `runs`) and TTFT quantiles (over all
-    requests, TTFT as the client sees it: `first_byte(r) - r.arrival`)."""
+    requests, TTFT as the client sees it: `first_byte(r) - sent(r)`)."""
     done = [r for r in requests if r.outcome == COMPLETED]
     outcomes: dict[str, float] = {}
     for request in requests:
@@ -104,13 +108,23 @@ def side_stats(
         "requests": len(requests) / runs,
         "completed": len(done) / runs,
         "rejected": sum(1 for r in requests if is_rejected(r.outcome)) / runs,
-        **quantiles([first_byte(r) - r.arrival for r in done]),
+        **quantiles([first_byte(r) - sent(r) for r in done]),
         "outcomes": {k: v / runs for k, v in sorted(outcomes.items())},
     }
 
 
 def live_first_byte(request: LiveRequest) -> float:
     return request.first_token_at  # type: ignore[return-value]
+
+
+def live_sent(request: LiveRequest) -> float:
+    """When the load generator sent it: its lateness is the generator's, not
+    the system's (the simulated arrivals carry the same lateness)."""
+    return request.sent_at  # type: ignore[return-value]
+
+
+def sim_sent(request: SimRequest) -> float:
+    return request.arrival
 
 
 def sim_first_byte(scenario: Scenario) -> Callable[[SimRequest], float]:
@@ -172,16 +186,79 @@ def late_arrivals(arrivals: list[Arrived], lateness: Sequence[float], seed: int)
     return late
 
 
-def play_live(
-    scenario: Scenario, arrivals: list[Arrived]
-) -> tuple[list[LiveRequest], float, dict[str, Any]]:
-    """The live run: its requests, its wall time, and the Envoy + EPP path
-    measured per request in it (`bench.gateway_path`)."""
+@dataclass(slots=True)
+class LiveRun:
+    requests: list[LiveRequest]
+    wall_s: float
+    path_ms: dict[str, Any]
+    """The Envoy + EPP path measured per request (`bench.gateway_path`)."""
+    served: dict[str, Served]
+    """The servers' timing log by request id, in `time.monotonic()` seconds."""
+    origin: float
+    """The load generator's time 0, in `time.monotonic()` seconds."""
+
+
+def play_live(scenario: Scenario, arrivals: list[Arrived]) -> LiveRun:
     with tempfile.TemporaryDirectory(prefix="epp-sim-vs-live-") as directory:
         started = time.monotonic()
         requests, origin, *logs = asyncio.run(play_timed(scenario, arrivals, Path(directory)))
         wall = time.monotonic() - started
-        return requests, wall, measured_path(scenario, requests, origin, (logs[0], logs[1]))
+        path = measured_path(scenario, requests, origin, (logs[0], logs[1]))
+        return LiveRun(requests, wall, path, read_server_log(logs[1]), origin)
+
+
+PARTS = ("to_server", "in_server", "model", "back")
+"""A completed request's TTFT in parts (`ttft_parts`)."""
+
+
+def live_parts(run: LiveRun, streamed: Sequence[bool]) -> Callable[[LiveRequest], Any]:
+    """A live request's TTFT in parts (seconds), None when the servers'
+    timing log does not have it: `to_server` (sent to the server's receipt:
+    the request path and any wait in the EPP's queues), `in_server` (receipt
+    to the first byte written; the whole answer when not streamed), `model`
+    (the same in the server model's own time, without its handler's and
+    event loop's), `back` (written to read by the client)."""
+
+    def parts(request: LiveRequest) -> tuple[float, ...] | None:
+        served = run.served.get(request.request_id)
+        if served is None or served.model_first is None or served.model_done is None:
+            return None
+        stream = streamed[request.tenant]
+        written, model = (
+            (served.first, served.model_first) if stream else (served.done, served.model_done)
+        )
+        sent = run.origin + live_sent(request)
+        read = run.origin + live_first_byte(request)
+        return served.received - sent, written - served.received, model, read - written
+
+    return parts
+
+
+def sim_parts(scenario: Scenario) -> Callable[[SimRequest], Any]:
+    """`live_parts` of a simulated request: the server is the model, so
+    `in_server` and `model` are one."""
+    first_byte = sim_first_byte(scenario)
+
+    def parts(request: SimRequest) -> tuple[float, ...] | None:
+        if request.delivered_at is None:
+            return None
+        back = request.response_delay or 0.0
+        in_server = first_byte(request) - back - request.delivered_at
+        return request.delivered_at - request.arrival, in_server, in_server, back
+
+    return parts
+
+
+def ttft_parts(requests: Sequence[Any], parts: Callable[[Any], Any]) -> dict[str, Any] | None:
+    """Per part (`PARTS`), p50 and p90 in milliseconds over the completed requests."""
+    found = [p for r in requests if r.outcome == COMPLETED and (p := parts(r)) is not None]
+    if not found:
+        return None
+    values = 1000 * np.asarray(found)
+    return {
+        name: [float(q) for q in np.percentile(values[:, index], (50, 90))]
+        for index, name in enumerate(PARTS)
+    }
 
 
 def members_of(scenario: Scenario, objective: str) -> set[int]:
@@ -190,24 +267,32 @@ def members_of(scenario: Scenario, objective: str) -> set[int]:
 
 def compare(
     scenario: Scenario,
-    live: list[LiveRequest],
+    run: LiveRun,
     sims: list[list[SimRequest]],
     single: list[SimRequest],
 ) -> dict[str, Any]:
     objectives: dict[str, Any] = {}
     first_byte = sim_first_byte(scenario)
+    live_split = live_parts(run, [t.stream for t in scenario.tenants])
+    sim_split = sim_parts(scenario)
     for objective in scenario.objectives:
         members = members_of(scenario, objective.name)
         if not members:
             continue
-        live_side = side_stats([r for r in live if r.tenant in members], live_first_byte)
-        pooled = [r for run in sims for r in run if r.tenant in members]
-        sim_side = side_stats(pooled, first_byte, len(sims))
-        singles = [side_stats([r for r in run if r.tenant in members], first_byte) for run in sims]
+        mine = [r for r in run.requests if r.tenant in members]
+        live_side = side_stats(mine, live_first_byte, live_sent)
+        live_side["ttft_parts_ms"] = ttft_parts(mine, live_split)
+        pooled = [r for sim in sims for r in sim if r.tenant in members]
+        sim_side = side_stats(pooled, first_byte, sim_sent, len(sims))
+        sim_side["ttft_parts_ms"] = ttft_parts(pooled, sim_split)
+        singles = [
+            side_stats([r for r in sim if r.tenant in members], first_byte, sim_sent)
+            for sim in sims
+        ]
         for quantile in ("p50", "p90"):
             values = [s[f"ttft_{quantile}_s"] for s in singles if s[f"ttft_{quantile}_s"]]
             sim_side[f"ttft_{quantile}_range_s"] = [min(values), max(values)] if values else None
-        plain = side_stats([r for r in single if r.tenant in members], first_byte)
+        plain = side_stats([r for r in single if r.tenant in members], first_byte, sim_sent)
         plain_keys = ("completed", "rejected", "ttft_p50_s", "ttft_p90_s")
         objectives[objective.name] = {
             "sim": sim_side,
@@ -239,7 +324,8 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
     scenario, warnings = comparable(load_scenario(path), duration_s)
     arrivals = workload(scenario)
     load_before = os.getloadavg()
-    live, wall, path_ms = play_live(scenario, arrivals)
+    run = play_live(scenario, arrivals)
+    live = run.requests
     load_after = os.getloadavg()
     lateness = [r.sent_at - r.arrival for r in live if r.sent_at is not None]
     late_ms = milliseconds(lateness) if lateness else None
@@ -255,7 +341,7 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
         for seed in range(1, sim_runs + 1)
     ]
     sim_wall = time.perf_counter() - started
-    objectives = compare(scenario, live, sims, single)
+    objectives = compare(scenario, run, sims, single)
     warnings.extend(
         f"{name}: {o['live']['completed']:.0f} completed live, too few for its TTFT "
         "quantiles to say much"
@@ -283,9 +369,9 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
         },
         "sim_runs": sim_runs,
         "live": {
-            "wall_s": wall,
+            "wall_s": run.wall_s,
             "loadgen_late_ms": late_ms,
-            "path_ms": path_ms,
+            "path_ms": run.path_ms,
             "errors": sum(1 for r in live if (r.outcome or "").startswith("error")),
         },
         "sim_wall_s": sim_wall,
@@ -320,6 +406,16 @@ def render(result: dict[str, Any]) -> str:
             f"{ms(live['ttft_p90_s']):>6s} {r(o['ttft_p90_ratio']):>6s}  "
             f"{sim['completed']:8.1f} {live['completed']:5.0f} {r(o['completed_ratio']):>6s}"
         )
+    for name, o in result["objectives"].items():
+        live_parts_ms, sim_parts_ms = o["live"]["ttft_parts_ms"], o["sim"]["ttft_parts_ms"]
+        if live_parts_ms and sim_parts_ms:
+            lines.append(
+                f"{name:10s} TTFT p50 in parts, live / sim ms: "
+                + ", ".join(
+                    f"{part} {live_parts_ms[part][0]:.0f} / {sim_parts_ms[part][0]:.0f}"
+                    for part in PARTS
+                )
+            )
     late = result["live"]["loadgen_late_ms"]
     if late:
         lines.append(

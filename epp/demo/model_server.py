@@ -34,11 +34,14 @@ computing the prefill.
 runs `--count` servers on free loopback ports in one process and writes
 `{"ports": [...], "pid": N}` once they listen; SIGTERM stops them. With
 `--timing-log FILE` (`timing`) every answered request appends
-`{"id": x-request-id, "received", "first", "done"}`: when its handler began,
-when its first token was written (streamed; else when its answer was), and
-when its answer ended, in `time.monotonic()` seconds, the clock every process
-on the machine shares (`bench.gateway_path` matches them to the client's
-and Envoy's times).
+`{"id": x-request-id, "received", "first", "done", "model_first",
+"model_done"}`: when its handler began, when its first token was written
+(streamed; else when its answer was), and when its answer ended, in
+`time.monotonic()` seconds, the clock every process on the machine shares
+(`bench.gateway_path` matches them to the client's and Envoy's times); and
+the model's own first token and end, in seconds after the request entered
+it (the simulator's server model, without the handler's and the event
+loop's time around it).
 """
 
 from __future__ import annotations
@@ -418,7 +421,11 @@ class SimulatedServer:
             done = time.monotonic()
             first = written[0] if written else done
             line = {"id": request.headers.get(REQUEST_ID, ""), "received": received}
-            self.timing.write(json.dumps({**line, "first": first, "done": done}) + "\n")
+            model = {
+                "model_first": pending.first_token.result() - submitted,
+                "model_done": pending.finished.result() - submitted,
+            }
+            self.timing.write(json.dumps({**line, "first": first, "done": done, **model}) + "\n")
         return response
 
     def _prompt_blocks(self, text: str, prompt_tokens: int, model: str) -> tuple[int, ...]:

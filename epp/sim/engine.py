@@ -198,6 +198,7 @@ class Simulation:
     ) -> None:
         if request.outcome is not None:  # evicted on its way
             return
+        request.delivered_at = now
         if not self.up[server_index]:
             self.end(request, SERVER_FAILED, now)
             self.policy.finished(request, now)

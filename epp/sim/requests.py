@@ -45,6 +45,8 @@ class SimRequest(ServerRequest):
     """Its remote prefill, once a prefill server took it."""
     conversation: int = -1
     """The conversation it is a turn of (-1: none)."""
+    delivered_at: float | None = None
+    """When it reached its (decode) server, after the request path."""
     response_delay: float | None = None
     """The response path's delay drawn for it (seconds), once its server
     wrote a first token or an end."""

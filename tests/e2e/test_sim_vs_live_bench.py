@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from bench.gateway_path import Envoyed, Served, path_of
-from bench.sim_vs_live import comparable, late_arrivals, ratio, sim_first_byte
+from bench.sim_vs_live import (
+    LiveRun,
+    comparable,
+    late_arrivals,
+    live_parts,
+    ratio,
+    side_stats,
+    sim_first_byte,
+    sim_parts,
+)
 from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SimRequest
 from epp.sim.scenario_file import ScenarioError, load_scenario
@@ -52,6 +61,11 @@ async def test_short_run_prints_both_sides_of_every_objective_over_the_same_arri
     low, high = premium["sim"]["ttft_p90_range_s"]
     assert low <= high
     assert result["live"]["errors"] == 0
+    parts = premium["live"]["ttft_parts_ms"]
+    assert all(0 <= low <= high for low, high in parts.values())
+    assert parts["model"][0] <= parts["in_server"][0]
+    simulated = premium["sim"]["ttft_parts_ms"]
+    assert simulated["to_server"][0] > 0 and simulated["model"] == simulated["in_server"]
     late = result["live"]["loadgen_late_ms"]
     assert 0 <= late["p50"] <= late["p99"] <= late["max"]
     path = result["live"]["path_ms"]  # the completed requests seen by all three clocks
@@ -126,3 +140,33 @@ def test_a_pool_of_several_server_groups_is_refused_by_name():
     scenario = load_scenario(SCENARIOS / "adaptive-heterogeneous.yaml")
     with pytest.raises(ScenarioError, match=r"pool\.groups"):
         comparable(scenario, 20.0)
+
+
+def test_a_live_ttft_starts_when_the_load_generator_sent_the_request():
+    late = LiveRequest(0, 1.0, 10, 10, sent_at=1.02, outcome=COMPLETED, first_token_at=1.1)
+
+    stats = side_stats([late], lambda r: r.first_token_at, lambda r: r.sent_at)
+
+    assert stats["ttft_p50_s"] == pytest.approx(0.08)
+
+
+def test_a_live_ttft_is_split_at_the_servers_receipt_and_first_write():
+    request = LiveRequest(0, 0.0, 10, 10, sent_at=0.5, outcome=COMPLETED, request_id="a")
+    request.first_token_at = 0.62
+    served = {"a": Served(100.51, 100.6, 100.9, model_first=0.07, model_done=0.35)}
+    run = LiveRun([request], 1.0, {}, served, origin=100.0)
+
+    to_server, in_server, model, back = live_parts(run, [True])(request)
+
+    assert (to_server, in_server, model, back) == pytest.approx((0.01, 0.09, 0.07, 0.02))
+
+
+def test_a_simulated_ttft_is_split_at_its_delivery_and_its_response_delay():
+    scenario = load_scenario(SCENARIOS / "demo-overload.yaml")
+    streaming = next(i for i, t in enumerate(scenario.tenants) if t.stream)
+    request = SimRequest(1, 10, 10, tenant=streaming, arrival=1.0)
+    request.delivered_at, request.first_token_at, request.response_delay = 1.01, 1.1, 0.002
+
+    to_server, in_server, model, back = sim_parts(scenario)(request)
+
+    assert (to_server, in_server, model, back) == pytest.approx((0.01, 0.088, 0.088, 0.002))
