@@ -26,8 +26,13 @@ From them, in milliseconds (p50, p90, p99, per request):
 - `queued_epp`: the same `epp` part for the requests that waited in the
   EPP's queues (their wait included), for scale;
 - `response`: the server's first token written to the client reading it
-  (Envoy, the EPP's response-header and body round trips, Envoy), which
-  `pool.path_ms.response` models; `end` is the same for the answer's end.
+  (Envoy, the EPP's response-header and body round trips, Envoy); `end` is
+  the same for the answer's end;
+- `to_model` and `from_model`: the legs the simulator's `pool.path_ms`
+  models, between the client and the server model itself (its request
+  entering the model, the model's first token): `request` and `response`
+  with the model server's handler and event loop around the model added
+  (`handler`, both sides of it).
 
 A request counts as not queued when the EPP answered its body within
 `--straight-ms` (default 25 ms, below a decode step of the scenarios'
@@ -104,6 +109,14 @@ class Served:
     model_first: float | None = None
     """The model's first token, seconds after the request entered it."""
     model_done: float | None = None
+    entered: float | None = None
+    """When the request entered the model."""
+
+    def model_first_at(self) -> float | None:
+        """When the model made the first token (None: not in the log)."""
+        if self.entered is None or self.model_first is None:
+            return None
+        return self.entered + self.model_first
 
 
 def read_envoy_log(path: Path, wall_minus_monotonic: float) -> dict[str, Envoyed]:
@@ -132,6 +145,7 @@ def read_server_log(path: Path) -> dict[str, Served]:
             entry["done"],
             entry.get("model_first"),
             entry.get("model_done"),
+            entry.get("entered"),
         )
     return found
 
@@ -154,24 +168,31 @@ def path_of(
     """The path's parts over the completed requests seen by all three clocks
     (module docstring); `streamed[tenant]`: whether its first token is read
     apart from the answer's end."""
-    parts: dict[str, list[float]] = {
-        k: [] for k in ("request", "to_envoy", "epp", "to_server", "queued_epp", "response", "end")
-    }
+    names = ("request", "to_envoy", "epp", "to_server", "queued_epp", "response", "end")
+    parts: dict[str, list[float]] = {k: [] for k in (*names, "to_model", "from_model", "handler")}
     for request in requests:
         seen, served = envoy.get(request.request_id), servers.get(request.request_id)
         if request.outcome != COMPLETED or seen is None or served is None:
             continue
         assert request.sent_at is not None and request.finished_at is not None
         epp = seen.sent_up - seen.body_in
+        sent = origin + request.sent_at
+        model_first = served.model_first_at()
         if epp * 1000 <= straight_ms:
-            parts["request"].append(served.received - (origin + request.sent_at))
-            parts["to_envoy"].append(seen.arrived - (origin + request.sent_at))
+            parts["request"].append(served.received - sent)
+            parts["to_envoy"].append(seen.arrived - sent)
             parts["epp"].append(epp)
             parts["to_server"].append(served.received - seen.sent_up)
+            if served.entered is not None:
+                parts["to_model"].append(served.entered - sent)
         else:
             parts["queued_epp"].append(epp)
         if streamed[request.tenant] and request.first_token_at is not None:
             parts["response"].append(origin + request.first_token_at - served.first)
+            if model_first is not None and served.entered is not None:
+                parts["from_model"].append(origin + request.first_token_at - model_first)
+                handler = served.entered - served.received + served.first - model_first
+                parts["handler"].append(handler)
         parts["end"].append(origin + request.finished_at - served.done)
     return {name: quantiles_ms(values) for name, values in parts.items()}
 

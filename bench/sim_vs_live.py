@@ -35,6 +35,19 @@ What is not played live is left out of both sides: server events
 load no LoRA adapter, so scenarios with prefix groups or adapters differ by
 design (warned).
 
+TTFT counts from when the load generator sent a request (the simulated
+arrivals carry the same lateness). Each tier's TTFT is also given in parts
+(`ttft_parts_ms`, p50 and p90): to the server, in the server, the server
+model's own time of it, back to the client. Where the two sides' `model`
+parts agree and the others do not, the difference is the path (Envoy, the
+EPP, the model server's handler), not the server model.
+
+The path is a machine's: on a busy one every hop waits for a CPU and the
+path grows to two or three times `pool.path_ms`. `--path live` gives the
+simulator the path the live run measured (`live.path_ms.to_model` and
+`from_model`), so the comparison judges the EPP's decisions and the server
+model alone.
+
 `--duration` plays the scenario's load for that long (default 180 s, a few
 minutes: a tier's p90 over 30 s rests on a handful of requests).
 """
@@ -61,7 +74,7 @@ from bench.gateway_path import Served, measured_path, play_timed, read_server_lo
 from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SERVER_REJECTED, SimRequest
 from epp.sim.runner import simulate
-from epp.sim.scenario import Scenario
+from epp.sim.scenario import PathDelay, Scenario
 from epp.sim.scenario_file import ScenarioError, load_scenario
 from epp.sim.workload import Arrived, workload
 
@@ -320,7 +333,21 @@ def milliseconds(values: Sequence[float]) -> dict[str, float]:
     return {"p50": 1000 * float(p50), "p99": 1000 * float(p99), "max": 1000 * max(values)}
 
 
-def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
+def with_live_path(scenario: Scenario, path_ms: dict[str, Any], warnings: list[str]) -> Scenario:
+    """`scenario` with the path the live run measured (`to_model`,
+    `from_model`: p50 and p90) in place of `pool.path_ms`; as it was, with a
+    warning, for a leg the run did not measure."""
+    legs = {}
+    for leg, measured in (("request_path", "to_model"), ("response_path", "from_model")):
+        q = path_ms.get(measured)
+        if q is None:
+            warnings.append(f"--path live: the run measured no {measured}; the scenario's stays")
+            continue
+        legs[leg] = PathDelay(q["p50"], max(q["p50"], q["p90"]))
+    return dataclasses.replace(scenario, pool=dataclasses.replace(scenario.pool, **legs))
+
+
+def measure(path: str, duration_s: float, sim_runs: int, live_path: bool = False) -> dict[str, Any]:
     scenario, warnings = comparable(load_scenario(path), duration_s)
     arrivals = workload(scenario)
     load_before = os.getloadavg()
@@ -334,6 +361,8 @@ def measure(path: str, duration_s: float, sim_runs: int) -> dict[str, Any]:
             f"load generator late by {late_ms['p99']:.0f} ms at p99: the machine was short "
             "of CPU, so the live side measured the machine too"
         )
+    if live_path:
+        scenario = with_live_path(scenario, run.path_ms, warnings)
     started = time.perf_counter()
     single = simulate(scenario, arrivals, "epp").requests
     sims = [
@@ -454,12 +483,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help=f"simulated runs pooled on the sim side (default {DEFAULT_SIM_RUNS})",
     )
+    parser.add_argument(
+        "--path",
+        choices=("scenario", "live"),
+        default="scenario",
+        help="the simulated gateway path: the scenario's `pool.path_ms` (default), or what "
+        "the live run measured (its to_model and from_model p50 and p90), which takes the "
+        "machine's load out of the comparison",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if not args.duration > 0 or args.sim_runs < 1:
         parser.error("--duration must be positive and --sim-runs at least 1")
     try:
-        result = measure(args.scenario, args.duration, args.sim_runs)
+        result = measure(args.scenario, args.duration, args.sim_runs, args.path == "live")
     except ScenarioError as error:
         print(f"bench.sim_vs_live: {error}", file=sys.stderr)
         return 2

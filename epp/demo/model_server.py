@@ -34,14 +34,14 @@ computing the prefill.
 runs `--count` servers on free loopback ports in one process and writes
 `{"ports": [...], "pid": N}` once they listen; SIGTERM stops them. With
 `--timing-log FILE` (`timing`) every answered request appends
-`{"id": x-request-id, "received", "first", "done", "model_first",
-"model_done"}`: when its handler began, when its first token was written
-(streamed; else when its answer was), and when its answer ended, in
-`time.monotonic()` seconds, the clock every process on the machine shares
-(`bench.gateway_path` matches them to the client's and Envoy's times); and
-the model's own first token and end, in seconds after the request entered
-it (the simulator's server model, without the handler's and the event
-loop's time around it).
+`{"id": x-request-id, "received", "entered", "first", "done", "model_first",
+"model_done"}`: when its handler began, when the request entered the model,
+when its first token was written (streamed; else when its answer was), and
+when its answer ended, in `time.monotonic()` seconds, the clock every process
+on the machine shares (`bench.gateway_path` matches them to the client's
+and Envoy's times); and the model's own first token and end, in seconds of
+the model's clock after the request entered it (the simulator's server
+model, without the handler's and the event loop's time around it).
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ class SimulatedServer:
         if pending is None:
             raise RequestError(503, "The waiting queue is full.", "ServiceUnavailableError")
         reply = Reply(api, asked.model, prompt_tokens, asked.output_tokens, asked.continuous_usage)
-        submitted = model.now()
+        submitted, entered = model.now(), time.monotonic()
         written: list[float] = []
         try:
             if asked.stream and api is not Api.EMBEDDINGS:
@@ -422,6 +422,7 @@ class SimulatedServer:
             first = written[0] if written else done
             line = {"id": request.headers.get(REQUEST_ID, ""), "received": received}
             model = {
+                "entered": entered,
                 "model_first": pending.first_token.result() - submitted,
                 "model_done": pending.finished.result() - submitted,
             }

@@ -22,6 +22,7 @@ from bench.sim_vs_live import (
     side_stats,
     sim_first_byte,
     sim_parts,
+    with_live_path,
 )
 from epp.demo.loadgen import COMPLETED, LiveRequest
 from epp.sim.requests import SimRequest
@@ -170,3 +171,30 @@ def test_a_simulated_ttft_is_split_at_its_delivery_and_its_response_delay():
     to_server, in_server, model, back = sim_parts(scenario)(request)
 
     assert (to_server, in_server, model, back) == pytest.approx((0.01, 0.088, 0.088, 0.002))
+
+
+def test_the_path_the_simulator_models_ends_where_the_server_model_begins():
+    sent = 10.0
+    envoy = {"a": Envoyed(sent + 0.001, sent + 0.002, sent + 0.004)}
+    served = Served(sent + 0.005, sent + 0.1, sent + 0.2, 0.08, 0.18, entered=sent + 0.007)
+    request = LiveRequest(0, 0.0, 10, 10, sent_at=0.0, outcome=COMPLETED, request_id="a")
+    request.first_token_at, request.finished_at = 0.103, 0.203
+
+    path = path_of([request], sent, envoy, {"a": served}, [True])
+
+    assert path["request"]["p50"] == pytest.approx(5.0)
+    assert path["to_model"]["p50"] == pytest.approx(7.0)
+    assert path["from_model"]["p50"] == pytest.approx(16.0)  # the model's token at 10.087
+    assert path["handler"]["p50"] == pytest.approx(15.0)  # 2 ms in, 13 ms out
+
+
+def test_live_path_puts_the_measured_legs_in_the_simulated_pool_and_warns_of_a_missing_one():
+    scenario = load_scenario(SCENARIOS / "demo.yaml")
+    warnings: list[str] = []
+    measured = {"to_model": {"p50": 9.0, "p90": 20.0}, "from_model": None}
+
+    played = with_live_path(scenario, measured, warnings)
+
+    assert (played.pool.request_path.median_ms, played.pool.request_path.p90_ms) == (9.0, 20.0)
+    assert played.pool.response_path == scenario.pool.response_path
+    assert warnings == ["--path live: the run measured no from_model; the scenario's stays"]
