@@ -58,22 +58,23 @@ def render(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"),  # before int: a bool is an int
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+"""JSON Schema's name of each Python type a parsed document holds."""
+
+
 def type_name(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next(
+        (name for kind, name in TYPE_NAMES if isinstance(value, kind)), type(value).__name__
+    )
 
 
 def _has_type(value: Any, expected: str) -> bool:
