@@ -113,8 +113,12 @@ class PrefixCacheScorer:
         self._tuned_version: int | None = None
         self.producer = producer
         """(name, type) of the producer whose index this is (the prefix metrics' labels)."""
-        self._last: tuple[InferenceRequest | None, Mapping[str, int]] = (None, NO_MATCHES)
-        """The latest request scored and its matches, for `picked`."""
+        self._last: tuple[InferenceRequest | None, Mapping[str, int], Sequence[int]] = (
+            None,
+            NO_MATCHES,
+            (),
+        )
+        """The latest request scored, its matches and its hashes, for `picked`."""
 
     def geometry(self) -> tuple[int, int]:
         """(block characters, blocks per prompt) now."""
@@ -146,7 +150,7 @@ class PrefixCacheScorer:
     def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
         hashes = self.hashes(request)
         matched = self._index.matches(hashes) if hashes else None
-        self._last = (request, matched or NO_MATCHES)
+        self._last = (request, matched or NO_MATCHES, hashes)
         if not matched:
             return NO_SCORES
         scale = 1.0 / len(hashes)
@@ -198,7 +202,7 @@ class PrefixCacheScorer:
         profile's placement is the one the metrics report)."""
         if request.prefix_match is not None:
             return
-        scored, matches = self._last
+        scored, matches, _ = self._last
         matched = (matches if scored is request else self.matches(request)).get(endpoint.address, 0)
         tokens = request.token_ids
         request.prefix_match = PrefixMatch(
@@ -210,7 +214,10 @@ class PrefixCacheScorer:
         )
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        hashes = self.hashes(request)
+        # A request is scored in the choice that places it, on the same
+        # snapshot: the hashes of that scoring are its own (bench.instructions).
+        scored = self._last
+        hashes = scored[2] if scored[0] is request else self.hashes(request)
         self.note_match(request, endpoint, hashes)
         capacity = None
         if self._pool is not None:

@@ -119,7 +119,11 @@ class PrefixIndex:
         if not hashes:
             return
         young = held.young
-        generation = self._generation if capacity is None else max(1, capacity // 2)
+        generation = self._generation
+        if capacity is not None:  # not max(): it parses keywords per call (bench.instructions)
+            generation = capacity // 2
+            if generation < 1:
+                generation = 1
         if len(young) + len(hashes) > generation and young:
             self._forget_old(endpoint, held)
             young = held.young

@@ -449,7 +449,10 @@ class ModelServer:
             while cached_blocks < shared_blocks and keys[cached_blocks] in cache:
                 cached_blocks += 1
         elif group >= 0:
-            shared_blocks = min(request.prefix_tokens, request.prompt_tokens) // size
+            shared = request.prefix_tokens  # not min(): it parses keywords (bench.instructions)
+            if request.prompt_tokens < shared:
+                shared = request.prompt_tokens
+            shared_blocks = shared // size
             while cached_blocks < shared_blocks and (group, cached_blocks) in cache:
                 cached_blocks += 1
         need = -(-(request.prompt_tokens + request.output_tokens) // size) - cached_blocks

@@ -167,7 +167,9 @@ class AdaptiveGate:
         token after the first (the shell measures it on the response)."""
         endpoint = request.endpoint
         estimator = self._estimators.get(endpoint) if endpoint is not None else None
-        if estimator is not None and itl > 0.0:
+        # A server's own histogram says it at every sample, and a response's
+        # mean is then not used: the call spared (bench.instructions).
+        if estimator is not None and itl > 0.0 and not estimator.latency.server_itl:
             estimator.latency.observe_response(itl)
 
     def on_first_token(self, request: FlowRequest) -> bool:
