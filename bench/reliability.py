@@ -28,6 +28,9 @@ Cases:
   sent once the EPP is back must complete.
 - `soak`: a steady rate for `duration_s`; the EPP's RSS after the run over
   its RSS after a warm-up must grow less than 10%.
+- `decider_kill`, `replica_partition`, `rolling_restart`: three replicas of
+  one pool under load, their decider killed, one cut off from it, each
+  restarted in turn (`bench.reliability_replicas`).
 """
 
 from __future__ import annotations
@@ -451,12 +454,33 @@ async def soak(
         return finish(result, stack, started)
 
 
+async def decider_kill(workdir: Path) -> CaseResult:
+    from bench.reliability_replicas import decider_kill as case
+
+    return await case(workdir)
+
+
+async def replica_partition(workdir: Path) -> CaseResult:
+    from bench.reliability_replicas import replica_partition as case
+
+    return await case(workdir)
+
+
+async def rolling_restart(workdir: Path) -> CaseResult:
+    from bench.reliability_replicas import rolling_restart as case
+
+    return await case(workdir)
+
+
 CASES = {
     "server_killed": server_killed,
     "disconnect_while_queued": disconnect_while_queued,
     "malformed_input": malformed_input,
     "epp_restart": epp_restart,
     "soak": soak,
+    "decider_kill": decider_kill,
+    "replica_partition": replica_partition,
+    "rolling_restart": rolling_restart,
 }
 
 

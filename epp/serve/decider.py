@@ -166,6 +166,11 @@ class Decider:
         Lease won), so every replica's share is set aside until it reports,
         else every other replica's."""
         self.resign()
+        for replica in self._known.values():
+            self._release(replica.kept_aside)
+        self._known.clear()
+        for kept in self._unreported:
+            self._release(kept)
         self.epoch = epoch
         self.leading = True
         unreported = self.replicas if forwarded_here else self.replicas - 1
@@ -173,25 +178,22 @@ class Decider:
         log.info("epp decider leading (epoch %d)", epoch)
 
     def resign(self) -> None:
-        """Decide nothing more (the Lease was lost): every replica's stream
-        ends and what it held here is withdrawn; the replicas report to the
-        next decider."""
+        """Decide nothing more for the replicas (the Lease was lost, or this
+        process drains): every replica's stream ends, first of all so that
+        no decision leaves any more, then each counts as away. What they
+        hold stays kept aside here, since they run it on and admit within
+        their shares meanwhile: what this core still dispatches (its own
+        queue, while it drains) never sums past a limit with theirs. They
+        report to the next decider."""
         if not self.leading:
             return
         self.leading = False
-        for replica in self._known.values():
-            slot = replica.slot
-            if slot is not None:
-                replica.slot = None
-                self.owner.detach(slot)
-                if slot.link is not None:
-                    slot.link.close()
-            self._release(replica.kept_aside)
-            replica.kept_aside = []
-        self._known.clear()
-        for kept in self._unreported:
-            self._release(kept)
-        self._unreported = []
+        joined = [(r, r.slot) for r in self._known.values() if r.slot is not None]
+        for _, slot in joined:
+            if slot.link is not None:
+                slot.link.close()
+        for replica, slot in joined:
+            self._away(replica, slot)
         log.warning("epp decider resigned (epoch %d)", self.epoch)
 
     async def start(self, host: str, port: int, leading: bool = True) -> int:

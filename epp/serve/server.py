@@ -275,6 +275,9 @@ class EppServer(EppParts):
         deadline = loop.time() + window
         gc.unfreeze()
         await self.health.shutting_down()
+        if self.decider is not None:
+            # the replicas admit within their shares meanwhile, not this drain's 503s
+            self.decider.resign()
         log.info(
             "shutting down: %d queued, %d in flight; new requests get 503 "
             "rejected-shutting-down for the %.1f s drain window",

@@ -126,3 +126,20 @@ async def test_a_partitioned_replica_serves_within_its_share_and_rejoins(
     assert results == [200] * len(results)
     assert max(pool.peaks()) <= LIMIT, pool.peaks()
     assert rejoined_after < 1.0, rejoined_after
+
+
+async def test_a_draining_decider_hands_its_replicas_to_degraded_mode_not_its_503s(
+    tmp_path: Path,
+) -> None:
+    async with (
+        replicated_pool(tmp_path, decider_args=("--drain-timeout=2s",)) as (pool, _),
+        aiohttp.ClientSession() as session,
+    ):
+        results: list[int] = []
+        load = asyncio.ensure_future(steady_load(session, pool.urls[1:], 4.0, results))
+        await asyncio.sleep(1.0)
+        pool.decider.process.send_signal(signal.SIGTERM)
+        await eventually(lambda: all("runs degraded" in r.log() for r in pool.replicas), 3.0)
+        await load
+    assert results and results == [200] * len(results)
+    assert max(pool.peaks()) <= LIMIT, pool.peaks()

@@ -138,15 +138,36 @@ def config_with_fairness(policy: str) -> str:
     )
 
 
+async def start_replica(
+    workdir: Path, endpoints: str, decider_port: int, index: int, *args: str
+) -> RunningEpp:
+    """Forwarding replica `replica-{index}` of the pool, its decider on `decider_port`."""
+    return await start_epp(
+        f"--endpoints={endpoints}",
+        f"--config-file={workdir / 'config.yaml'}",
+        f"--objectives={workdir / 'objectives.yaml'}",
+        "--pool-name=e2e-pool",
+        f"--decider=127.0.0.1:{decider_port}",
+        "--replicas=3",
+        f"--replica-id=replica-{index}",
+        *args,
+    )
+
+
 @contextlib.asynccontextmanager
 async def replicated_pool(
-    tmp_path: Path, cut: bool = False, decider_args: tuple[str, ...] = (), config: str = CONFIG
+    tmp_path: Path,
+    cut: bool = False,
+    decider_args: tuple[str, ...] = (),
+    config: str = CONFIG,
+    args: tuple[str, ...] = (),
 ) -> AsyncIterator[tuple[Pool, Cut]]:
+    """`args` go to every replica, `decider_args` to the decider only."""
     (tmp_path / "config.yaml").write_text(config)
     (tmp_path / "objectives.yaml").write_text(OBJECTIVES)
     async with running_fake_vllm() as one, running_fake_vllm() as two:
         endpoints = f"{one.address},{two.address}"
-        decider = await start_decider(tmp_path, endpoints, 0, *decider_args)
+        decider = await start_decider(tmp_path, endpoints, 0, *args, *decider_args)
         decider_port = decider.ports["decider"]
         relay = Cut(decider_port)
         await relay.start()
@@ -155,17 +176,7 @@ async def replicated_pool(
         try:
             for index in (1, 2):
                 port = relay.port if cut and index == 2 else decider_port
-                replicas.append(
-                    await start_epp(
-                        f"--endpoints={endpoints}",
-                        f"--config-file={tmp_path / 'config.yaml'}",
-                        f"--objectives={tmp_path / 'objectives.yaml'}",
-                        "--pool-name=e2e-pool",
-                        f"--decider=127.0.0.1:{port}",
-                        "--replicas=3",
-                        f"--replica-id=replica-{index}",
-                    )
-                )
+                replicas.append(await start_replica(tmp_path, endpoints, port, index, *args))
             for replica in replicas:
                 await eventually(lambda r=replica: "joined the decider" in r.log(), 10.0)
             async with contextlib.AsyncExitStack() as stack:
