@@ -28,7 +28,9 @@ is `[bucket counts, sum]`, another's a number."""
 
 def take(families: Iterable[Family]) -> Rows:
     """What `families` gathered since the last take, as rows; each family
-    starts again from no series."""
+    starts again from no series. A series that came back to 0 is shipped
+    too (a running gauge up and down again), so the owner shows it as one
+    process would."""
     rows: Rows = []
     for family in families:
         values = family.values
@@ -38,7 +40,7 @@ def take(families: Iterable[Family]) -> Rows:
         if family.spec.kind is Kind.HISTOGRAM:
             series = [[key, [tally.counts, tally.total]] for key, tally in values.items()]
         else:
-            series = [[key, value] for key, value in values.items() if value]
+            series = [[key, value] for key, value in values.items()]
         if series:
             rows.append([family.spec.name, series])
     return rows

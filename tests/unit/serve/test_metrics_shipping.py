@@ -77,6 +77,17 @@ def test_a_take_starts_the_families_again_from_nothing():
     assert take(worker.stream_families()) == []
 
 
+def test_a_gauge_series_back_at_zero_within_one_take_is_on_the_owners_page():
+    owner = RequestMetrics("pool")
+    worker = RequestMetrics("")
+    worker.running.add(LABELS[0])
+    worker.running.add(LABELS[0], -1)
+
+    owner.merge().add(0, shipped(take(worker.stream_families())))
+
+    assert owner.running.values == {LABELS[0]: 0.0}
+
+
 def test_a_dead_workers_running_requests_leave_the_running_gauge():
     owner = RequestMetrics("pool")
     merge = owner.merge()
