@@ -196,13 +196,15 @@ class PathDelay:
 
 
 REQUEST_PATH = PathDelay(5.0, 12.0)
-"""The client's send to the server's receipt, for a request the EPP does not
-queue: Envoy, the ext_proc round trips of headers and body with the EPP's
-work, Envoy again (`bench.gateway_path`; bench/README.md has the runs)."""
+"""The client's send to the request entering the server model, for a
+request the EPP does not queue: Envoy, the ext_proc round trips of headers
+and body with the EPP's work, Envoy again, the server's handler
+(`bench.gateway_path`'s `to_model`; bench/README.md has the runs)."""
 RESPONSE_PATH = PathDelay(2.0, 6.0)
-"""The server's write to the client's read: Envoy, the EPP's response
-processing, Envoy again; the EPP sees a first token or an end this long
-after the server too, within a fraction of a millisecond."""
+"""The server model's first token or end to the client's read: the
+server's handler and event loop, Envoy, the EPP's response processing,
+Envoy again (`from_model`); the EPP sees a first token or an end this long
+after the model too, within a fraction of a millisecond."""
 
 
 @dataclass(slots=True, frozen=True)
