@@ -33,7 +33,6 @@ buckets up to the median's; a response's O(1).
 """
 
 from epp.flowcontrol.adaptive.estimator import (
-    FAST_FILL,
     INTAKE,
     KEEP_PACE,
     LONG_STEP,
@@ -62,7 +61,6 @@ from epp.flowcontrol.adaptive.latency import (
 )
 
 __all__ = [
-    "FAST_FILL",
     "INTAKE",
     "KEEP_PACE",
     "LATENCY_SAMPLES",

@@ -326,9 +326,7 @@ class LimitEstimator:
         (`stale`: `crowded`, until `NOT_FULL`). A server of known size grows so with no queue
         now, one at a time after a stale queue, never past `KEEP_PACE` of its
         limit (near the top, one at a time keeps the server's queue and the
-        top band's prefill steps short), and may be sent up to `FAST_FILL`
-        of its limit at once while it runs less than that: its next step
-        admits them all."""
+        top band's prefill steps short)."""
         pending = self.settings.pending
         if not self.found:
             base = pending + 1 if limit >= 64 else pending
@@ -340,8 +338,7 @@ class LimitEstimator:
             return pending
         pace = waiting + took if waiting else INTAKE * took
         room = int(limit * KEEP_PACE) - running
-        budget = min(max(pending, pace), max(pending, room))
-        return max(budget, int(limit * FAST_FILL) - running)
+        return min(max(pending, pace), max(pending, room))
 
 
 STEP_ARRIVALS = 2
@@ -355,9 +352,6 @@ PREFILLING = 0.25
 """A server whose steps admitted requests at this share or more is not
 judged on its latency: the median of its steps is a decode step only while
 fewer than half of them prefill, and the share swings within a window."""
-
-FAST_FILL = 0.5
-"""The share of its limit an idle server of known size may be sent at once."""
 
 KEEP_PACE = 0.9
 """Below this share of its limit, a server of known size with no queue may

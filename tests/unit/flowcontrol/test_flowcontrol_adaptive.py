@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.flowcontrol.adaptive import (
-    KEEP_PACE,
     LATENCY_SAMPLES,
     RECENT_SECONDS,
     RECENT_WINDOW,
@@ -558,6 +557,10 @@ def test_a_request_on_its_way_at_the_read_stays_pending_though_another_ended_aft
 
 def test_before_a_step_is_measured_only_a_step_end_heard_lets_more_than_step_arrivals_go():
     pool, gate = settled_gate(64, 0)  # no histogram: no step length known
+    for _ in range(4):
+        dispatch(gate, A)
+    pool.publish(1.3, a=(4, 0))  # it took four: it may be sent eight
+    gate.has_room(A, 0)
     assert gate._estimators[A].budget > STEP_ARRIVALS
     sent = [dispatch(gate, A) for _ in range(STEP_ARRIVALS)]
     pool.now += 0.04
@@ -567,12 +570,16 @@ def test_before_a_step_is_measured_only_a_step_end_heard_lets_more_than_step_arr
 
 
 def stepping_gate(step: float = 0.02) -> tuple[Pool, AdaptiveGate]:
-    """A settled gate (limit 64, running nothing) whose server's steps last `step`."""
+    """A settled gate (limit 64) whose server's steps last `step` and which
+    took the four it was sent by its last sample (so its budget is eight)."""
     pool, gate = settled_gate(64, 0)
     histogram = Histogram()
-    for at in (1.3, 1.35):
-        pool.publish(at, a=(0, 0, *histogram.run(0.05, step)))
-        gate.has_room(A, 0)
+    pool.publish(1.3, a=(0, 0, *histogram.run(0.05, step)))
+    gate.has_room(A, 0)
+    for _ in range(4):
+        dispatch(gate, A)
+    pool.publish(1.35, a=(4, 0, *histogram.run(0.05, step)))
+    gate.has_room(A, 0)
     return pool, gate
 
 
@@ -604,13 +611,13 @@ def test_a_first_token_ends_the_step_and_lets_the_next_ones_go():
 
 def test_a_completion_ends_the_step_and_lets_the_next_ones_go():
     pool, gate = stepping_gate()
-    older = dispatch(gate, A)
-    pool.publish(pool.now + 0.05, a=(1, 0))
+    older = [dispatch(gate, A) for _ in range(4)]
+    pool.publish(pool.now + 0.05, a=(8, 0))
     gate.has_room(A, 0)
     for _ in range(STEP_ARRIVALS):
         dispatch(gate, A)
     assert not gate.has_room(A, 0)
-    gate.on_complete(older)
+    gate.on_complete(older[0])
     assert gate.has_room(A, 0)
 
 
@@ -817,11 +824,13 @@ def test_no_room_is_known_only_where_with_room_finds_none(steps):
             assert not known_full or gate.with_room(endpoints, priority) == []
 
 
-def test_a_server_of_known_size_running_under_half_its_limit_may_have_half_pending():
+def test_an_idle_server_of_known_size_is_sent_twice_what_it_took_at_each_sample():
     pool, gate = settled_gate(16, 0)  # found full at 16, now runs nothing
-    assert send_while_room(gate) == 8  # two a step: its steps admit them all
-    pool.publish(2.0, a=(8, 0))  # it took them all: it may fill up to KEEP_PACE
-    assert 8 + send_while_room(gate) == int(16 * KEEP_PACE)
+    assert send_while_room(gate) == 2  # it took the one waiting at the sample before
+    pool.publish(1.3, a=(2, 0))
+    assert send_while_room(gate) == 4
+    pool.publish(1.35, a=(6, 0))
+    assert send_while_room(gate) == 8
 
 
 # -- latency: a server that slows down without queueing ------------------------
