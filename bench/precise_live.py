@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.demo.compare import deployed_config
 from epp.demo.envoy_process import running_envoy
-from epp.demo.kv_publisher import port_free_on_every
-from epp.demo.model_server import KVEventsPublishing, SimulatedServer, serving_on
+from epp.demo.kv_publisher import KVEventsPublishing, port_free_on_every
+from epp.demo.model_server import SimulatedServer, serving_on
 from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp
@@ -63,26 +63,6 @@ def servers(
     tokenize = encoder(tokenizer) if tokenizer is not None else None
     pool = [SimulatedServer(PARAMS, MODEL, kv_events=publishing, tokenizer=tokenize) for _ in HOSTS]
     return serving_on(pool, HOSTS)
-
-
-def precise_config(folder: Path, render: str, events_port: int, tokenizer: Path | None) -> Path:
-    """precise-prefix.yaml with the render URL (or, with `tokenizer`, the
-    local backend on that model directory) and the servers' events port."""
-    config = yaml.safe_load((ROOT / "config" / "epp" / "precise-prefix.yaml").read_text())
-    for plugin in config["plugins"]:
-        parameters = plugin.get("parameters") or {}
-        if plugin["type"] == "token-producer":
-            parameters["modelName"] = MODEL
-            if tokenizer is not None:
-                timeout = parameters.pop("vllm")["timeout"]
-                parameters["local"] = {"modelDir": str(tokenizer), "timeout": timeout}
-            else:
-                parameters["vllm"]["url"] = render
-        if plugin["type"] == "precise-prefix-cache-producer":
-            parameters["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] = events_port
-    path = folder / "precise.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def workload(seconds: float, rate: float, seed: int) -> list[tuple[float, str]]:
@@ -152,7 +132,14 @@ async def run(
             return summary(pool, await drive(urls, arrivals), len(arrivals))
         with tempfile.TemporaryDirectory() as folder:
             config = (
-                precise_config(Path(folder), f"http://{addresses[0]}", events_port, tokenizer)
+                deployed_config(
+                    ROOT / "config" / "epp" / "precise-prefix.yaml",
+                    Path(folder),
+                    MODEL,
+                    events_port,
+                    tokenizer,
+                    f"http://{addresses[0]}",
+                )
                 if policy == "precise"
                 else ROOT / "config" / "epp" / "default.yaml"
             )

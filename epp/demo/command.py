@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="play the scenario once per policy (its configuration, each variant with a "
+        "configuration file, round-robin if a baseline) and print hit rate and TTFT side by side",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
 
 
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, duration_s=args.duration)
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)
+    if args.compare:
+        return compare(scenario, args)
     try:
         result = asyncio.run(run_demo(scenario, engine=args.engine))
     except PartFailed as error:
@@ -91,4 +99,25 @@ def run(args: argparse.Namespace) -> int:
     if result.epp_crashed:
         print("epp demo: the EPP exited during the run", file=sys.stderr)
         return 1
+    return 0
+
+
+def compare(scenario: Scenario, args: argparse.Namespace) -> int:
+    from epp.demo.compare import render_compare, run_compare
+    from epp.demo.processes import PartFailed
+
+    try:
+        report = asyncio.run(run_compare(scenario, engine=args.engine))
+    except PartFailed as error:
+        print(f"epp demo: {error.part} failed to start: {error.reason}", file=sys.stderr)
+        print("epp demo: everything started was stopped", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nepp demo: interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+    print()
+    print(render_compare(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nresults written to {args.json}")
     return 0

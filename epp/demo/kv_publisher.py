@@ -19,10 +19,13 @@ import socket
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 import zmq
 import zmq.asyncio
+
+from epp.scheduling.kvblocks import HashAlgorithm
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -235,3 +238,19 @@ class KVEventPublisher:
                 if seq >= start:
                     await router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
             await router.send_multipart([client, b"", END_SEQ, b""])
+
+
+@dataclass(slots=True, frozen=True)
+class KVEventsPublishing:
+    """How a simulated server publishes its KV-cache events, as vLLM's
+    `--kv-events-config` does: on `host` (default: the server's) at `port`
+    (0: a free one), its replay socket at `replay_port` (None: none), or
+    connected to `connect` (an EPP's bound endpoint) instead; its block keys
+    vLLM's for `hash_seed` (PYTHONHASHSEED) and `algorithm`."""
+
+    port: int = 0
+    replay_port: int | None = 0
+    host: str = ""
+    hash_seed: str = ""
+    algorithm: HashAlgorithm = HashAlgorithm.SHA256_CBOR
+    connect: str = ""

@@ -104,14 +104,16 @@ class LoadGenerator:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         scenario: Scenario,
         arrivals: Sequence[Arrived] | None = None,
         max_requests: int = 100_000,
         timeout: float = 120.0,
         path: str = "/v1/completions",
     ) -> None:
-        self.url = url.rstrip("/") + path
+        urls = [url] if isinstance(url, str) else list(url)
+        self.urls = [each.rstrip("/") + path for each in urls]
+        """Where requests go, in turn (several: round robin, as a Service)."""
         self.scenario = scenario
         self.arrivals = list(workload(scenario) if arrivals is None else arrivals)[:max_requests]
         self.timeout = timeout
@@ -158,7 +160,7 @@ class LoadGenerator:
         body = request_body(self.scenario.model, prompt, request.output_tokens, tenant.stream)
         try:
             async with session.post(
-                self.url,
+                self.urls[number % len(self.urls)],
                 data=body,
                 headers=request_headers(tenant, request.request_id),
             ) as response:

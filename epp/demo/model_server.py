@@ -53,14 +53,20 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
 from aiohttp import web
 
-from epp.demo.kv_publisher import KVEventPublisher, cleared, removed, stored
+from epp.demo.kv_publisher import (
+    KVEventPublisher,
+    KVEventsPublishing,
+    cleared,
+    removed,
+    stored,
+)
 from epp.demo.processes import serve_until_signalled
 from epp.demo.realtime_model import Pending, RealTimeModel
 from epp.demo.server_formats import (
@@ -77,7 +83,7 @@ from epp.demo.server_formats import (
 from epp.demo.server_metrics import CONTENT_TYPE, ENGINES, MetricsPages
 from epp.demo.tokenizer_file import encoder
 from epp.extproc.headers import REQUEST_ID
-from epp.scheduling.kvblocks import BlockHasher, BlockRemoved, BlockStored, HashAlgorithm, KVEvent
+from epp.scheduling.kvblocks import BlockHasher, BlockRemoved, BlockStored, KVEvent
 from epp.scheduling.prefix import block_hashes
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import (
@@ -88,22 +94,6 @@ STREAM_BATCH_S = 0.05
 """How often a streaming response sends the tokens decoded since the last event."""
 STORED_RESPONSES = 1000
 """Responses kept for `previous_response_id` (the oldest is forgotten first)."""
-
-
-@dataclass(slots=True, frozen=True)
-class KVEventsPublishing:
-    """How a simulated server publishes its KV-cache events, as vLLM's
-    `--kv-events-config` does: on `host` (default: the server's) at `port`
-    (0: a free one), its replay socket at `replay_port` (None: none), or
-    connected to `connect` (an EPP's bound endpoint) instead; its block keys
-    vLLM's for `hash_seed` (PYTHONHASHSEED) and `algorithm`."""
-
-    port: int = 0
-    replay_port: int | None = 0
-    host: str = ""
-    hash_seed: str = ""
-    algorithm: HashAlgorithm = HashAlgorithm.SHA256_CBOR
-    connect: str = ""
 
 
 class SimulatedServer:
@@ -134,6 +124,7 @@ class SimulatedServer:
         render_endpoints: bool = True,
         timing: TextIO | None = None,
         tokenizer: Callable[[str], list[int]] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -154,6 +145,8 @@ class SimulatedServer:
         self.tokenize_delay_s = tokenize_delay_s
         self.render_endpoints = render_endpoints
         self.tokenizer = tokenizer
+        self.host = host
+        """Where `start()` listens unless told."""
         """A real tokenizer of prompt text (`epp.demo.tokenizer_file`); None:
         the simulated one (`server_formats.token_ids`)."""
         self.timing = timing
@@ -186,7 +179,8 @@ class SimulatedServer:
             app.router.add_get("/metrics", self._metrics)
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+    async def start(self, host: str = "", port: int = 0) -> int:
+        host = host or self.host
         publishing = self.kv_events
         self.model = model = RealTimeModel(
             self.params, self._kv_queue.put_nowait if publishing is not None else None
@@ -414,7 +408,12 @@ class SimulatedServer:
                 pages.aborted()
             raise
         pages.first_token(pending.first_token.result() - submitted)
-        pages.finished(pending.finished.result() - submitted, prompt_tokens, asked.output_tokens)
+        pages.finished(
+            pending.finished.result() - submitted,
+            prompt_tokens,
+            asked.output_tokens,
+            pending.cached_tokens(),
+        )
         if api is Api.RESPONSES:
             self._remember(reply.request_id, prompt_tokens + asked.output_tokens)
         if self.timing is not None:
@@ -516,15 +515,25 @@ async def _serve(
     engine: str,
     timing_log: str | None,
     tokenizer_dir: str | None = None,
+    hosts: Sequence[str] = (),
+    kv_events_port: int = 0,
 ) -> None:
     tokenizer = encoder(Path(tokenizer_dir)) if tokenizer_dir else None
+    publishing = KVEventsPublishing(kv_events_port, None) if kv_events_port else None
     with contextlib.ExitStack() as stack:
         timing = stack.enter_context(open(timing_log, "a", buffering=1)) if timing_log else None
         servers = [
             SimulatedServer(
-                params, model_name, kv_transfer, engine=engine, timing=timing, tokenizer=tokenizer
+                params,
+                model_name,
+                kv_transfer,
+                engine=engine,
+                timing=timing,
+                tokenizer=tokenizer,
+                kv_events=publishing,
+                host=hosts[index] if hosts else "127.0.0.1",
             )
-            for _ in range(count)
+            for index in range(count)
         ]
         await serve_until_signalled(servers, ready_file)
 
@@ -562,7 +571,21 @@ def main(argv: list[str] | None = None) -> int:
         help="tokenize with DIR/tokenizer.json (epp.demo.tokenizer_file) instead of "
         "the simulated tokenizer",
     )
+    parser.add_argument(
+        "--hosts",
+        default="",
+        help="comma-separated loopback addresses, one per server (default: all on 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=0,
+        help="publish each server's KV-cache events on its host at this port (0: none)",
+    )
     args = parser.parse_args(argv)
+    hosts = tuple(host for host in args.hosts.split(",") if host)
+    if hosts and len(hosts) != args.count:
+        parser.error(f"--hosts: {len(hosts)} addresses for {args.count} servers")
     try:
         params = ServerParams(**json.loads(args.params))
     except (TypeError, ValueError) as error:
@@ -581,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
             args.engine,
             args.timing_log,
             args.tokenizer,
+            hosts,
+            args.kv_events_port,
         )
     )
     return 0

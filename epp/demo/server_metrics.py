@@ -8,7 +8,9 @@ engine table in `epp.datalayer.engines` says where each engine defines them):
   fields as labels, `vllm:lora_requests_info` when adapters are configured,
   the TTFT and e2e histograms, `vllm:request_success_total` by finish reason
   (`abort` for a request whose client went away), prompt/generation tokens,
-  and `vllm:inter_token_latency_seconds`.
+  `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (the
+  finished requests' prompt and cached tokens), and
+  `vllm:inter_token_latency_seconds`.
 - `sglang`: `/metrics`; the scheduler's gauges (running, queue, token
   usage, page size and count) with labels model_name, engine_type, tp_rank,
   pp_rank, moe_ep_rank, declared but without a sample until the first
@@ -136,6 +138,22 @@ class MetricsPages:
             registry=self.registry,
         ).labels(*self._labels)  # fmt: skip
 
+        self._prefix_cache: tuple[Any, Any] | None = None
+        if engine == "vllm":
+            queries = Counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                names,
+                registry=self.registry,
+            ).labels(*self._labels)
+            hits = Counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                names,
+                registry=self.registry,
+            ).labels(*self._labels)
+            self._prefix_cache = (queries, hits)
+
         self._remote_prefills = Counter(
             "epp_sim_remote_prefills", "Prefills run for a remote decode.", names,
             registry=self.registry,
@@ -151,8 +169,14 @@ class MetricsPages:
     def first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
 
-    def finished(self, seconds: float, prompt_tokens: int, output_tokens: int) -> None:
+    def finished(
+        self, seconds: float, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0
+    ) -> None:
         self._e2e.observe(seconds)
+        if self._prefix_cache is not None:
+            queries, hits = self._prefix_cache
+            queries.inc(prompt_tokens)
+            hits.inc(cached_tokens)
         reason = ("length",) if self._by_reason else ()
         self._success.labels(*self._labels, *reason).inc()
         self._prompt_tokens.inc(prompt_tokens)

@@ -82,6 +82,22 @@ class StackSettings:
     server_timing_log: Path | None = None
     """Where the model servers append each answered request's times
     (`epp.demo.model_server --timing-log`); None: not written."""
+    kv_events_port: int = 0
+    """The port each server publishes its KV-cache events on (0: none); the
+    servers then listen on loopback addresses of their own (`server_hosts`),
+    as pods have, so the EPP finds each one's events at its address."""
+    tokenizer: Path | None = None
+    """A model directory whose tokenizer.json the servers tokenize with."""
+
+    def server_hosts(self) -> list[str]:
+        if not self.kv_events_port:
+            return ["127.0.0.1"] * self.servers
+        return event_hosts(self.servers)
+
+
+def event_hosts(servers: int) -> list[str]:
+    """The loopback addresses of `servers` servers that publish KV-cache events."""
+    return [f"127.0.0.{2 + index}" for index in range(servers)]
 
     def decodes(self, index: int) -> bool:
         """Whether server `index` serves the decode stage (and so has a sidecar)."""
@@ -164,7 +180,10 @@ class LiveStack:
         ]
         params = json.dumps(asdict(settings.params))
         transfer = json.dumps(asdict(settings.kv_transfer))
+        hosts = settings.server_hosts()
         for index, count in enumerate(counts):
+            first = sum(counts[:index])
+            own = hosts[first : first + count]
             name = "model servers" if processes == 1 else f"model server {index}"
             child = await start_child(
                 name,
@@ -186,11 +205,18 @@ class LiveStack:
                         if settings.server_timing_log is not None
                         else ()
                     ),
+                    *(
+                        ("--hosts", ",".join(own), "--kv-events-port", str(settings.kv_events_port))
+                        if settings.kv_events_port
+                        else ()
+                    ),
+                    *(("--tokenizer", str(settings.tokenizer)) if settings.tokenizer else ()),
                 ],
                 self.workdir,
             )
             self.server_processes.append(child)
-            self.servers.extend(f"127.0.0.1:{port}" for port in child.ready["ports"])
+            ports = child.ready["ports"]
+            self.servers.extend(f"{h}:{port}" for h, port in zip(own, ports, strict=True))
         self.endpoints = list(self.servers)
         if settings.roles:
             await self._start_sidecars()

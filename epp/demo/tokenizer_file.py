@@ -8,7 +8,9 @@ tokenizes in process, as the servers do, and its block keys match the
 ones the servers' KV events carry.
 
 `train(folder, corpus)` trains a byte-level BPE on the corpus (the
-`tokenizers` library, no download) and saves `folder/tokenizer.json`;
+`tokenizers` library, no download) over pieces of at most four characters,
+so that a text counts about as many tokens as the simulated tokenizer (and
+a scenario's token counts) say, and saves `folder/tokenizer.json`;
 `encoder(folder)` is the encode the servers and the local backend both
 run (`epp.serve.tokenizer.LocalTokenizer.encode`).
 """
@@ -18,16 +20,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-DEFAULT_VOCABULARY = 1024
+from epp.demo.server_formats import CHARS_PER_TOKEN
+
+DEFAULT_VOCABULARY = 4096
 
 
 def train(folder: Path, corpus: Iterable[str], vocabulary: int = DEFAULT_VOCABULARY) -> Path:
     """Train a byte-level BPE of `vocabulary` tokens on `corpus`, save it as
     `folder/tokenizer.json`; `folder` (a model directory)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(f".{{1,{CHARS_PER_TOKEN}}}"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocabulary,

@@ -148,6 +148,8 @@ class Variant:
     name: str
     fairness: Fairness | None = None
     config: EppConfig | None = None
+    config_path: str | None = None
+    """The file `config` was read from (a live run gives it to `epp serve`)."""
 
 
 @dataclass(slots=True, frozen=True)

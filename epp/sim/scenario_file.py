@@ -438,9 +438,9 @@ def _epp(reader: _Reader, value: Any) -> tuple[EppConfig, str | None, tuple[Vari
         if "config" in entry:
             if "fairness" in entry:
                 reader.fail(path, "a variant sets its fairness or its config, not both")
-            variant_config = _config_file(reader, entry["config"], f"{path}.config")[0]
+            variant_config, variant_path = _config_file(reader, entry["config"], f"{path}.config")
             name = reader.string(entry.get("name"), f"{path}.name")
-            variants.append(Variant(name, config=variant_config))
+            variants.append(Variant(name, config=variant_config, config_path=variant_path))
             continue
         fairness = reader.string(entry.get("fairness"), f"{path}.fairness")
         if fairness and fairness not in {policy.value for policy in Fairness}:

@@ -71,6 +71,18 @@ async def test_max_requests_bounds_the_run(server_url):
     assert len(requests) == 3
 
 
+async def test_several_urls_take_the_requests_in_turn():
+    servers = [SimulatedServer(ServerParams(decode_ms_per_token=1.0)) for _ in range(2)]
+    urls = [f"http://127.0.0.1:{await server.start()}" for server in servers]
+    try:
+        requests = await LoadGenerator(urls, SCENARIO, max_requests=6, timeout=10).run()
+    finally:
+        for server in servers:
+            await server.stop()
+    assert {r.outcome for r in requests} == {COMPLETED}
+    assert [server.model.admitted_total for server in servers] == [3, 3]
+
+
 async def test_no_response_is_an_error_outcome_not_a_status():
     async def hang_up(request: web.Request) -> web.Response:
         request.transport.close()

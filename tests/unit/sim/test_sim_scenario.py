@@ -32,6 +32,7 @@ SCENARIOS = [
         "precise-restarts",
         "precise-chat-restarts",
         "precise-mispredict",
+        "precise-demo",
     )
 ] + sorted((ROOT / "bench" / "scenarios").glob("*.yaml"))
 EXAMPLE = """  # noqa: E501 (the issue's example, verbatim)
