@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from epp.demo.compare import render_compare, run_compare
     from epp.demo.demo import run_demo
     from epp.demo.processes import PartFailed
     from epp.demo.report import render_live_text
@@ -80,10 +81,14 @@ def run(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, duration_s=args.duration)
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)
-    if args.compare:
-        return compare(scenario, args)
     try:
-        result = asyncio.run(run_demo(scenario, engine=args.engine))
+        if args.compare:
+            report = asyncio.run(run_compare(scenario, engine=args.engine))
+            text, crashed = render_compare(report), False
+        else:
+            result = asyncio.run(run_demo(scenario, engine=args.engine))
+            report, crashed = result.report, result.epp_crashed
+            text = render_live_text(report)
     except PartFailed as error:
         print(f"epp demo: {error.part} failed to start: {error.reason}", file=sys.stderr)
         print("epp demo: everything started was stopped", file=sys.stderr)
@@ -92,32 +97,11 @@ def run(args: argparse.Namespace) -> int:
         print("\nepp demo: interrupted; everything started was stopped", file=sys.stderr)
         return 130
     print()
-    print(render_live_text(result.report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.report, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
-    if result.epp_crashed:
-        print("epp demo: the EPP exited during the run", file=sys.stderr)
-        return 1
-    return 0
-
-
-def compare(scenario: Scenario, args: argparse.Namespace) -> int:
-    from epp.demo.compare import render_compare, run_compare
-    from epp.demo.processes import PartFailed
-
-    try:
-        report = asyncio.run(run_compare(scenario, engine=args.engine))
-    except PartFailed as error:
-        print(f"epp demo: {error.part} failed to start: {error.reason}", file=sys.stderr)
-        print("epp demo: everything started was stopped", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nepp demo: interrupted; everything started was stopped", file=sys.stderr)
-        return 130
-    print()
-    print(render_compare(report))
+    print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nresults written to {args.json}")
+    if crashed:
+        print("epp demo: the EPP exited during the run", file=sys.stderr)
+        return 1
     return 0

@@ -30,9 +30,8 @@ from typing import Any
 
 import aiohttp
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from epp.demo.demo import DRAIN_TIMEOUT_S, stack_settings
+from epp.demo.demo import DRAIN_TIMEOUT_S, stack_settings, sum_of
 from epp.demo.kv_publisher import port_free_on_every
 from epp.demo.loadgen import LoadGenerator, prompt_text
 from epp.demo.report import live_report
@@ -105,12 +104,8 @@ async def prefix_hit_rate(servers: list[str]) -> float | None:
         for server in servers:
             async with session.get(f"http://{server}/metrics") as response:
                 text = await response.text()
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == "vllm:prefix_cache_queries_total":
-                        queries += sample.value
-                    elif sample.name == "vllm:prefix_cache_hits_total":
-                        hits += sample.value
+            queries += sum_of(text, "vllm:prefix_cache_queries").get("", 0.0)
+            hits += sum_of(text, "vllm:prefix_cache_hits").get("", 0.0)
     return hits / queries if queries else None
 
 

@@ -123,7 +123,8 @@ async def run_demo(scenario: Scenario, say=print, engine: str = "vllm") -> DemoR
     return DemoRun(report, crashed)
 
 
-def _sum_of(text: str, family_name: str, by: str | None = None) -> dict[str, float]:
+def sum_of(text: str, family_name: str, by: str | None = None) -> dict[str, float]:
+    """The `_total` samples of counter `family_name` summed (by label `by`)."""
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name != family_name:
@@ -139,11 +140,11 @@ async def read_stages(stack: LiveStack) -> dict[str, Any]:
     """The EPP's disaggregation decisions and the remote prefills the servers ran."""
     async with aiohttp.ClientSession() as session:
         async with session.get(stack.epp_metrics_url) as response:
-            decisions = _sum_of(await response.text(), "llm_d_epp_disagg_decision", "decision_type")
+            decisions = sum_of(await response.text(), "llm_d_epp_disagg_decision", "decision_type")
         prefills = 0.0
         for server in stack.servers:
             async with session.get(f"http://{server}/metrics") as response:
-                prefills += _sum_of(await response.text(), "epp_sim_remote_prefills").get("", 0.0)
+                prefills += sum_of(await response.text(), "epp_sim_remote_prefills").get("", 0.0)
     decided = sum(decisions.values())
     remote = decisions.get("prefill-decode", 0.0) + decisions.get("encode-prefill-decode", 0.0)
     return {

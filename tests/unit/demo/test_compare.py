@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
+
 from epp.config.loader import load_config
 from epp.config.precise import TokenizerBackend
-from epp.demo.compare import deployed_config, is_precise, policies
+from epp.demo.compare import deployed_config, is_precise, policies, prefix_hit_rate
+from epp.demo.model_server import SimulatedServer
 from epp.sim.scenario_file import load_scenario
+from epp.sim.server_model import ServerParams
 
 ROOT = Path(__file__).resolve().parents[3]
 PRECISE = ROOT / "config" / "epp" / "precise-prefix.yaml"
@@ -37,3 +41,18 @@ def test_without_a_tokenizer_the_deployed_config_asks_the_render_url(tmp_path):
     assert deployed.tokenizer is not None
     assert deployed.tokenizer.backend is TokenizerBackend.VLLM
     assert deployed.tokenizer.url == "http://h:1"
+
+
+async def test_the_hit_rate_is_the_servers_cached_prompt_tokens_over_their_prompt_tokens():
+    server = SimulatedServer(ServerParams(decode_ms_per_token=1.0))
+    port = await server.start()
+    body = {"model": "model", "prompt": "y" * (4 * 49), "max_tokens": 2}  # 49 tokens
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):
+                async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body):
+                    pass
+        rate = await prefix_hit_rate([f"127.0.0.1:{port}"])
+    finally:
+        await server.stop()
+    assert rate == 48 / 98  # the second request finds three blocks of 16 cached
