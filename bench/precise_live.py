@@ -40,7 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.demo.compare import deployed_config
 from epp.demo.envoy_process import running_envoy
 from epp.demo.kv_publisher import KVEventsPublishing, port_free_on_every
-from epp.demo.model_server import SimulatedServer, serving_on
+from epp.demo.model_server import SimulatedServer
+from epp.demo.model_servers import serving_on
 from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
 from tests.support.epp_process import running_epp

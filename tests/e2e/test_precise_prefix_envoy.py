@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo import tokenizer_file
 from epp.demo.kv_publisher import KVEventsPublishing, port_free_on_every
-from epp.demo.model_server import SimulatedServer, serving_on
+from epp.demo.model_server import SimulatedServer
+from epp.demo.model_servers import serving_on
 from epp.demo.server_formats import token_ids
 from epp.demo.tokenizer_file import encoder
 from epp.sim.server_model import ServerParams
