@@ -13,6 +13,9 @@
 | `scraper`   | reading every endpoint's page over HTTP(S) into the store            |
 |             | (`MetricsSource`: scheme, path, port, TLS; limits per read)          |
 | `fetch`     | one endpoint's GET over a kept-alive connection (httptools)          |
+| `polling`   | one task per endpoint for what reads each server on its own period   |
+| `models`    | every endpoint's model list (`GET /v1/models`), for models-responder |
+| `kvevents`  | the servers' KV-cache events over ZMQ, into the precise prefix index |
 
 Invariants: only the store holds metrics; the reader does no I/O; a failed
 read marks an endpoint stale at once and never removes it. Cost: a read
