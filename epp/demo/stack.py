@@ -94,15 +94,15 @@ class StackSettings:
             return ["127.0.0.1"] * self.servers
         return event_hosts(self.servers)
 
-
-def event_hosts(servers: int) -> list[str]:
-    """The loopback addresses of `servers` servers that publish KV-cache events."""
-    return [f"127.0.0.{2 + index}" for index in range(servers)]
-
     def decodes(self, index: int) -> bool:
         """Whether server `index` serves the decode stage (and so has a sidecar)."""
         role = self.roles[index] if self.roles else ""
         return not role or role in DECODE_ROLES
+
+
+def event_hosts(servers: int) -> list[str]:
+    """The loopback addresses of `servers` servers that publish KV-cache events."""
+    return [f"127.0.0.{2 + index}" for index in range(servers)]
 
 
 def pool_manifest() -> dict:
