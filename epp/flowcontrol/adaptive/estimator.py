@@ -64,7 +64,7 @@ class LimitEstimator:
         "window_end",
     )
 
-    def __init__(self, settings: AdaptiveLimits) -> None:
+    def __init__(self, settings: AdaptiveLimits, now: float = 0.0) -> None:
         self.settings = settings
         self.limit = max(1, min(settings.initial, settings.maximum))
         self.probing = True
@@ -98,9 +98,9 @@ class LimitEstimator:
         self.queue = 0
         """The server's queue at the last sample."""
         self.seen: float | None = None
-        self.fresh_at = 0.0
+        self.fresh_at = now
         """When its newest news is from: the last sample used, or (none yet)
-        when the gate first saw the endpoint (the gate sets it). Older than
+        when the gate first saw the endpoint (`now`). Older than
         `blind_after`, the samples cannot be learned from."""
         self.adjustments = 0
         self.budget = settings.pending

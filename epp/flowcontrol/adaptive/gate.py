@@ -120,8 +120,7 @@ class AdaptiveGate:
             estimator = self._estimators.get(endpoint)
             now = self._clock()
             if estimator is None:
-                estimator = self._estimators[endpoint] = LimitEstimator(self.settings)
-                estimator.fresh_at = now
+                estimator = self._estimators[endpoint] = LimitEstimator(self.settings, now)
             if not estimator.burst or now >= estimator.burst_until:
                 # A step ended since the burst began (heard, or a mean step
                 # passed): this one starts the next, which lasts a mean step
@@ -440,8 +439,7 @@ class AdaptiveGate:
             present.add(address)
             estimator = estimators.get(address)
             if estimator is None:
-                estimator = estimators[address] = LimitEstimator(self.settings)
-                estimator.fresh_at = now
+                estimator = estimators[address] = LimitEstimator(self.settings, now)
             was = estimator.probing and estimator.found
             may_probe = probing < probes
             held = self._in_flight.get(address, 0)
