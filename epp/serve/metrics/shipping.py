@@ -41,8 +41,7 @@ def take(families: Iterable[Family]) -> Rows:
             series = [[key, [tally.counts, tally.total]] for key, tally in values.items()]
         else:
             series = [[key, value] for key, value in values.items()]
-        if series:
-            rows.append([family.spec.name, series])
+        rows.append([family.spec.name, series])
     return rows
 
 
