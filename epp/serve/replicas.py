@@ -138,33 +138,19 @@ def decode(frame: bytes) -> tuple[int, list[Message], float | None]:
     return epoch, messages, float(stamp[0]) if stamp else None
 
 
-class StreamLink:
+class StreamLink(wire.TurnOutbox):
     """One side of a replica's stream, with `wire.Link`'s `send`: the
     messages of one loop turn leave as one frame stamped with `epoch()`.
     `frames()` is what the gRPC call writes; `close` ends it."""
 
     def __init__(self, epoch: Callable[[], int], clock: Callable[[], float] | None = None) -> None:
+        super().__init__()
         self._epoch = epoch
         self._clock = clock
         """Stamps each frame with this clock when given (a replica's side)."""
-        self._outbox: list[Message] = []
-        self._armed = False
         self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.closed = False
 
-    def send(self, message: Message) -> None:
-        if self.closed:
-            return
-        self._outbox.append(message)
-        if not self._armed:
-            self._armed = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._armed = False
-        outbox, self._outbox = self._outbox, []
-        if not outbox or self.closed:
-            return
+    def _write(self, outbox: list[Message]) -> None:
         if self._frames.qsize() >= MAX_QUEUED_FRAMES:
             self.close()
             return

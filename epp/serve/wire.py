@@ -224,29 +224,15 @@ def metrics_from_fields(fields: Message) -> EndpointMetrics:
     )
 
 
-class Link(asyncio.Protocol):
-    """One end of a local socket carrying frames. `send` queues a message;
-    the queue goes out as one frame at the end of the loop's turn.
-    `on_messages` gets each received frame's messages; `on_lost` is called
-    once when the peer is gone (or sent a bad frame)."""
+class TurnOutbox:
+    """`send` queues a message; what one turn of the loop queued leaves
+    together at the end of that turn, through `_write`. Nothing is queued
+    once `closed` is set."""
 
-    def __init__(
-        self,
-        on_messages: Callable[[list[Message]], None],
-        on_lost: Callable[[], None],
-    ) -> None:
-        self._on_messages = on_messages
-        self._on_lost = on_lost
-        self._transport: asyncio.Transport | None = None
-        self._inbox = bytearray()
+    def __init__(self) -> None:
         self._outbox: list[Message] = []
         self._flush_armed = False
         self.closed = False
-        self.frames_in = 0
-        self.frames_out = 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
 
     def send(self, message: Message) -> None:
         if self.closed:
@@ -259,7 +245,37 @@ class Link(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_armed = False
         outbox, self._outbox = self._outbox, []
-        if not outbox or self.closed or self._transport is None:
+        if outbox and not self.closed:
+            self._write(outbox)
+
+    def _write(self, outbox: list[Message]) -> None:
+        raise NotImplementedError
+
+
+class Link(TurnOutbox, asyncio.Protocol):
+    """One end of a local socket carrying frames. `send` queues a message;
+    the queue goes out as one frame at the end of the loop's turn.
+    `on_messages` gets each received frame's messages; `on_lost` is called
+    once when the peer is gone (or sent a bad frame)."""
+
+    def __init__(
+        self,
+        on_messages: Callable[[list[Message]], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        super().__init__()
+        self._on_messages = on_messages
+        self._on_lost = on_lost
+        self._transport: asyncio.Transport | None = None
+        self._inbox = bytearray()
+        self.frames_in = 0
+        self.frames_out = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def _write(self, outbox: list[Message]) -> None:
+        if self._transport is None:
             return
         body = orjson.dumps(outbox)
         self._transport.write(HEADER.pack(len(body)) + body)
