@@ -146,7 +146,9 @@ class ModelsScraper:
         self.path = path
         self._ssl = ssl_context
         self.max_page_bytes = max_page_bytes
-        self._polls = EndpointPolls(store, self._read_forever, "models", lists.forget_missing)
+        self._polls = EndpointPolls(
+            store, self.read_once, lambda: self.interval, "models", lists.forget_missing
+        )
         self._session: aiohttp.ClientSession | None = None
         self.failures = 0
 
@@ -163,13 +165,6 @@ class ModelsScraper:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def _read_forever(self, address: str) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.read_once(address)
-            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     async def read_once(self, address: str) -> None:
         session = self._session

@@ -1,16 +1,18 @@
 """One asyncio task per endpoint of the store, for what reads every model
 server on its own period (the metrics scraper, the model-list reader).
 
-`EndpointPolls` starts `poll(address)` as an endpoint joins the store and
-cancels it as the endpoint leaves; `after_change` runs after each change
-was followed (a reader drops what it kept for the endpoints that left).
+`EndpointPolls` starts a task as an endpoint joins the store that calls
+`read(address)` every `interval()` seconds (start to start; a read that
+takes longer is followed at once) and cancels it as the endpoint leaves;
+`after_change` runs after each change was followed (a reader drops what it
+kept for the endpoints that left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from epp.datalayer.store import EndpointStore
@@ -30,17 +32,20 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
 class EndpointPolls:
     """The per-endpoint tasks (see the module docstring)."""
 
-    __slots__ = ("_after_change", "_label", "_poll", "_tasks", "running", "store")
+    __slots__ = ("_after_change", "_interval", "_label", "_read", "_tasks", "running", "store")
 
     def __init__(
         self,
         store: EndpointStore,
-        poll: Callable[[str], Coroutine[Any, Any, None]],
+        read: Callable[[str], Awaitable[None]],
+        interval: Callable[[], float],
         label: str,
         after_change: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
-        self._poll = poll
+        self._read = read
+        self._interval = interval
+        """Read on each period, so that a changed interval applies from the next one."""
         self._label = label
         self._after_change = after_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -77,3 +82,10 @@ class EndpointPolls:
                 )
         if self._after_change is not None:
             self._after_change()
+
+    async def _poll(self, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self._read(address)
+            await asyncio.sleep(max(0.0, self._interval() - (loop.time() - started)))

@@ -172,7 +172,9 @@ class MetricsScraper:
         self.engines = engines if engines is not None else EngineLookup()
         self._ssl = self.source.ssl_context()
         self._on_read = on_read
-        self._polls = EndpointPolls(store, self._scrape_forever, "scrape", self._forget_left)
+        self._polls = EndpointPolls(
+            store, self.scrape_once, lambda: self.interval, "scrape", self._forget_left
+        )
         self._targets: dict[str, _Target] = {}
         self.reads = 0
         self.failures = 0
@@ -201,13 +203,6 @@ class MetricsScraper:
         for address in list(self._targets):
             if address not in current:
                 self._targets.pop(address).close()
-
-    async def _scrape_forever(self, address: str) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.scrape_once(address)
-            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     async def scrape_once(self, address: str) -> None:
         """Read the page of `address` once into its store entry."""
