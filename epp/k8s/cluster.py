@@ -172,6 +172,12 @@ class ClusterMode:
         else:
             self.status.set_enabled(True)
 
+    async def step_down(self) -> None:
+        """Release the Lease now if held and compete for it no more (a
+        decider that drains); the watches go on."""
+        if self.elector is not None:
+            await self.elector.step_down()
+
     async def stop(self) -> None:
         """Stop watching, then release the Lease if held."""
         tasks = [*self._tasks, *([self._pod_task] if self._pod_task else [])]

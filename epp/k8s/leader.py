@@ -8,7 +8,10 @@ so clocks of different machines never need to agree. Every write carries the
 resourceVersion that was read, so of two candidates racing for the same
 Lease exactly one wins (the other gets 409). A leader that cannot renew for
 `renew_deadline` steps down before its lease can expire elsewhere; on
-shutdown it releases the Lease so that a successor need not wait.
+shutdown it releases the Lease so that a successor need not wait. A
+candidate that `step_down`s (a decider that drains) releases it at once
+and competes no more, but goes on reading it, so it still knows who holds
+it.
 
 kubernetes-asyncio has a `leaderelection` package, but it cannot release the
 lease, stamps times from the local time zone as if it were UTC, refuses
@@ -96,6 +99,8 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
+        self.competing = True
+        """Whether it takes and renews the Lease (False after `step_down`)."""
 
     @property
     def holder(self) -> str | None:
@@ -111,6 +116,7 @@ class LeaderElector:
                 log.warning("lease %s: %s", self.name, error)
                 held = False
             now = self._clock()
+            held = held and self.competing  # a renewal that raced `step_down`: released next
             if held:
                 self._renewed_at = now
                 self._set_leader(True)
@@ -126,21 +132,34 @@ class LeaderElector:
         self._set_leader(False)
         try:
             lease = await self._read()
-            if lease is None or lease["spec"].get("holderIdentity") != self.identity:
-                return
-            now = micro_time(datetime.now(UTC))
-            lease["spec"].update(
-                holderIdentity="", leaseDurationSeconds=1, acquireTime=now, renewTime=now
-            )
-            await self._replace(lease)
-            log.info("lease %s: released by %s", self.name, self.identity)
+            if lease is not None:
+                await self._give_up(lease)
         except (TimeoutError, ApiException, OSError) as error:
             log.warning("lease %s: release failed: %s", self.name, error)
+
+    async def step_down(self) -> None:
+        """Compete no more, and release the Lease now if held, so the next
+        holder need not wait a lease duration. `run` goes on reading the
+        Lease (and releasing it, should this release fail)."""
+        self.competing = False
+        await self.release()
+
+    async def _give_up(self, lease: dict[str, Any]) -> None:
+        if lease["spec"].get("holderIdentity") != self.identity:
+            return
+        now = micro_time(datetime.now(UTC))
+        lease["spec"].update(
+            holderIdentity="", leaseDurationSeconds=1, acquireTime=now, renewTime=now
+        )
+        if await self._replace(lease):
+            log.info("lease %s: released by %s", self.name, self.identity)
 
     async def _try_acquire_or_renew(self) -> bool:
         lease = await self._read()
         now_time = micro_time(datetime.now(UTC))
         duration = max(1, math.ceil(self._settings.lease_duration))
+        if lease is None and not self.competing:
+            return False
         if lease is None:
             spec = {
                 "holderIdentity": self.identity,
@@ -169,6 +188,9 @@ class LeaderElector:
         now = self._clock()
         if record != self._observed:
             self._observed, self._observed_at = record, now
+        if not self.competing:
+            await self._give_up(lease)
+            return False
         if holder == self.identity:
             spec.update(renewTime=now_time, leaseDurationSeconds=duration)
             self._annotate(metadata)

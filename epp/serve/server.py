@@ -278,6 +278,9 @@ class EppServer(EppParts):
         if self.decider is not None:
             # the replicas admit within their shares meanwhile, not this drain's 503s
             self.decider.resign()
+            if self._mode is not None:
+                # the next holder decides now, not a lease duration later
+                await self._mode.step_down()
         log.info(
             "shutting down: %d queued, %d in flight; new requests get 503 "
             "rejected-shutting-down for the %.1f s drain window",

@@ -96,6 +96,23 @@ async def test_a_released_lease_is_taken_over_before_it_would_expire(kube, elect
     assert took <= FAST_LEASE.retry_period
 
 
+async def test_a_leader_that_steps_down_hands_the_lease_on_and_never_takes_it_back(kube, electors):
+    leader = await electors.one_leader()
+    [successor] = [elector for elector, _ in electors.pairs if elector is not leader]
+    await leader.step_down()  # its run goes on, reading the Lease
+    took = await electors.time.run_until(
+        lambda: successor.is_leader, within=FAST_LEASE.lease_duration
+    )
+    assert took <= FAST_LEASE.retry_period
+    await stop(electors.task_of(successor))  # the Lease expires: free for anyone
+    await electors.time.run_until(
+        lambda: electors.time.now >= took + 3 * FAST_LEASE.lease_duration,
+        within=4 * FAST_LEASE.lease_duration,
+    )
+    assert not leader.is_leader
+    assert leader.holder == successor.identity  # still read: who holds it is known
+
+
 async def test_a_vanished_leader_is_replaced_once_the_lease_expires(kube, electors):
     leader = await electors.one_leader()
     await stop(electors.task_of(leader))

@@ -72,3 +72,51 @@ async def test_the_lease_holder_decides_for_every_replica_and_its_successor_take
                 await first.stop()
             if second is not None:
                 await second.stop()
+
+
+async def test_a_draining_holder_hands_the_lease_on_at_once_not_a_lease_duration_later(
+    tmp_path,
+) -> None:
+    async with KubeEmulator() as kube:
+        kube.apply(pool())
+        kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
+        common = {
+            "pool_name": "pool-a",
+            "kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"),
+            "ha_enable_leader_election": True,
+            "ha_lease_duration": 15.0,
+            "ha_renew_deadline": 10.0,
+            "ha_retry_period": 0.2,
+            "decider_port": 0,
+            "replicas": 2,
+        }
+        first = EppServer(loopback_options(**common, replica_id="first", drain_timeout=30.0))
+        await first.start()
+        second: EppServer | None = None
+        stopping: asyncio.Task[None] | None = None
+        try:
+            assert first._mode is not None and first._mode.elector is not None
+            await eventually(lambda: first._mode.is_leader, 10)
+            second = EppServer(loopback_options(**common, replica_id="second"))
+            await second.start()
+            assert second._mode is not None and second.replica is not None
+            await eventually(lambda: second.replica.joined, 10)
+            epoch = second.replica.epoch
+
+            stopping = asyncio.create_task(first.stop())  # a 30 s drain window
+            started = asyncio.get_running_loop().time()
+            await eventually(lambda: second._mode.is_leader, 5)
+            assert asyncio.get_running_loop().time() - started < 5  # the lease lasts 15 s
+            await eventually(lambda: second.replica.joined and second.replica.epoch > epoch, 5)
+            assert not stopping.done()  # the old holder still drains
+            # it reads on without competing: it never takes the Lease back
+            await asyncio.sleep(1.0)
+            assert not first._mode.elector.is_leader and second._mode.is_leader
+        finally:
+            if stopping is not None:
+                first.hurry()
+                await stopping
+            elif first.replica is not None and not first.replica._closing:
+                await first.stop()
+            if second is not None:
+                await second.stop()
