@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from types import MappingProxyType
 
 from epp.flowcontrol.gate import Credits, Placement
@@ -55,6 +56,10 @@ from epp.scheduling.saturation import unsaturated
 from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
 from epp.scheduling.spec import BuildContext, PluginTimer
 from epp.scheduling.stages import DECODE, PREFILL, PrefillCredits
+
+DENSE_SHARE = 4
+"""A sparse scorer naming at least 1 in `DENSE_SHARE` candidates is added as a
+whole column rather than name by name."""
 
 
 class Scheduler:
@@ -81,6 +86,8 @@ class Scheduler:
         "_plugins",
         "_pool",
         "_producers",
+        "_reachable",
+        "_reachable_of",
         "_runners",
         "_single",
         "endpoints_now",
@@ -157,6 +164,8 @@ class Scheduler:
         self._healthy_until = float("-inf")
         self.healthy_now: Sequence[Endpoint] = ()
         self.endpoints_now: Sequence[Endpoint] = ()
+        self._reachable: list[Endpoint] = []
+        self._reachable_of: Sequence[Endpoint] | None = None
         self.picks: list[tuple[ProfileRunner, Endpoint]] = []
         self.priority_now = 0
         """The band of the request being placed (the credits depend on it)."""
@@ -242,6 +251,16 @@ class Scheduler:
         """The first profile's weighted sum of scores, one per candidate."""
         return next(iter(self._runners.values())).total_scores(request, candidates)
 
+    def reachable_now(self) -> Sequence[Endpoint]:
+        """The reachable ones of `endpoints_now` (the first fallback when no
+        endpoint is fresh and unsaturated): the same list while those are the
+        same sequence, so the scorers' per-candidates state holds across picks."""
+        endpoints = self.endpoints_now
+        if endpoints is not self._reachable_of:
+            self._reachable = reachable(endpoints)
+            self._reachable_of = endpoints
+        return self._reachable
+
     def _fresh_unsaturated(self, pool: PoolSnapshot) -> list[Endpoint]:
         """The pool's endpoints with fresh, unsaturated metrics, recomputed
         only when the snapshot changes or one of them turns stale."""
@@ -269,6 +288,8 @@ class ProfileRunner:
     filters, weighted scorers, picker (see the module docstring)."""
 
     __slots__ = (
+        "_addresses_list",
+        "_addresses_of",
         "_dense",
         "_dense_pair",
         "_dense_weights",
@@ -343,6 +364,8 @@ class ProfileRunner:
         ) + tuple(plugin.picked for plugin in filter_plugins if hasattr(plugin, "picked"))
         self._positions_of: Sequence[Endpoint] | None = None
         self._positions: dict[str, int] = {}
+        self._addresses_of: Sequence[Endpoint] | None = None
+        self._addresses_list: list[str] = []
         self._picker = context.build(profile.picker)
         self._pick = timed("Picker", profile.picker, self._picker.pick)
 
@@ -362,13 +385,13 @@ class ProfileRunner:
         if self._filters:
             candidates = self._filtered(request, candidates)
             if not candidates:
-                candidates = self._filtered(request, reachable(endpoints)) or self._filtered(
+                candidates = self._filtered(request, source.reachable_now()) or self._filtered(
                     request, endpoints
                 )
                 if not candidates:
                     return Outcome.REJECTED_FILTERED
         else:
-            candidates = candidates or reachable(endpoints) or endpoints
+            candidates = candidates or source.reachable_now() or endpoints
         gate = self.credits if take_credit else None
         priority = source.priority_now
         if gate is not None and not gate.may_have_room(candidates, priority):
@@ -418,12 +441,12 @@ class ProfileRunner:
             totals = weighted_sum(columns, self._dense_weights, len(candidates))
         for weight, sparse_scores in self._sparse:
             scores = sparse_scores(request)
-            if scores:
-                positions = self._positions_by_address(candidates)
-                for address, score in scores.items():
-                    position = positions.get(address)
-                    if position is not None:
-                        totals[position] += weight * score
+            if not scores:
+                continue
+            if len(scores) * DENSE_SHARE >= len(candidates):
+                totals = with_column(totals, weight, scores, self._addresses(candidates))
+            else:
+                add_named(totals, weight, scores, self._positions_by_address(candidates))
         return totals
 
     def _positions_by_address(self, candidates: Sequence[Endpoint]) -> dict[str, int]:
@@ -431,6 +454,33 @@ class ProfileRunner:
             self._positions = {endpoint.address: index for index, endpoint in enumerate(candidates)}
             self._positions_of = candidates
         return self._positions
+
+    def _addresses(self, candidates: Sequence[Endpoint]) -> list[str]:
+        if candidates is not self._addresses_of:
+            self._addresses_list = [endpoint.address for endpoint in candidates]
+            self._addresses_of = candidates
+        return self._addresses_list
+
+
+def add_named(
+    totals: list[float], weight: float, scores: Mapping[str, float], positions: Mapping[str, int]
+) -> None:
+    """Add `weight` times each named score to the total at its address's
+    position (names not among the positions are left out)."""
+    for address, score in scores.items():
+        position = positions.get(address)
+        if position is not None:
+            totals[position] += weight * score
+
+
+def with_column(
+    totals: list[float], weight: float, scores: Mapping[str, float], addresses: Sequence[str]
+) -> list[float]:
+    """`add_named`'s totals as a new list, a whole column added: a 0 for each
+    address not named, which leaves its total as it was. When most are
+    named it costs half as much as a lookup and a store per name."""
+    named = map(scores.get, addresses, repeat(0.0))
+    return [total + weight * score for total, score in zip(totals, named)]  # noqa: B905
 
 
 def weighted_sum(

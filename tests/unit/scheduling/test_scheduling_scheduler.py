@@ -1,5 +1,8 @@
 import random
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
@@ -8,7 +11,7 @@ from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.filters import decode_filter
 from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scheduler import Scheduler, add_named, with_column
 from epp.scheduling.scorers import kv_cache_scorer, queue_scorer
 from epp.scheduling.spec import PluginSpec
 
@@ -207,3 +210,35 @@ def test_a_plugin_timer_times_each_filter_scorer_and_picker_call_by_type_and_nam
         ("Scorer", "queue-scorer", "q"),
         ("Picker", "max-score-picker", "max-score-picker"),
     ]
+
+
+def test_with_no_fresh_endpoint_the_same_reachable_list_is_scored_until_the_pool_changes():
+    stale = pool_of(endpoint(1, updated_at=None), endpoint(2, updated_at=None, failing=True))
+    pools = [stale]
+    placer = Scheduler(DEFAULT, lambda: pools[0], lambda: NOW, random.Random(1))
+    placer.place(flow_request(request_id="a"))
+    first = placer.reachable_now()
+    placer.place(flow_request(request_id="b"))
+    assert placer.reachable_now() is first
+    assert [e.address for e in first] == ["10.0.0.1:8000"]
+    pools[0] = pool_of(endpoint(1, updated_at=None), endpoint(3, updated_at=None), membership=2)
+    placer.place(flow_request(request_id="c"))
+    assert [e.address for e in placer.reachable_now()] == ["10.0.0.1:8000", "10.0.0.3:8000"]
+
+
+ADDRESSES = [f"10.0.0.{index}:8000" for index in range(1, 9)]
+
+
+@given(
+    totals=st.lists(st.floats(-10, 10), min_size=8, max_size=8),
+    weight=st.floats(-5, 5),
+    named=st.dictionaries(
+        st.sampled_from([*ADDRESSES, "10.9.9.9:8000"]), st.floats(0, 1), max_size=9
+    ),
+)
+def test_a_sparse_column_added_whole_gives_the_totals_of_adding_it_name_by_name(
+    totals, weight, named
+):
+    by_name = list(totals)
+    add_named(by_name, weight, named, {address: i for i, address in enumerate(ADDRESSES)})
+    assert with_column(totals, weight, named, ADDRESSES) == by_name
