@@ -17,7 +17,9 @@ the rebuild, the priority, screen, offer, the pick, the metrics hooks,
 the decision's frame, the completion), and nothing of the protocol work.
 
 CPU is this process's (the owner's: user + system) over `--requests`
-requests, after `--warmup` of them; the worker's is not counted. With
+requests, after `--warmup` of them; the worker's is not counted. `pick_us`
+is the mean of the scheduler's calls as `scheduler_e2e_duration_seconds`
+times them (wall time, so it includes any preemption). With
 `--fresh` the endpoints carry fresh metrics (as under a 50 ms scrape) and
 `--reads R` of them per second change (each a new snapshot); without it
 they are never read, as in `bench.workers` (scraping at 1 h): stale.
@@ -177,6 +179,8 @@ async def measure(args: argparse.Namespace) -> dict:
     while slot.arrivals < args.warmup and not link.closed:
         await asyncio.sleep(0.01)
     start_cpu, start_wall, start_count = time.process_time(), time.monotonic(), slot.arrivals
+    picks = parts.scheduler_latency
+    start_picks, start_pick_s = picks.count, picks.total
     if profile is not None:
         profile.enable()
     while not link.closed:
@@ -186,6 +190,7 @@ async def measure(args: argparse.Namespace) -> dict:
         profile.dump_stats(args.profile)
     cpu, wall = time.process_time() - start_cpu, time.monotonic() - start_wall
     count = slot.arrivals - start_count
+    pick_s, pick_count = picks.total - start_pick_s, picks.count - start_picks
     stop.set()
     if reads is not None:
         await reads
@@ -195,6 +200,7 @@ async def measure(args: argparse.Namespace) -> dict:
         "fresh": args.fresh,
         "requests": count,
         "owner_cpu_us_per_request": round(cpu / count * 1e6, 1),
+        "pick_us": round(pick_s / max(pick_count, 1) * 1e6, 1),
         "requests_per_s": round(count / wall, 1),
         "load_average": os.getloadavg()[0],
     }
