@@ -117,7 +117,23 @@ class FairnessPolicy(Protocol):
         ...
 
 
-class RoundRobin:
+class _UsageBlind:
+    """A policy that keeps no per-tenant service: a completion's usage changes nothing."""
+
+    __slots__ = ()
+
+    def on_complete(
+        self,
+        request: FlowRequest,
+        flow: Flow,
+        input_tokens: int | None,
+        output_tokens: int,
+        now: float,
+    ) -> None:
+        pass
+
+
+class RoundRobin(_UsageBlind):
     __slots__ = ("_ordering", "_ring")
 
     def __init__(self, ordering: Ordering) -> None:
@@ -170,16 +186,6 @@ class RoundRobin:
         for left in ring:
             left.ring_member = False
         ring.clear()
-
-    def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
-    ) -> None:
-        pass
 
     def requests(self) -> list[FlowRequest]:
         return _flow_requests(self._ring)
@@ -312,7 +318,7 @@ class VirtualTokenCounter:
         flow.heap_seq = -1  # no live entry in this policy's heap
 
 
-class GlobalStrict:
+class GlobalStrict(_UsageBlind):
     """The flows' requests share one queue."""
 
     __slots__ = ("_queue",)
@@ -336,16 +342,6 @@ class GlobalStrict:
         self._queue.discard(request)
 
     def take_arrival(self, request: FlowRequest, flow: Flow) -> None:
-        pass
-
-    def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
-    ) -> None:
         pass
 
     def requests(self) -> list[FlowRequest]:
