@@ -246,7 +246,13 @@ class Simulation:
             self._publish_kv(server_index, now)
         if not admitted:
             return False
-        self._reschedule(server_index)
+        # `_reschedule` inline: once per request (bench.instructions).
+        when = server.next_event_time()
+        if when != self._scheduled[server_index]:
+            self._scheduled[server_index] = when
+            if when != inf:
+                self._seq += 1
+                heappush(self._heap, (when, self._seq, SERVER, server_index))
         return True
 
     def _publish_kv(self, server_index: int, now: float) -> None:

@@ -129,7 +129,10 @@ class ModelServer:
 
     __slots__ = (
         "_cache",
+        "_decode_bucket",
+        "_decode_time",
         "_lora_active",
+        "_params",
         "_prefilling",
         "_running",
         "_seg_end",
@@ -137,6 +140,8 @@ class ModelServer:
         "_seg_steps",
         "_seq",
         "_step",
+        "_step_bucket",
+        "_step_ms",
         "_step_time",
         "cached_tokens",
         "itl_buckets",
@@ -145,7 +150,6 @@ class ModelServer:
         "kv_log",
         "listener",
         "max_waiting_seen",
-        "params",
         "prompt_tokens",
         "rejected",
         "used_blocks",
@@ -155,11 +159,11 @@ class ModelServer:
     def __init__(self, params: ServerParams, listener: ServerListener) -> None:
         if params.max_num_seqs <= 0 or params.kv_blocks <= 0 or params.block_size <= 0:
             raise ValueError("max_num_seqs, kv_blocks and block_size must be positive")
-        self.params = params
         self.listener = listener
         self.waiting: deque[ServerRequest] = deque()
         self._running: list[tuple[int, int, ServerRequest]] = []
         self._prefilling: list[ServerRequest] = []
+        self.params = params
         self._cache: OrderedDict[tuple[int, int] | int, None] = OrderedDict()
         self._lora_active: dict[str, int] = {}
         self._step = 0
@@ -167,6 +171,8 @@ class ModelServer:
         self._seg_start = 0.0
         self._seg_steps = 0
         self._step_time = 0.0
+        self._step_bucket = 0
+        """The latency histogram's bucket of a step of `_step_time`."""
         self._seg_end = inf
         self.used_blocks = 0
         self.max_waiting_seen = 0
@@ -183,6 +189,29 @@ class ModelServer:
     # -- the caller's side ------------------------------------------------
 
     @property
+    def params(self) -> ServerParams:
+        """Its shape and speed. Set anew, they apply from its next step that
+        changes the batch; it keeps what it holds."""
+        return self._params
+
+    @params.setter
+    def params(self, params: ServerParams) -> None:
+        self._params = params
+        # A decode step's length (ms, and s with its histogram bucket) by
+        # batch size, worked out once rather than per step
+        # (bench.instructions); up to the batch it holds, when the new
+        # shape allows less.
+        largest = len(self._running) + len(self._prefilling)
+        if largest < params.max_num_seqs:
+            largest = params.max_num_seqs
+        self._step_ms = [
+            params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
+            for batch in range(largest + 1)
+        ]
+        self._decode_time = [step_ms / 1000.0 for step_ms in self._step_ms]
+        self._decode_bucket = [bisect_left(ITL_BUCKETS, time) for time in self._decode_time]
+
+    @property
     def running(self) -> int:
         return len(self._running) + len(self._prefilling)
 
@@ -190,7 +219,7 @@ class ModelServer:
         """Whether nothing waits and a request of `tokens` (prompt and
         output) would join the batch at the next step: a slot and its KV
         blocks are free."""
-        params = self.params
+        params = self._params
         return (
             not self.waiting
             and len(self._running) + len(self._prefilling) < params.max_num_seqs
@@ -206,7 +235,7 @@ class ModelServer:
         if self._seg_end <= now:
             self.advance(now)
         waiting = self.waiting
-        limit = self.params.max_waiting
+        limit = self._params.max_waiting
         queued = len(waiting) + 1
         if queued > self.max_waiting_seen:
             self.max_waiting_seen = queued
@@ -219,19 +248,20 @@ class ModelServer:
         elif (
             self._seg_steps > 1
             and not self._prefilling
-            and len(self._running) < self.params.max_num_seqs
+            and len(self._running) < self._params.max_num_seqs
         ):
             # Cut the run of decode steps at the end of the current step, so
             # the newcomer is scheduled at the next step boundary.
-            done = int((now - self._seg_start) / self._step_time)
+            step_time = self._step_time
+            done = int((now - self._seg_start) / step_time)
             tokens = done * len(self._running)
             self.itl_count += tokens
-            self.itl_sum += tokens * self._step_time
-            self.itl_buckets[bisect_left(ITL_BUCKETS, self._step_time)] += tokens
-            self._seg_start += done * self._step_time
+            self.itl_sum += tokens * step_time
+            self.itl_buckets[self._step_bucket] += tokens
+            self._seg_start += done * step_time
             self._step += done
             self._seg_steps = 1
-            self._seg_end = self._seg_start + self._step_time
+            self._seg_end = self._seg_start + step_time
         return True
 
     def advance(self, now: float) -> float:
@@ -242,14 +272,12 @@ class ModelServer:
         running = self._running
         while self._seg_end <= now:
             end = self._seg_end
-            steps = self._seg_steps
-            self._step += steps
-            step = self._step
+            step = self._step = self._step + self._seg_steps
             if running:
-                steps *= len(running)  # the tokens of the run
-                self.itl_count += steps
-                self.itl_sum += steps * self._step_time
-                self.itl_buckets[bisect_left(ITL_BUCKETS, self._step_time)] += steps
+                tokens = self._seg_steps * len(running)  # the tokens of the run
+                self.itl_count += tokens
+                self.itl_sum += tokens * self._step_time
+                self.itl_buckets[self._step_bucket] += tokens
             if self._prefilling:
                 for request in self._prefilling:
                     request.first_token_at = end
@@ -317,7 +345,7 @@ class ModelServer:
 
     def metrics(self, now: float) -> EndpointMetrics:
         """What the server's /metrics page would show at `now`."""
-        params = self.params
+        params = self._params
         running = len(self._running)
         prefilling = len(self._prefilling)
         itl_sum = self.itl_sum
@@ -332,7 +360,7 @@ class ModelServer:
                 itl_count += tokens
                 itl_sum += tokens * self._step_time
                 buckets = buckets.copy()
-                buckets[bisect_left(ITL_BUCKETS, self._step_time)] += tokens
+                buckets[self._step_bucket] += tokens
         lora_running = lora_waiting = NO_ADAPTERS
         if params.max_loras:
             lora_running = frozenset(self._lora_active)
@@ -360,7 +388,7 @@ class ModelServer:
     # -- the engine --------------------------------------------------------
 
     def _start(self, now: float) -> None:
-        params = self.params
+        params = self._params
         waiting = self.waiting
         running = self._running
         if not waiting:
@@ -390,13 +418,12 @@ class ModelServer:
         if not new:
             self._decode(now)
             return
-        batch = len(running) + len(new)
-        step_ms = params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
         self._seg_start = now
         self._prefilling = new
         self._seg_steps = 1
-        self._step_time = (step_ms + prefill_ms) / 1000.0
-        self._seg_end = now + self._step_time
+        self._step_time = step_time = (self._step_ms[len(running) + len(new)] + prefill_ms) / 1000.0
+        self._step_bucket = bisect_left(ITL_BUCKETS, step_time)
+        self._seg_end = now + step_time
         listener = self.listener
         for request in new:
             request.started_at = now
@@ -411,18 +438,17 @@ class ModelServer:
             self._seg_steps = 0
             return
         batch = len(running)
-        params = self.params
-        step_ms = params.decode_ms_per_token * (1.0 + params.decode_batch_growth * (batch - 1))
         self._seg_start = now
         self._seg_steps = steps = running[0][0] - self._step
-        self._step_time = step_time = step_ms / 1000.0
+        self._step_time = step_time = self._decode_time[batch]
+        self._step_bucket = self._decode_bucket[batch]
         self._seg_end = now + steps * step_time
 
     def _lora_cost(self, request: ServerRequest) -> float | None:
         """The adapter load time `request` adds (0 when none), or None when
         its adapter needs a slot and none is free."""
         lora = request.lora
-        params = self.params
+        params = self._params
         if lora is None or not params.max_loras:
             return 0.0
         active = self._lora_active
@@ -437,7 +463,7 @@ class ModelServer:
     def _reserve(self, request: ServerRequest) -> float | None:
         """Take `request`'s KV blocks; its prefill time in ms, or None when
         the blocks are not there (it then waits; its adapter is released)."""
-        params = self.params
+        params = self._params
         size = params.block_size
         cached_blocks = 0
         shared_blocks = 0
@@ -497,7 +523,7 @@ class ModelServer:
 
     def _release(self, request: ServerRequest) -> None:
         self.used_blocks -= request.blocks
-        if request.lora is not None and self.params.max_loras:
+        if request.lora is not None and self._params.max_loras:
             self._drop_lora(request.lora)
 
     def _drop_lora(self, lora: str) -> None:
@@ -509,7 +535,7 @@ class ModelServer:
 
     def _trim_cache(self) -> None:
         cache = self._cache
-        free = self.params.kv_blocks - self.used_blocks
+        free = self._params.kv_blocks - self.used_blocks
         if len(cache) <= free:
             return
         evicted = []

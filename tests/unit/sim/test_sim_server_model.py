@@ -67,6 +67,24 @@ def test_a_request_arriving_mid_run_joins_at_the_next_step_boundary():
     assert late.started_at == pytest.approx(prefill_end + (steps_done + 1) * 0.020)
 
 
+def test_new_params_set_the_decode_step_from_the_next_batch_change_even_over_the_new_batch_cap():
+    server = ModelServer(PARAMS, Recorder())
+    # The first prefills alone, the rest a step later: each ends a step after the one before.
+    held = [
+        ServerRequest(i, prompt_tokens=10, output_tokens=n) for i, n in enumerate((50, 50, 51, 52))
+    ]
+    for request in held:
+        server.admit(request, 0.0)
+    server.advance(0.2)
+    server.params = ServerParams(max_num_seqs=2, decode_ms_per_token=40.0, decode_batch_growth=0.1)
+    run_until_idle(server)
+    # Each finish changes the batch: after the first, the three left step at
+    # the new speed for a batch of three, though the new cap is two.
+    three, two = 0.040 * (1 + 0.1 * 2), 0.040 * (1 + 0.1)
+    assert held[1].finished_at - held[0].finished_at == pytest.approx(three)
+    assert held[2].finished_at - held[1].finished_at == pytest.approx(two)
+
+
 def test_a_full_waiting_queue_rejects_and_counts():
     params = ServerParams(max_num_seqs=1, max_waiting=1)
     server = ModelServer(params, Recorder())
