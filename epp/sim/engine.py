@@ -73,7 +73,7 @@ from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
 
 SERVER, SCRAPE, PUBLISH, TIMER, SAMPLE, POOL_EVENT, TRANSFER, KV_EVENTS = range(8)
-DELIVER, FIRST_SEEN, DONE_SEEN, OFFER = range(8, 12)
+DELIVER, FIRST_SEEN, DONE_SEEN, OFFER, END = range(8, 13)
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 ROLE_LABEL = "llm-d.ai/role"
 PATH_SEED = 0x9A7E
@@ -148,6 +148,8 @@ class Simulation:
         self._progress = progress
         tenants = len(scenario.tenants)
         self._weights = [weights(scenario.priority_of(t.objective)) for t in scenario.tenants]
+        self._input_weight = [weight for weight, _ in self._weights]
+        self._output_weight = [weight for _, weight in self._weights]
         self.waiting_by_tenant = [0] * tenants
         self.service_by_tenant = [0.0] * tenants
         self.sample_times: list[float] = []
@@ -344,14 +346,14 @@ class Simulation:
             policy.first_token(first_tokens.pop(0), when)
         finished = self._finished
         service = self.service_by_tenant
-        weights = self._weights
+        weights = self._output_weight
         while finished:
             done = finished.pop()
             if type(done) is PrefillLeg:
                 self._prefilled(done, when)
                 continue
             done.outcome = COMPLETED
-            service[done.tenant] += weights[done.tenant][1] * done.output_tokens
+            service[done.tenant] += weights[done.tenant] * done.output_tokens
             policy.finished(done, when)
 
     def _report_later(self, when: float) -> None:
@@ -398,7 +400,7 @@ class Simulation:
         owner.batched_at = now
         tenant = owner.tenant
         self.waiting_by_tenant[tenant] -= 1
-        self.service_by_tenant[tenant] += self._weights[tenant][0] * owner.prompt_tokens
+        self.service_by_tenant[tenant] += self._input_weight[tenant] * owner.prompt_tokens
 
     def first_token(self, request: ServerRequest, now: float) -> None:
         if type(request) is SimRequest:  # a prefill leg's token stays with the sidecar
@@ -447,9 +449,12 @@ class Simulation:
         arrival_time = requests[0].arrival if count else inf
         report = self._report_later if self._response_path is not None else self._report
         service = self.service_by_tenant
-        weights = self._weights
+        weights = self._output_weight
+        # A last entry past every event (it ends the loop), so that the loop
+        # need not test for an empty heap (bench.instructions).
+        self._push(inf, END, None)
         while True:
-            if heap and heap[0][0] <= arrival_time:
+            if heap[0][0] <= arrival_time:
                 when, _, kind, data = heappop(heap)
                 if when > end_time:
                     break
@@ -480,7 +485,7 @@ class Simulation:
                         data.finished_at = when  # type: ignore[attr-defined]
                         data.outcome = COMPLETED  # type: ignore[attr-defined]
                         tenant = data.tenant  # type: ignore[attr-defined]
-                        service[tenant] += weights[tenant][1] * data.output_tokens  # type: ignore[attr-defined]
+                        service[tenant] += weights[tenant] * data.output_tokens  # type: ignore[attr-defined]
                         policy.finished(data, when)  # type: ignore[arg-type]
                 elif kind == SCRAPE:
                     if when <= scenario.duration_s or self._busy():
@@ -512,9 +517,11 @@ class Simulation:
                     index, events = data  # type: ignore[misc]
                     if self.up[index]:  # else its subscriber went with it
                         policy.kv_events(self.addresses[index], events)
+                elif kind == END:  # only where end_time is inf: it is past every other
+                    break
                 else:
                     self._pool_event(data, when)  # type: ignore[arg-type]
-            elif next_index < count:
+            else:  # an arrival comes first (with none left, the last entry ends the loop)
                 request = requests[next_index]
                 next_index += 1
                 self.now = now = arrival_time
@@ -526,8 +533,6 @@ class Simulation:
                     policy.arrive(request, now)
                 if progress is not None and next_index % progress_step == 0:
                     progress(now)
-            else:
-                break
         for request in requests:
             if request.outcome is None:
                 request.outcome = UNFINISHED
