@@ -131,6 +131,7 @@ class ModelServer:
         "_cache",
         "_decode_bucket",
         "_decode_time",
+        "_itl_used",
         "_lora_active",
         "_params",
         "_prefilling",
@@ -163,6 +164,11 @@ class ModelServer:
         self.waiting: deque[ServerRequest] = deque()
         self._running: list[tuple[int, int, ServerRequest]] = []
         self._prefilling: list[ServerRequest] = []
+        self._itl_used = 1
+        """The histogram's buckets (of its bounds') past the first
+        `_itl_used` hold no count, so each one's cumulative count is the one
+        before it (a bound, kept by `_use_buckets` whenever a step's bucket
+        is set)."""
         self.params = params
         self._cache: OrderedDict[tuple[int, int] | int, None] = OrderedDict()
         self._lora_active: dict[str, int] = {}
@@ -210,6 +216,12 @@ class ModelServer:
         ]
         self._decode_time = [step_ms / 1000.0 for step_ms in self._step_ms]
         self._decode_bucket = [bisect_left(ITL_BUCKETS, time) for time in self._decode_time]
+        self._use_buckets(max(self._decode_bucket))
+
+    def _use_buckets(self, bucket: int) -> None:
+        """Steps may count in histogram bucket `bucket` from now on."""
+        if bucket >= self._itl_used:
+            self._itl_used = bucket + 1 if bucket < len(ITL_BUCKETS) else len(ITL_BUCKETS)
 
     @property
     def running(self) -> int:
@@ -365,6 +377,13 @@ class ModelServer:
         if params.max_loras:
             lora_running = frozenset(self._lora_active)
             lora_waiting = frozenset(r.lora for r in self.waiting if r.lora is not None)
+        # The cumulative counts: summed over the buckets that may hold any, the
+        # last repeated past them (a large-int addition spared per empty
+        # bucket per scrape: bench.instructions).
+        used = self._itl_used
+        cumulative = tuple(accumulate(buckets[:used]))
+        if used < len(ITL_BUCKETS):
+            cumulative += (cumulative[-1],) * (len(ITL_BUCKETS) - used)
         kv_usage = self.used_blocks / params.kv_blocks
         if kv_usage > 1.0:  # not min(): it parses keywords per call (bench.instructions)
             kv_usage = 1.0
@@ -382,7 +401,7 @@ class ModelServer:
             itl_sum,
             itl_count,
             ITL_BUCKETS,
-            tuple(accumulate(buckets[:-1])),
+            cumulative,
         )
 
     # -- the engine --------------------------------------------------------
@@ -422,7 +441,9 @@ class ModelServer:
         self._prefilling = new
         self._seg_steps = 1
         self._step_time = step_time = (self._step_ms[len(running) + len(new)] + prefill_ms) / 1000.0
-        self._step_bucket = bisect_left(ITL_BUCKETS, step_time)
+        self._step_bucket = bucket = bisect_left(ITL_BUCKETS, step_time)
+        if bucket >= self._itl_used:
+            self._use_buckets(bucket)
         self._seg_end = now + step_time
         listener = self.listener
         for request in new:

@@ -1,6 +1,10 @@
 """The model server's timing formulas, queue limit and prefix cache."""
 
+from itertools import accumulate
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.sim.server_model import ITL_BUCKETS, ModelServer, ServerParams, ServerRequest
 
@@ -205,3 +209,28 @@ def test_a_server_that_fails_starts_its_histogram_again():
     server.fail()
     assert (server.metrics(0.6).itl_sum, server.metrics(0.6).itl_count) == (0.0, 0)
     assert not any(server.metrics(0.6).itl_buckets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 4000), min_size=1, max_size=12),
+    prefill_ms_per_token=st.sampled_from([0.01, 0.5, 5.0, 50.0]),
+    fail_after=st.integers(0, 40),
+)
+def test_the_cumulative_buckets_are_the_running_sums_of_the_servers_own_at_every_event(
+    prompts, prefill_ms_per_token, fail_after
+):
+    params = ServerParams(max_num_seqs=3, prefill_ms_per_token=prefill_ms_per_token)
+    server = ModelServer(params, Recorder())
+    for index, prompt in enumerate(prompts):
+        server.admit(ServerRequest(index, prompt_tokens=prompt, output_tokens=20), 0.01 * index)
+    events = 0
+    while server.next_event_time() != float("inf"):
+        now = server.next_event_time()
+        server.advance(now)
+        events += 1
+        if events == fail_after:
+            server.fail()
+            server.admit(ServerRequest(99, prompt_tokens=10, output_tokens=20), now)
+        expected = tuple(accumulate(server.itl_buckets[:-1]))
+        assert server.metrics(now).itl_buckets == expected
