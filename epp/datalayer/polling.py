@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from epp.datalayer.store import EndpointStore
@@ -29,28 +30,19 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
             await task
 
 
+@dataclass(slots=True, eq=False)
 class EndpointPolls:
     """The per-endpoint tasks (see the module docstring)."""
 
-    __slots__ = ("_after_change", "_interval", "_label", "_read", "_tasks", "running", "store")
-
-    def __init__(
-        self,
-        store: EndpointStore,
-        read: Callable[[str], Awaitable[None]],
-        interval: Callable[[], float],
-        label: str,
-        after_change: Callable[[], None] | None = None,
-    ) -> None:
-        self.store = store
-        self._read = read
-        self._interval = interval
-        """Read on each period, so that a changed interval applies from the next one."""
-        self._label = label
-        self._after_change = after_change
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.running = False
-        """Between `start` and `stop`."""
+    store: EndpointStore
+    read: Callable[[str], Awaitable[None]]
+    interval: Callable[[], float]
+    """Read on each period, so that a changed interval applies from the next one."""
+    label: str
+    after_change: Callable[[], None] | None = None
+    running: bool = field(default=False, init=False)
+    """Between `start` and `stop`."""
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False, repr=False)
 
     def start(self) -> None:
         """Poll every endpoint, and each one that joins; call on the event loop."""
@@ -78,14 +70,14 @@ class EndpointPolls:
         for address in current:
             if address not in self._tasks:
                 self._tasks[address] = loop.create_task(
-                    self._poll(address), name=f"{self._label} {address}"
+                    self._poll(address), name=f"{self.label} {address}"
                 )
-        if self._after_change is not None:
-            self._after_change()
+        if self.after_change is not None:
+            self.after_change()
 
     async def _poll(self, address: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self._read(address)
-            await asyncio.sleep(max(0.0, self._interval() - (loop.time() - started)))
+            await self.read(address)
+            await asyncio.sleep(max(0.0, self.interval() - (loop.time() - started)))

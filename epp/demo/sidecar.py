@@ -44,7 +44,7 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -111,26 +111,21 @@ def _forward_headers(headers: Any) -> dict[str, str]:
     }
 
 
+@dataclass(slots=True, eq=False)
 class Sidecar:
     """One sidecar in front of the decode server at `decoder` (host:port)."""
 
-    def __init__(
-        self,
-        decoder: str,
-        prefill_retries: int = 1,
-        prefill_timeout_s: float = 60.0,
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
-        self.decoder = decoder
-        self.prefill_retries = prefill_retries
-        self.prefill_timeout_s = prefill_timeout_s
-        self.host = host
-        self.listen_port = port
-        self.stats = SidecarStats()
-        self.port = 0
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+    decoder: str
+    prefill_retries: int = 1
+    prefill_timeout_s: float = 60.0
+    host: str = "127.0.0.1"
+    listen_port: int = 0
+    """Where `start` listens; 0: a free port."""
+    stats: SidecarStats = field(default_factory=SidecarStats, init=False)
+    port: int = field(default=0, init=False)
+    """The bound port, once started."""
+    _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
+    _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> int:
         """Listen on the host and port it was given (port 0: a free one); the bound port."""

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,43 +64,33 @@ class LeaseSettings:
             )
 
 
+@dataclass(slots=True, eq=False)
 class LeaderElector:
     """Competes for the Lease `name` until cancelled; `is_leader` tells the
     outcome and `on_change(is_leader)` hears of every change."""
 
-    def __init__(
-        self,
-        api: CoordinationV1Api,
-        name: str,
-        namespace: str,
-        identity: str,
-        settings: LeaseSettings | None = None,
-        on_change: Callable[[bool], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.name = name
-        self.namespace = namespace
-        self.identity = identity
-        self.is_leader = False
-        self._api = api
-        self._settings = settings or LeaseSettings()
-        self._on_change = on_change
-        self._clock = clock
-        self._sleep = sleep
-        self.annotations: dict[str, str] = {}
-        """What this candidate writes on the Lease while it holds it (the
-        decider's address, `epp.serve.decider`)."""
-        self.observed_annotations: dict[str, str] = {}
-        """The Lease's annotations as last read."""
-        self.transitions = 0
-        """The Lease's `leaseTransitions` as last read or written: a fencing
-        counter, one more at every change of holder."""
-        self._observed: tuple[Any, ...] | None = None
-        self._observed_at = 0.0
-        self._renewed_at = 0.0
-        self.competing = True
-        """Whether it takes and renews the Lease (False after `step_down`)."""
+    api: CoordinationV1Api
+    name: str
+    namespace: str
+    identity: str
+    settings: LeaseSettings = field(default_factory=LeaseSettings)
+    on_change: Callable[[bool], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    is_leader: bool = field(default=False, init=False)
+    annotations: dict[str, str] = field(default_factory=dict, init=False)
+    """What this candidate writes on the Lease while it holds it (the
+    decider's address, `epp.serve.decider`)."""
+    observed_annotations: dict[str, str] = field(default_factory=dict, init=False)
+    """The Lease's annotations as last read."""
+    transitions: int = field(default=0, init=False)
+    """The Lease's `leaseTransitions` as last read or written: a fencing
+    counter, one more at every change of holder."""
+    competing: bool = field(default=True, init=False)
+    """Whether it takes and renews the Lease (False after `step_down`)."""
+    _observed: tuple[Any, ...] | None = field(default=None, init=False, repr=False)
+    _observed_at: float = field(default=0.0, init=False, repr=False)
+    _renewed_at: float = field(default=0.0, init=False, repr=False)
 
     @property
     def holder(self) -> str | None:
@@ -115,15 +105,15 @@ class LeaderElector:
             except (TimeoutError, ApiException, OSError) as error:
                 log.warning("lease %s: %s", self.name, error)
                 held = False
-            now = self._clock()
+            now = self.clock()
             held = held and self.competing  # a renewal that raced `step_down`: released next
             if held:
                 self._renewed_at = now
                 self._set_leader(True)
-            elif self.is_leader and now - self._renewed_at >= self._settings.renew_deadline:
+            elif self.is_leader and now - self._renewed_at >= self.settings.renew_deadline:
                 log.warning("lease %s: not renewed within the deadline; stepping down", self.name)
                 self._set_leader(False)
-            await self._sleep(self._settings.retry_period)
+            await self.sleep(self.settings.retry_period)
 
     async def release(self) -> None:
         """Give the Lease up if we hold it (on shutdown)."""
@@ -157,7 +147,7 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         lease = await self._read()
         now_time = micro_time(datetime.now(UTC))
-        duration = max(1, math.ceil(self._settings.lease_duration))
+        duration = max(1, math.ceil(self.settings.lease_duration))
         if lease is None and not self.competing:
             return False
         if lease is None:
@@ -178,14 +168,14 @@ class LeaderElector:
                 "spec": spec,
             }
             self.transitions = 0
-            return await self._write(self._api.create_namespaced_lease, self.namespace, body)
+            return await self._write(self.api.create_namespaced_lease, self.namespace, body)
         spec = lease.setdefault("spec", {})
         metadata = lease.setdefault("metadata", {})
         self.observed_annotations = dict(metadata.get("annotations") or {})
         self.transitions = spec.get("leaseTransitions") or 0
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
-        now = self._clock()
+        now = self.clock()
         if record != self._observed:
             self._observed, self._observed_at = record, now
         if not self.competing:
@@ -221,7 +211,7 @@ class LeaderElector:
 
     async def _read(self) -> dict[str, Any] | None:
         try:
-            return await call_json(self._api.read_namespaced_lease, self.name, self.namespace)
+            return await call_json(self.api.read_namespaced_lease, self.name, self.namespace)
         except ApiException as error:
             if error.status == NOT_FOUND:
                 return None
@@ -229,7 +219,7 @@ class LeaderElector:
 
     async def _replace(self, lease: dict[str, Any]) -> bool:
         return await self._write(
-            self._api.replace_namespaced_lease, self.name, self.namespace, lease
+            self.api.replace_namespaced_lease, self.name, self.namespace, lease
         )
 
     async def _write(self, func: Callable[..., Any], *args: Any) -> bool:
@@ -251,5 +241,5 @@ class LeaderElector:
             self.identity,
             "the leader" if leader else "no longer the leader",
         )
-        if self._on_change is not None:
-            self._on_change(leader)
+        if self.on_change is not None:
+            self.on_change(leader)

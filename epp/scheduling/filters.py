@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from epp.flowcontrol.gate import Credits
@@ -189,6 +190,7 @@ PREFIX_INDEX = "approx-prefix-cache-producer (prefix index)"
 scorer was built before it; later prefix scorers share it."""
 
 
+@dataclass(slots=True, eq=False)
 class PrefixCacheAffinityFilter:
     """Narrows the candidates to the sticky ones, whose cached prefix is at
     least `threshold` of the prompt's blocks (the reference's
@@ -198,54 +200,32 @@ class PrefixCacheAffinityFilter:
     exceeds the least loaded other one's by more than `max_ttft_penalty_ms`
     (0: always stick)."""
 
-    __slots__ = (
-        "_learns",
-        "_load",
-        "_prefix",
-        "_rng",
-        "exploration",
-        "max_ttft_penalty_ms",
-        "peak_prefill_throughput",
-        "threshold",
-    )
-
-    def __init__(
-        self,
-        prefix: PrefixCacheScorer,
-        load: InFlightLoad,
-        rng: random.Random,
-        threshold: float = 0.8,
-        exploration: float = 0.0,
-        max_ttft_penalty_ms: float = 18000.0,
-        peak_prefill_throughput: float = 15928.0,
-        learns: bool = False,
-    ) -> None:
-        self._prefix = prefix
-        self._load = load
-        self._rng = rng
-        self.threshold = threshold
-        self.exploration = exploration
-        self.max_ttft_penalty_ms = max_ttft_penalty_ms
-        self.peak_prefill_throughput = peak_prefill_throughput
-        self._learns = learns
-        """Whether this filter records the prompts (it made the prefix index)."""
+    prefix: PrefixCacheScorer
+    load: InFlightLoad
+    rng: random.Random
+    threshold: float = 0.8
+    exploration: float = 0.0
+    max_ttft_penalty_ms: float = 18000.0
+    peak_prefill_throughput: float = 15928.0
+    learns: bool = False
+    """Whether this filter records the prompts (it made the prefix index)."""
 
     def filter(
         self, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[Endpoint]:
         if len(endpoints) <= 1 or self.threshold <= 0:
             return endpoints
-        if self.exploration and self._rng.random() < self.exploration:
+        if self.exploration and self.rng.random() < self.exploration:
             return endpoints
-        matched = self._prefix.matches(request)
+        matched = self.prefix.matches(request)
         if not matched:
             return endpoints
-        needed = self.threshold * len(self._prefix.hashes(request))
+        needed = self.threshold * len(self.prefix.hashes(request))
         sticky = [e for e in endpoints if matched.get(e.address, 0) >= needed]
         if not sticky:
             return endpoints
         if self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints):
-            tokens_at = self._load.tokens_at
+            tokens_at = self.load.tokens_at
             others = [e for e in endpoints if matched.get(e.address, 0) < needed]
             best_sticky = min(tokens_at(e.address) for e in sticky)
             best_other = min(tokens_at(e.address) for e in others)
@@ -255,8 +235,8 @@ class PrefixCacheAffinityFilter:
         return sticky
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        if self._learns:
-            self._prefix.picked(request, endpoint)
+        if self.learns:
+            self.prefix.picked(request, endpoint)
 
 
 def utilization_filter(

@@ -26,6 +26,7 @@ when the prompt's tokens not cached there reach `nonCachedTokens`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from epp.api.address import format_address
@@ -70,11 +71,9 @@ class SingleProfileHandler:
         return runner.choose(request, True)
 
 
+@dataclass(slots=True, frozen=True)
 class DataParallelProfileHandler:
-    __slots__ = ("primary_port",)
-
-    def __init__(self, primary_port: int) -> None:
-        self.primary_port = primary_port
+    primary_port: int
 
     def choose(
         self, request: InferenceRequest, runners: Mapping[str, Runner]
@@ -94,12 +93,10 @@ def to_primary_port(request: InferenceRequest, rank: Endpoint, primary_port: int
     request.destination = format_address(rank.ip, primary_port)
 
 
+@dataclass(slots=True, frozen=True)
 class HeaderProfileHandler:
-    __slots__ = ("default", "header")
-
-    def __init__(self, header: str, default: str) -> None:
-        self.header = header
-        self.default = default
+    header: str
+    default: str
 
     def choose(
         self, request: InferenceRequest, runners: Mapping[str, Runner]
@@ -113,31 +110,14 @@ class HeaderProfileHandler:
         return runner.choose(request, True)
 
 
+@dataclass(slots=True, frozen=True)
 class DisaggProfileHandler:
-    __slots__ = (
-        "decode",
-        "encode",
-        "encode_decider",
-        "prefill",
-        "prefill_decider",
-        "primary_port",
-    )
-
-    def __init__(
-        self,
-        decode: str,
-        prefill: str,
-        encode: str,
-        prefill_decider: Decider | None,
-        encode_decider: Decider | None,
-        primary_port: int = 0,
-    ) -> None:
-        self.decode = decode
-        self.prefill = prefill
-        self.encode = encode
-        self.prefill_decider = prefill_decider
-        self.encode_decider = encode_decider
-        self.primary_port = primary_port
+    decode: str
+    prefill: str
+    encode: str
+    prefill_decider: Decider | None
+    encode_decider: Decider | None
+    primary_port: int = 0
 
     def choose(
         self, request: InferenceRequest, runners: Mapping[str, Runner]
@@ -193,26 +173,22 @@ class MultimodalDecider:
         return request.multimodal
 
 
+@dataclass(slots=True, frozen=True)
 class PrefixBasedDecider:
     """Disaggregates when the prompt has at least `prompt_tokens` tokens and
     at least `non_cached_tokens` of them are not cached on the decode
     endpoint (0 disables it)."""
 
-    __slots__ = ("_prefix", "non_cached_tokens", "prompt_tokens")
-
-    def __init__(
-        self, prefix: PrefixCacheScorer | None, non_cached_tokens: int, prompt_tokens: int
-    ) -> None:
-        self._prefix = prefix
-        self.non_cached_tokens = non_cached_tokens
-        self.prompt_tokens = prompt_tokens
+    prefix: PrefixCacheScorer | None
+    non_cached_tokens: int
+    prompt_tokens: int
 
     def disaggregate(self, request: InferenceRequest, decode: Endpoint) -> bool:
         threshold = self.non_cached_tokens
         tokens = request.input_tokens
         if threshold == 0 or tokens < threshold or tokens < self.prompt_tokens:
             return False
-        prefix = self._prefix
+        prefix = self.prefix
         cached = 0
         if prefix is not None:
             blocks = prefix.matched_blocks(request, decode.address)

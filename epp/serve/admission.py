@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from math import inf
 from time import perf_counter
 from typing import Any, TypeVar
@@ -52,30 +53,27 @@ whichever path completed it, so that the two together count what runs;
 T = TypeVar("T")
 
 
+@dataclass(slots=True, eq=False)
 class AdmissionController:
-    def __init__(
-        self,
-        core: Core,
-        clock: Callable[[], float] = time.monotonic,
-        on_outcome: OutcomeListener | None = None,
-        on_complete: Callable[[FlowRequest], None] | None = None,
-        on_queued: Callable[[FlowRequest], None] | None = None,
-        on_cycle: Callable[[float], None] | None = None,
-        on_enqueued: Callable[[FlowRequest, float], None] | None = None,
-    ) -> None:
-        self.core = core
-        self._clock = clock
-        self._on_outcome = on_outcome
-        self._on_complete = on_complete
-        self._on_queued = on_queued
-        self._on_cycle = on_cycle
-        self._on_enqueued = on_enqueued
-        self._timed = on_cycle is not None or on_enqueued is not None
-        self._waiters: dict[FlowRequest, asyncio.Future[Outcome]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = inf
-        self._drained = asyncio.Event()
-        self._closing = False
+    core: Core
+    clock: Callable[[], float] = time.monotonic
+    on_outcome: OutcomeListener | None = None
+    on_complete: Callable[[FlowRequest], None] | None = None
+    on_queued: Callable[[FlowRequest], None] | None = None
+    on_cycle: Callable[[float], None] | None = None
+    on_enqueued: Callable[[FlowRequest, float], None] | None = None
+    _timed: bool = field(default=False, init=False, repr=False)
+    """Whether calls into the core are timed (`on_cycle` or `on_enqueued`)."""
+    _waiters: dict[FlowRequest, asyncio.Future[Outcome]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
+    _timer_at: float = field(default=inf, init=False, repr=False)
+    _drained: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _closing: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._timed = self.on_cycle is not None or self.on_enqueued is not None
 
     @property
     def queued(self) -> int:
@@ -102,24 +100,24 @@ class AdmissionController:
         """`admit` without waiting: the outcome if it is decided at once
         (dispatched in the pass the enqueue starts, or rejected), else None
         and the request is queued: `await wait(request)` then."""
-        now = self._clock()
+        now = self.clock()
         if not self._timed:
             outcome, done = self.core.arrive(request, now)
         else:
             start = perf_counter()
             outcome, done = self.core.arrive(request, now)
             took = perf_counter() - start
-            if self._on_cycle is not None:
-                self._on_cycle(took)
-            if self._on_enqueued is not None:
-                self._on_enqueued(request, took)
+            if self.on_cycle is not None:
+                self.on_cycle(took)
+            if self.on_enqueued is not None:
+                self.on_enqueued(request, took)
         if outcome is not None:
-            if self._on_outcome is not None:
-                self._on_outcome(request, now)
+            if self.on_outcome is not None:
+                self.on_outcome(request, now)
             return outcome
         self._settle(done, now)
-        if request.outcome is None and self._on_queued is not None:
-            self._on_queued(request)
+        if request.outcome is None and self.on_queued is not None:
+            self.on_queued(request)
         return request.outcome
 
     async def wait(self, request: FlowRequest) -> Outcome:
@@ -143,7 +141,7 @@ class AdmissionController:
         if request.state is State.DISPATCHED:
             self.complete(request)
             return
-        now = self._clock()
+        now = self.clock()
         self._settle(self._cycle(self.core.cancel, request, now), now)
 
     def complete(
@@ -159,46 +157,46 @@ class AdmissionController:
         the core lets the next requests go."""
         if request.state is not State.DISPATCHED:
             return
-        now = self._clock()
-        if self._on_cycle is None:
+        now = self.clock()
+        if self.on_cycle is None:
             settled = self.core.complete(request, now, input_tokens, output_tokens, itl)
         else:
             settled = self._cycle(
                 self.core.complete, request, now, input_tokens, output_tokens, itl
             )
-        if self._on_complete is not None:
-            self._on_complete(request)
+        if self.on_complete is not None:
+            self.on_complete(request)
         self._settle(settled, now)
 
     def adopt(self, request: FlowRequest, endpoint: str) -> None:
         """`request` already runs at `endpoint` (`Core.adopt`): it holds its
         credit until `complete`. It frees nothing, so nothing dispatches."""
-        self.core.adopt(request, endpoint, self._clock())
+        self.core.adopt(request, endpoint, self.clock())
 
     def screen(self, request: FlowRequest) -> str | None:
         """The configured admitters' refusal of a complete request, if one refuses."""
-        return self.core.screen(request, self._clock())
+        return self.core.screen(request, self.clock())
 
     def first_token(self, request: FlowRequest) -> None:
         """A streamed response's first bytes came: its server runs it."""
-        now = self._clock()
+        now = self.clock()
         self._settle(self._cycle(self.core.first_token, request, now), now)
 
     def prefill_done(self, request: FlowRequest) -> None:
         """A disaggregated request's decode response began: its prefill is over."""
-        now = self._clock()
+        now = self.clock()
         self._settle(self._cycle(self.core.prefill_done, request, now), now)
 
     def reload(self, config: FlowControlConfig, **changes: Any) -> None:
         """New flow-control limits and policies (and what `Core.reload`
         takes besides); the core dispatches what they let through."""
-        now = self._clock()
+        now = self.clock()
         self._settle(self._cycle(self.core.reload, config, now, **changes), now)
 
     def poke(self) -> None:
         """Something outside the core may have freed room (new metrics, new
         endpoints): let the core do what it can now."""
-        now = self._clock()
+        now = self.clock()
         self._settle(self._cycle(self.core.poke, now), now)
 
     async def shutdown(self, grace: float) -> None:
@@ -210,7 +208,7 @@ class AdmissionController:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), grace)
-        now = self._clock()
+        now = self.clock()
         for request in self.core.drain(Outcome.REJECTED_SHUTTING_DOWN, now):
             self._resolve(request, now)
         if self._timer is not None:
@@ -222,11 +220,11 @@ class AdmissionController:
 
     def _cycle(self, call: Callable[..., T], *args: object, **kwargs: Any) -> T:
         """`call(*args, **kwargs)`, one call into the core, timed for `on_cycle`."""
-        if self._on_cycle is None:
+        if self.on_cycle is None:
             return call(*args, **kwargs)
         start = perf_counter()
         result = call(*args, **kwargs)
-        self._on_cycle(perf_counter() - start)
+        self.on_cycle(perf_counter() - start)
         return result
 
     def _settle(self, settled: list[FlowRequest], now: float) -> None:
@@ -241,15 +239,15 @@ class AdmissionController:
                 self._timer.cancel()
             self._timer_at = when
             self._timer = asyncio.get_running_loop().call_later(
-                max(0.0, when - self._clock()), self._on_timer
+                max(0.0, when - self.clock()), self._on_timer
             )
 
     def _resolve(self, request: FlowRequest, now: float) -> None:
         future = self._waiters.pop(request, None)
         if future is not None and not future.done():
             future.set_result(request.outcome)
-        if self._on_outcome is not None:
-            self._on_outcome(request, now)
+        if self.on_outcome is not None:
+            self.on_outcome(request, now)
 
     def _on_timer(self) -> None:
         self._timer = None
