@@ -225,48 +225,35 @@ Sink = Callable[[str, list[KVEvent]], None]
 Reset = Callable[[str], None]
 
 
+@dataclass(slots=True, eq=False)
 class EndpointSubscriber:
     """One endpoint's publisher, read into `sink` in its sequence order (see
     the module docstring). `address` is the endpoint's, as the core knows it."""
 
-    def __init__(
-        self,
-        context: zmq.asyncio.Context,
-        address: str,
-        publisher: str,
-        replay: str | None,
-        topic_filter: str,
-        sink: Sink,
-        reset: Reset,
-        stats: KVEventStats,
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
-        replay_timeout: float = REPLAY_TIMEOUT,
-        replay_idle: float = REPLAY_IDLE,
-    ) -> None:
-        self.address = address
-        self.publisher = publisher
-        self.replay = replay
-        self._context = context
-        self._topic_filter = topic_filter.encode()
-        self._sink = sink
-        self._reset = reset
-        self._stats = stats
-        self._max_message_bytes = max_message_bytes
-        self._replay_timeout = replay_timeout
-        self._replay_idle = replay_idle
-        self.last_seq: int | None = None
-        self._last_live: int | None = None
+    context: zmq.asyncio.Context
+    address: str
+    publisher: str
+    replay: str | None
+    topic_filter: str
+    sink: Sink
+    reset: Reset
+    stats: KVEventStats
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    replay_timeout: float = REPLAY_TIMEOUT
+    replay_idle: float = REPLAY_IDLE
+    last_seq: int | None = field(default=None, init=False)
+    _last_live: int | None = field(default=None, init=False, repr=False)
 
     async def run(self) -> None:
-        socket = self._context.socket(zmq.SUB)
+        socket = self.context.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RCVHWM, HWM)
-        socket.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
-        socket.setsockopt(zmq.SUBSCRIBE, self._topic_filter)
+        socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        socket.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
         try:
             socket.connect(self.publisher)
         except zmq.ZMQError as error:
-            self._stats.errors[(self.address, "connect")] += 1
+            self.stats.errors[(self.address, "connect")] += 1
             log.warning("kv events: cannot connect to %s: %s", self.publisher, error)
             socket.close()
             return
@@ -286,14 +273,14 @@ class EndpointSubscriber:
                         disconnected = True
                     elif disconnected:
                         disconnected = False
-                        self._stats.reconnections[self.address] += 1
+                        self.stats.reconnections[self.address] += 1
                         await self._reconnected()
                 if socket not in ready:
                     continue
                 frames = await socket.recv_multipart()
-                self._stats.messages[self.address] += 1
+                self.stats.messages[self.address] += 1
                 if len(frames) != 3 or len(frames[1]) != 8:
-                    self._stats.dropped["malformed-frame"] += 1
+                    self.stats.dropped["malformed-frame"] += 1
                     continue
                 await self.live(int.from_bytes(frames[1], "big"), frames[2])
         finally:
@@ -305,8 +292,8 @@ class EndpointSubscriber:
         """The publisher came back: it may be a new process, whose sequence
         starts again and whose cache is empty, so what the index knew of the
         endpoint is dropped and rebuilt from what it can replay."""
-        self._stats.resets += 1
-        self._reset(self.address)
+        self.stats.resets += 1
+        self.reset(self.address)
         self.last_seq = None
         self._last_live = None
         if self.replay is not None:
@@ -322,7 +309,7 @@ class EndpointSubscriber:
         if last is not None and seq <= last:
             return
         if last is not None and seq > last + 1:
-            self._stats.gaps += 1
+            self.stats.gaps += 1
             if self.replay is not None:
                 await self._replay_from(last + 1)
                 if self.last_seq is not None and seq <= self.last_seq:
@@ -337,29 +324,29 @@ class EndpointSubscriber:
         try:
             batch = decode_batch(payload)
         except KVEventDecodeError as error:
-            self._stats.dropped["malformed-batch"] += 1
+            self.stats.dropped["malformed-batch"] += 1
             log.debug("kv events: %s sent a bad batch %d: %s", self.address, seq, error)
         else:
-            self._stats.dropped.update(batch.dropped)
+            self.stats.dropped.update(batch.dropped)
             for event in batch.events:
-                self._stats.events[type(event).__name__] += 1
+                self.stats.events[type(event).__name__] += 1
             if batch.events:
-                self._sink(self.address, batch.events)
+                self.sink(self.address, batch.events)
         self.last_seq = seq
 
     async def _replay_from(self, start: int) -> None:
         """Apply the batches the replay socket still has from `start` on."""
         assert self.replay is not None
-        dealer = self._context.socket(zmq.DEALER)
+        dealer = self.context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         applied = 0
         try:
             dealer.connect(self.replay)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            async with asyncio.timeout(self._replay_timeout):
+            async with asyncio.timeout(self.replay_timeout):
                 while True:
-                    if not await dealer.poll(self._replay_idle * 1000):
+                    if not await dealer.poll(self.replay_idle * 1000):
                         raise TimeoutError
                     frames = await dealer.recv_multipart()
                     if frames and not frames[0]:
@@ -377,11 +364,11 @@ class EndpointSubscriber:
                     elif seq > self.last_seq + 1:
                         raise ValueError(f"replay skipped from {self.last_seq} to {seq}")
         except (TimeoutError, ValueError, zmq.ZMQError) as error:
-            self._stats.replays["failed"] += 1
-            self._stats.errors[(self.address, "replay")] += 1
+            self.stats.replays["failed"] += 1
+            self.stats.errors[(self.address, "replay")] += 1
             log.info("kv events: replay from %s failed: %s", self.replay, error or "timeout")
         else:
-            self._stats.replays["complete"] += 1
+            self.stats.replays["complete"] += 1
             log.debug("kv events: replayed %d batches from %s", applied, self.replay)
         finally:
             dealer.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -116,41 +117,36 @@ class ModelLists:
         return orjson.dumps({"object": "list", "data": data})
 
 
+@dataclass(slots=True, eq=False)
 class ModelsScraper:
     """Reads every endpoint's model list into `lists` (see the module docstring).
     Use as `async with ModelsScraper(...)`."""
 
-    def __init__(
-        self,
-        store: EndpointStore,
-        lists: ModelLists,
-        *,
-        interval: float,
-        timeout: float = 1.0,
-        scheme: str = "http",
-        path: str = "/v1/models",
-        ssl_context: ssl.SSLContext | bool = False,
-        max_page_bytes: int = MAX_MODELS_PAGE_BYTES,
-    ) -> None:
-        if interval <= 0 or timeout <= 0:
-            raise ValueError(f"interval and timeout must be positive, got {interval}, {timeout}")
-        if scheme not in ("http", "https"):
-            raise ValueError(f"models scheme must be http or https, got {scheme!r}")
-        if not path.startswith("/"):
-            raise ValueError(f"models path must start with '/', got {path!r}")
-        self.store = store
-        self.lists = lists
-        self.interval = interval
-        self.timeout = timeout
-        self.scheme = scheme
-        self.path = path
-        self._ssl = ssl_context
-        self.max_page_bytes = max_page_bytes
+    store: EndpointStore
+    lists: ModelLists
+    _: KW_ONLY
+    interval: float
+    timeout: float = 1.0
+    scheme: str = "http"
+    path: str = "/v1/models"
+    ssl_context: ssl.SSLContext | bool = False
+    max_page_bytes: int = MAX_MODELS_PAGE_BYTES
+    failures: int = field(default=0, init=False)
+    _polls: EndpointPolls = field(init=False, repr=False)
+    _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0 or self.timeout <= 0:
+            raise ValueError(
+                f"interval and timeout must be positive, got {self.interval}, {self.timeout}"
+            )
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"models scheme must be http or https, got {self.scheme!r}")
+        if not self.path.startswith("/"):
+            raise ValueError(f"models path must start with '/', got {self.path!r}")
         self._polls = EndpointPolls(
-            store, self.read_once, lambda: self.interval, "models", lists.forget_missing
+            self.store, self.read_once, lambda: self.interval, "models", self.lists.forget_missing
         )
-        self._session: aiohttp.ClientSession | None = None
-        self.failures = 0
 
     async def __aenter__(self) -> ModelsScraper:
         # Each read has its own timeout, so the session has none.
@@ -174,7 +170,7 @@ class ModelsScraper:
         url = f"{self.scheme}://{format_address(ip, port)}{self.path}"
         try:
             async with asyncio.timeout(self.timeout):
-                body = await _fetch(session, url, self._ssl, self.max_page_bytes)
+                body = await _fetch(session, url, self.ssl_context, self.max_page_bytes)
             models = read_model_list(body)
         except (ModelsPageError, aiohttp.ClientError, TimeoutError) as error:
             self.failures += 1

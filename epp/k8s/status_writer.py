@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,35 +41,27 @@ log = logging.getLogger(__name__)
 CONFLICT = 409
 
 
+@dataclass(slots=True, eq=False)
 class StatusWriter:
     """Marks go in (`mark`, `mark_all`); while `enabled`, patches go out.
     `objects` returns the latest raw object by name; `applies` says whether
     it applies to our pool."""
 
-    def __init__(
-        self,
-        api: CustomObjectsApi,
-        namespace: str,
-        objects: Callable[[], dict[str, dict[str, Any]]],
-        applies: Callable[[str], bool],
-        retry_delay: float = 1.0,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self.enabled = False
-        self.writes = 0
-        """Status patches the API server accepted."""
-        self._api = api
-        self._namespace = namespace
-        self._objects = objects
-        self._applies = applies
-        self._retry_delay = retry_delay
-        self._clock = clock
-        self._dirty: set[str] = set()
-        self._superseded: dict[str, str] = {}
-        """Per name, the resourceVersion our last answered write was computed
-        from: the cache still showing it is behind the API server."""
-        self._wakeup = asyncio.Event()
-        self._busy = False
+    api: CustomObjectsApi
+    namespace: str
+    objects: Callable[[], dict[str, dict[str, Any]]]
+    applies: Callable[[str], bool]
+    retry_delay: float = 1.0
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    enabled: bool = field(default=False, init=False)
+    writes: int = field(default=0, init=False)
+    """Status patches the API server accepted."""
+    _dirty: set[str] = field(default_factory=set, init=False, repr=False)
+    _superseded: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    """Per name, the resourceVersion our last answered write was computed
+    from: the cache still showing it is behind the API server."""
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _busy: bool = field(default=False, init=False, repr=False)
 
     def mark(self, names: Iterable[str]) -> None:
         self._dirty.update(names)
@@ -81,7 +74,7 @@ class StatusWriter:
         return not self._dirty and not self._busy
 
     def mark_all(self) -> None:
-        self.mark(self._objects())
+        self.mark(self.objects())
 
     def set_enabled(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -96,31 +89,31 @@ class StatusWriter:
             names, self._dirty = self._dirty, set()
             failed = [name for name in sorted(names) if not await self._reconcile(name)]
             if failed:
-                await asyncio.sleep(self._retry_delay)
+                await asyncio.sleep(self.retry_delay)
                 self.mark(failed)
             self._busy = False
 
     async def _reconcile(self, name: str) -> bool:
         """Bring one objective's status up to date; False if it must be retried."""
-        obj = self._objects().get(name)
+        obj = self.objects().get(name)
         if obj is None:
             self._superseded.pop(name, None)
             return True
-        if not self.enabled or not self._applies(name):
+        if not self.enabled or not self.applies(name):
             return True
         version = obj["metadata"]["resourceVersion"]
         if self._superseded.get(name) == version:
             return True
         self._superseded.pop(name, None)
-        patch = accepted_patch(obj, self._clock())
+        patch = accepted_patch(obj, self.clock())
         if patch is None:
             return True
         try:
             await call_json(
-                self._api.patch_namespaced_custom_object_status,
+                self.api.patch_namespaced_custom_object_status,
                 GROUP,
                 READ_VERSION,
-                self._namespace,
+                self.namespace,
                 PLURAL,
                 name,
                 patch,
