@@ -42,7 +42,7 @@ Two things live here around the flow controller, both off unless configured:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.flowcontrol.adaptive import AdaptiveGate
@@ -336,6 +336,16 @@ class Core:
     def limits(self) -> dict[str, int]:
         """The adaptive gate's learned limit per endpoint ({}: no adaptive gate)."""
         return self.adaptive.limits() if self.adaptive is not None else {}
+
+    def seed_limits(self, limits: Mapping[str, int], now: float) -> list[FlowRequest]:
+        """Learned limits from another decider of the pool (a new decider
+        rebuilding soft state): the adaptive gate starts each endpoint from
+        them; then what the room they may make lets through. Nothing
+        without an adaptive gate."""
+        if self.adaptive is None:
+            return []
+        self.adaptive.seed(limits)
+        return self.poke(now)
 
     # -- reloading the scheduler ---------------------------------------------------
 

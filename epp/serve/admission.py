@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import inf
 from time import perf_counter
@@ -172,6 +172,11 @@ class AdmissionController:
         """`request` already runs at `endpoint` (`Core.adopt`): it holds its
         credit until `complete`. It frees nothing, so nothing dispatches."""
         self.core.adopt(request, endpoint, self.clock())
+
+    def seed_limits(self, limits: Mapping[str, int]) -> None:
+        """Learned limits another decider of the pool had (`Core.seed_limits`)."""
+        now = self.clock()
+        self._settle(self._cycle(self.core.seed_limits, limits, now), now)
 
     def screen(self, request: FlowRequest) -> str | None:
         """The configured admitters' refusal of a complete request, if one refuses."""

@@ -21,9 +21,16 @@ decider keeps aside, on each endpoint, the larger of that share and what
 the replica held there when it went (placeholder requests adopted at the
 endpoint, completed when the replica reports again). A decider that starts
 keeps a share aside for each replica that has not reported yet (in cluster
-mode its own replica too, whose requests come over loopback). So what
-away replicas use and what the decider hands out never sum past an
-endpoint's limit.
+mode its own replica too, whose requests come over loopback). A share is
+cut from the learned limit the replica was last told (LIMITS), the largest
+it may hold (`LimitsTold`). So what away replicas use and what the decider
+hands out never sum past an endpoint's limit as it was when they went.
+
+Soft state. The learned limits are carried across a change of decider
+through the replicas: a joining replica reports the ones it was told
+(TOLD), and a new decider starts its adaptive gate from the first report
+of an older epoch (`seed`). Fairness counters and what the scorers learn
+from picks start afresh.
 """
 
 from __future__ import annotations
@@ -54,9 +61,14 @@ from epp.serve.replicas import (
     HELD,
     HELLO,
     JOINED,
+    LIMITS,
+    MAX_UNSEEN_LIMITS,
     REPORTED,
+    SEEN,
     SERVICE,
+    TOLD,
     ClockOffset,
+    LimitsTold,
     StreamLink,
     decode,
     share,
@@ -85,6 +97,10 @@ class Replica:
     """Placeholders holding its share while it is away."""
     reported: bool = False
     joins: int = 0
+    limits: LimitsTold = field(default_factory=LimitsTold)
+    """The limits it holds, or may (its degraded share is cut from them)."""
+    joined_at_seq: int = 0
+    """The last LIMITS sequence number before its current stream began."""
 
 
 class Decider:
@@ -113,6 +129,11 @@ class Decider:
         """A share set aside for each replica not heard from since this decider started."""
         self._slots = count(1)
         self._placeholders = count()
+        self._limit_seq = 0
+        """The sequence number of the last LIMITS sent (to any replica)."""
+        self.seeded = False
+        """Whether this decider's adaptive gate started from limits a
+        previous decider learned (a replica's TOLD, or this one's own)."""
         self._server: grpc.aio.Server | None = None
         self._beat: asyncio.Task[None] | None = None
         self.frames_refused = 0
@@ -160,22 +181,56 @@ class Decider:
 
     # -- running ---------------------------------------------------------------
 
-    def lead(self, epoch: int, forwarded_here: bool = False) -> None:
+    def lead(
+        self,
+        epoch: int,
+        forwarded_here: bool = False,
+        told: tuple[int, Mapping[str, int]] | None = None,
+    ) -> None:
         """Decide from now on, writing `epoch`. `forwarded_here`: this
         process's own requests come over a stream too (cluster mode, the
         Lease won), so every replica's share is set aside until it reports,
-        else every other replica's."""
+        else every other replica's. `told`: the limits this process's own
+        replica was last told, and the epoch that told them (`seed`)."""
         self.resign()
         for replica in self._known.values():
             self._release(replica.kept_aside)
         self._known.clear()
         for kept in self._unreported:
             self._release(kept)
+        self._unreported = []
         self.epoch = epoch
         self.leading = True
+        self.seeded = False
         unreported = self.replicas if forwarded_here else self.replicas - 1
-        self._unreported = [self._keep_aside("unreported", {}) for _ in range(unreported)]
+        self._unreported = [[] for _ in range(unreported)]
+        if told is None or not self.seed(*told):
+            self._unreported = [self._keep_aside("unreported", {}) for _ in range(unreported)]
         log.info("epp decider leading (epoch %d)", epoch)
+
+    def seed(self, epoch: int, limits: Mapping[str, int]) -> bool:
+        """Soft state across a change of decider: start the adaptive gate
+        from `limits`, learned by the decider of `epoch`, once, if that one
+        came before this one. The shares of replicas that have not reported
+        are cut from them too, as those replicas hold the same ones. Whether
+        it seeded."""
+        if self.seeded or not limits or epoch >= self.epoch:
+            return False
+        self.seeded = True
+
+        def seeded(endpoint: str) -> int | None:
+            limit = limits.get(endpoint)
+            return limit if limit is not None else self._limit_of(endpoint)
+
+        # the new shares are held before the old go and before the limits
+        # move, so no dispatch meanwhile finds room that is theirs
+        unreported = [self._keep_aside("unreported", {}, seeded) for _ in self._unreported]
+        for kept in self._unreported:
+            self._release(kept)
+        self._unreported = unreported
+        self.admission.seed_limits(limits)
+        log.info("epp decider starts from %d learned limits of epoch %d", len(limits), epoch)
+        return True
 
     def resign(self) -> None:
         """Decide nothing more for the replicas (the Lease was lost, or this
@@ -233,17 +288,38 @@ class Decider:
         while True:
             await asyncio.sleep(BEAT_S)
             now = self._clock()
+            limits: dict[str, int] | None = None
             for replica in list(self._known.values()):
                 slot = replica.slot
                 if slot is None or slot.link is None:
                     continue
+                link = slot.link
                 if now - replica.last_heard > AWAY_AFTER_S:
                     log.warning("epp replica %s silent for %.1f s", replica.id, AWAY_AFTER_S)
-                    link = slot.link
+                    self._away(replica, slot)
+                    link.close()
+                    continue
+                if limits is None:
+                    limits = self._limits_now()
+                changed = replica.limits.changes(limits)
+                if not changed:
+                    link.send([BEAT])
+                elif len(replica.limits.sending) >= MAX_UNSEEN_LIMITS:
+                    log.warning("epp replica %s acknowledges no LIMITS: stream ended", replica.id)
                     self._away(replica, slot)
                     link.close()
                 else:
-                    slot.link.send([BEAT])
+                    self._limit_seq += 1
+                    replica.limits.sent(self._limit_seq, changed)
+                    link.send([LIMITS, self._limit_seq, changed])
+
+    def _limits_now(self) -> dict[str, int]:
+        limits = {}
+        for endpoint in self._endpoints():
+            limit = self._limit_of(endpoint)
+            if limit is not None:
+                limits[endpoint] = limit
+        return limits
 
     # -- a replica's stream ------------------------------------------------------
 
@@ -312,6 +388,7 @@ class Decider:
         slot.link = link  # type: ignore[assignment]
         replica.slot = slot
         replica.joins += 1
+        replica.joined_at_seq = self._limit_seq
         replica.last_heard = self._clock()
         self.owner.join(slot)
         link.send([JOINED])
@@ -341,6 +418,12 @@ class Decider:
                 run = []
             if kind == HELD:
                 self._adopt(slot, message[1], message[2], message[3:])
+            elif kind == SEEN:
+                replica.limits.seen(int(message[1]))
+            elif kind == TOLD:
+                told = {str(e): int(limit) for e, limit in dict(message[2]).items()}
+                replica.limits.reported(told, replica.joined_at_seq)
+                self.seed(int(message[1]), told)
             elif kind == REPORTED:
                 self._reported(replica)
         if run:
@@ -372,7 +455,13 @@ class Decider:
             if request.state is State.DISPATCHED and request.endpoint is not None
         )
         self._release(replica.kept_aside)
-        replica.kept_aside = self._keep_aside(replica.id, held)
+        told = replica.limits
+
+        def limit_of(endpoint: str) -> int | None:
+            limit = told.most(endpoint)
+            return limit if limit is not None else self._limit_of(endpoint)
+
+        replica.kept_aside = self._keep_aside(replica.id, held, limit_of)
         self.owner.detach(slot)
         log.warning(
             "epp replica %s away: %d in flight there; its share of %d endpoints kept aside",
@@ -383,14 +472,21 @@ class Decider:
 
     # -- shares -----------------------------------------------------------------
 
-    def _keep_aside(self, replica_id: str, held: Mapping[str | None, int]) -> list[FlowRequest]:
+    def _keep_aside(
+        self,
+        replica_id: str,
+        held: Mapping[str | None, int],
+        limit_of: LimitOf | None = None,
+    ) -> list[FlowRequest]:
         """Placeholders holding, on each endpoint, the larger of a replica's
-        share and what it `held` there."""
+        share (of `limit_of`, the limit it cuts its share from; by default
+        this decider's) and what it `held` there."""
         admission = self.admission
         now = self._clock()
+        limit_of = limit_of or self._limit_of
         placeholders = []
         for endpoint in self._endpoints():
-            limit = self._limit_of(endpoint)
+            limit = limit_of(endpoint)
             if limit is None:
                 continue
             for _ in range(max(share(limit, self.replicas), held.get(endpoint, 0))):
@@ -415,23 +511,32 @@ DECIDER_ANNOTATION = "llm-d.ai/epp-decider"
 """The Lease annotation where its holder writes its decider's HOST:PORT."""
 
 
-def follow_lease(decider: Decider, mode: ClusterMode, address: str) -> None:
+def follow_lease(
+    decider: Decider,
+    mode: ClusterMode,
+    address: str,
+    told: Callable[[], tuple[int, Mapping[str, int]]] | None = None,
+) -> None:
     """Cluster mode: `decider` decides while this replica holds the pool's
     Lease, with the Lease's transitions as its epoch, and writes `address`
-    on the Lease for the other replicas."""
+    on the Lease for the other replicas. `told`: this replica's last told
+    limits and their epoch, which a new holder starts from (`Decider.seed`)."""
     elector = mode.elector
     assert elector is not None
     elector.annotations[DECIDER_ANNOTATION] = address
 
+    def lead() -> None:
+        decider.lead(elector.transitions, True, told() if told is not None else None)
+
     def leadership(leading: bool) -> None:
         if leading:
-            decider.lead(elector.transitions, forwarded_here=True)
+            lead()
         else:
             decider.resign()
 
     mode.leadership_listeners.append(leadership)
     if elector.is_leader:
-        decider.lead(elector.transitions, forwarded_here=True)
+        lead()
 
 
 def lease_decider(mode: ClusterMode | None) -> str | None:

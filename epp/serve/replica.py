@@ -11,9 +11,9 @@ sends its undecided requests again.
 
 Degraded mode. After `DEGRADE_AFTER_S` without a frame from a decider the
 replica admits on its own: each endpoint takes requests from it while it
-runs fewer than its share there (`share(limit, replicas)`, the limit as its
-own configuration and metrics give it), highest priority first, then
-oldest; the rest wait. The decider keeps those shares aside while the
+runs fewer than its share there (`share(limit, replicas)`, of the limit
+the decider last told it, else as its own configuration gives it), highest
+priority first, then oldest; the rest wait. The decider keeps those shares aside while the
 replica is away, so nothing overshoots. When a decider answers again, the
 replica reports what it runs and decides nothing more on its own.
 """
@@ -39,9 +39,12 @@ from epp.serve.replicas import (
     DEGRADE_AFTER_S,
     HELLO,
     JOINED,
+    LIMITS,
     METHOD,
     RECONNECT_S,
     REPORTED,
+    SEEN,
+    TOLD,
     StreamLink,
     decode,
     held_fields,
@@ -86,6 +89,11 @@ class ReplicaAdmission(RemoteAdmission):
         self.frames_refused = 0
         self.degraded_admissions = 0
         self.joins = 0
+        self.told: dict[str, int] = {}
+        """Each endpoint's limit as the decider last told it (LIMITS): its
+        share is cut from it while degraded, and a new decider starts from it."""
+        self.told_epoch = 0
+        """The epoch of the decider that told them."""
         self._running: Counter[str] = Counter()
         """This replica's dispatched requests on each endpoint, however decided."""
         self._last_heard = clock()
@@ -193,6 +201,10 @@ class ReplicaAdmission(RemoteAdmission):
             kind = message[0]
             if kind == JOINED:
                 self._joined(link)
+            elif kind == LIMITS:
+                self.told.update(message[2])
+                self.told_epoch = self.epoch
+                link.send([SEEN, message[1]])
             elif kind != BEAT:
                 theirs.append(message)
         if theirs and self.link is link:
@@ -215,6 +227,7 @@ class ReplicaAdmission(RemoteAdmission):
                 link.send(held_fields(rid, request))
             elif request.outcome is None:
                 waiting.append((rid, request))
+        link.send([TOLD, self.told_epoch, dict(self.told)])
         link.send([REPORTED])
         for rid, request in waiting:
             link.send([wire.ARRIVE, rid, *wire.arrival_fields(request)])
@@ -251,7 +264,9 @@ class ReplicaAdmission(RemoteAdmission):
         for endpoint in self._pool():
             if subset is not None and endpoint not in subset:
                 continue
-            limit = self._limit_of(endpoint)
+            limit = self.told.get(endpoint)
+            if limit is None:
+                limit = self._limit_of(endpoint)
             running = self._running[endpoint]
             if limit is not None and running >= share(limit, self.replicas):
                 continue

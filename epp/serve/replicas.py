@@ -25,16 +25,28 @@ Replica -> decider:
               (`wire.arrival_fields`): a request the replica has running,
               which the decider adopts (a rebuild after a decider change
               or a partition)
+    TOLD      epoch, {endpoint: limit}: the learned limits it was last
+              told, by the decider of that epoch (on joining, before
+              REPORTED): a new decider starts its adaptive gate from them
     REPORTED  every HELD is sent; what the decider kept aside for this
               replica while it was away is released
+    SEEN      seq: the replica holds the LIMITS of that sequence number
     BEAT      nothing to say (sent every `BEAT_S`)
 
 Decider -> replica:
 
     JOINED    the decider decides for this replica from now on; the
-              replica reports what it holds (HELD, REPORTED) and sends
-              its undecided requests again (ARRIVE)
+              replica reports what it holds (HELD, TOLD, REPORTED) and
+              sends its undecided requests again (ARRIVE)
+    LIMITS    seq, {endpoint: limit}: the per-endpoint limits that changed
+              since the last LIMITS (all of them first); a degraded
+              replica's share is cut from the last ones it holds
     BEAT      as above
+
+Shares. A replica away admits within `share` of the limits it last
+heard; the decider keeps aside, per endpoint, the share of the largest
+limit the replica may hold (`LimitsTold`: what it acknowledged, and what
+was sent since), so the two agree though a LIMITS may be lost at the cut.
 
 Silence: the decider counts a replica as away after `AWAY_AFTER_S`
 without a frame, and keeps its share of every endpoint aside from then
@@ -48,8 +60,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -67,6 +79,9 @@ HELD = 22
 REPORTED = 23
 BEAT = 24
 JOINED = 25
+LIMITS = 26
+SEEN = 27
+TOLD = 28
 
 BEAT_S = 0.1
 """How often each side writes when it has nothing else to say."""
@@ -82,6 +97,8 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
 )
 """Both ends: a frame may carry a request's whole prompt (gRPC's default cap is 4 MiB)."""
+MAX_UNSEEN_LIMITS = 64
+"""LIMITS a replica may leave unacknowledged; past it its stream ends."""
 MAX_QUEUED_FRAMES = 4096
 """Frames a link holds for a peer that does not read; past it the link ends."""
 
@@ -117,6 +134,43 @@ class ClockOffset:
             index = ARRIVAL_AT.get(message[0])
             if index is not None:
                 message[index] += self.value
+
+
+@dataclass(slots=True)
+class LimitsTold:
+    """The decider's record of the limits one replica holds: what it
+    acknowledged (SEEN, or reported in TOLD), and the LIMITS sent since
+    (at most a few beats' worth: each is acknowledged within a round trip)."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    sending: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+
+    def changes(self, limits: Mapping[str, int]) -> dict[str, int]:
+        """What of `limits` the replica has not been sent yet."""
+        latest = dict(self.held)
+        for _, sent in self.sending:
+            latest.update(sent)
+        return {e: limit for e, limit in limits.items() if latest.get(e) != limit}
+
+    def sent(self, seq: int, limits: dict[str, int]) -> None:
+        self.sending.append((seq, limits))
+
+    def reported(self, held: dict[str, int], since: int) -> None:
+        """The replica reported what it `held` when it joined on a stream
+        whose first LIMITS came after `since` (those may be on their way)."""
+        self.held = held
+        self.sending = [entry for entry in self.sending if entry[0] > since]
+
+    def seen(self, seq: int) -> None:
+        while self.sending and self.sending[0][0] <= seq:
+            self.held.update(self.sending.pop(0)[1])
+
+    def most(self, endpoint: str) -> int | None:
+        """The largest limit of `endpoint` the replica may hold (None: none told)."""
+        values = [sent[endpoint] for _, sent in self.sending if endpoint in sent]
+        if endpoint in self.held:
+            values.append(self.held[endpoint])
+        return max(values) if values else None
 
 
 def share(limit: int, replicas: int) -> int:

@@ -218,7 +218,13 @@ class EppServer(EppParts):
                 address, options.decider_port, leading=self._mode is None
             )
             if self._mode is not None:
-                follow_lease(self.decider, self._mode, f"{advertised_host(address)}:{port}")
+                replica = self.replica
+                follow_lease(
+                    self.decider,
+                    self._mode,
+                    f"{advertised_host(address)}:{port}",
+                    (lambda: (replica.told_epoch, replica.told)) if replica is not None else None,
+                )
         if self.replica is not None:
             self.replica.start()
         self._health_server = servers["grpc_health"] = GrpcServer(

@@ -4,7 +4,7 @@ memo that lets the scheduler skip a pool with no room."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from math import inf
 from typing import TypeVar
 
@@ -393,6 +393,19 @@ class AdaptiveGate:
     def limits(self) -> dict[str, int]:
         """Every known endpoint's learned limit."""
         return {address: e.limit for address, e in self._estimators.items()}
+
+    def seed(self, limits: Mapping[str, int]) -> None:
+        """Start each endpoint of `limits` from the limit given (one another
+        decider of the pool learned) instead of `initial`; what it learns
+        from here moves it as usual."""
+        self._no_room = self._reopened = None
+        now = self._clock()
+        maximum = self.settings.maximum
+        for address, limit in limits.items():
+            estimator = self._estimators.get(address)
+            if estimator is None:
+                estimator = self._estimators[address] = LimitEstimator(self.settings, now)
+            estimator.limit = max(1, min(limit, maximum))
 
     def adjustments(self) -> dict[str, int]:
         """How often each known endpoint's limit changed."""

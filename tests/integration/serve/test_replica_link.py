@@ -25,8 +25,11 @@ from epp.serve.replicas import (
     HELD,
     HELLO,
     JOINED,
+    LIMITS,
     REPORTED,
+    SEEN,
     SERVICE,
+    TOLD,
     decode,
 )
 from epp.serve.server import EppServer
@@ -133,6 +136,21 @@ async def test_a_replica_without_a_decider_admits_only_within_its_share() -> Non
         assert second.outcome is Outcome.DISPATCHED
 
 
+async def test_a_degraded_replica_cuts_its_share_from_the_limit_the_decider_last_told_it() -> None:
+    port = free_port()
+    decider = ScriptedDecider()
+    await decider.start(port)
+    async with replica_of(port) as replica:  # its own limit: 3, a share of 1
+        decider.say(1, [JOINED], [LIMITS, 1, {ENDPOINT: 9}])
+        await eventually(lambda: SEEN in decider.kinds())
+        assert [m[1] for m in decider.received if m[0] == SEEN] == [1]
+        await decider.server.stop(0)
+        await eventually(lambda: replica.degraded, DEGRADE_AFTER_S + 1.0)
+        requests = [request(n) for n in range(4)]
+        outcomes = [replica.offer(r) for r in requests]
+        assert outcomes == [Outcome.DISPATCHED] * 3 + [None]  # 9 // 3 replicas
+
+
 async def test_a_joining_replica_reports_what_runs_before_it_resends_what_waits() -> None:
     port = free_port()
     async with replica_of(port) as replica:
@@ -145,8 +163,8 @@ async def test_a_joining_replica_reports_what_runs_before_it_resends_what_waits(
         await eventually(lambda: HELLO in decider.kinds(), 3.0)
         decider.say(1, [JOINED])
         await eventually(lambda: wire.ARRIVE in decider.kinds())
-        assert decider.kinds() == [HELLO, HELD, REPORTED, wire.ARRIVE]
-        held, arrive = decider.received[1], decider.received[3]
+        assert decider.kinds() == [HELLO, HELD, TOLD, REPORTED, wire.ARRIVE]
+        held, arrive = decider.received[1], decider.received[4]
         assert held[2] == ENDPOINT and held[3] == "req-1"
         assert arrive[2] == "req-2"
         assert not replica.degraded
@@ -213,3 +231,54 @@ async def test_a_decider_reads_a_replicas_arrival_times_in_its_own_clock() -> No
         await replica.stop()
         decider.hurry()
         await decider.stop()
+
+
+ADAPTIVE = """\
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+flowControl:
+  gate:
+    kinds: [adaptive]
+"""
+
+
+@contextlib.asynccontextmanager
+async def told_by(epochs_before: int, replicas: int) -> AsyncIterator[EppServer]:
+    """An adaptive decider of `replicas` and one replica joined to it that
+    was told a limit of 12 by the decider `epochs_before` this one."""
+    decider = EppServer(
+        loopback_options(
+            endpoints=ENDPOINT, decider_port=0, replicas=replicas, config_text=ADAPTIVE
+        )
+    )
+    await decider.start()
+    assert decider.decider is not None
+    replica = ReplicaAdmission(
+        "r1", f"127.0.0.1:{decider.ports['decider']}", replicas, lambda: [ENDPOINT],
+        lambda _: None,
+    )  # fmt: skip
+    replica.told, replica.told_epoch = {ENDPOINT: 12}, decider.decider.epoch - epochs_before
+    try:
+        assert decider.core.limits().get(ENDPOINT, 4) == 4  # the adaptive gate's initial
+        replica.start()
+        await eventually(lambda: replica.joined and decider.decider.has_reported("r1"), 5.0)
+        yield decider
+    finally:
+        await replica.stop()
+        decider.hurry()
+        await decider.stop()
+
+
+async def test_a_new_decider_starts_from_the_limits_its_predecessor_told_the_replicas() -> None:
+    # three replicas: two unreported shares kept aside at the start, one of
+    # them this replica's, released when it reports
+    async with told_by(1, replicas=3) as decider:
+        assert decider.core.limits()[ENDPOINT] == 12
+        # the other unreported replica's share is cut from the same limit: 12 // 3
+        assert decider.core.in_flight == 4
+
+
+async def test_a_decider_does_not_start_from_limits_it_told_itself() -> None:
+    async with told_by(0, replicas=2) as decider:
+        assert decider.decider is not None and not decider.decider.seeded
+        assert decider.core.limits().get(ENDPOINT, 4) != 12
