@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.datalayer.engines import ENGINES, EngineMetricNames
 from epp.datalayer.reader import MetricsReader, Sample, metrics_from_samples
 from epp.scheduling.endpoint import EndpointMetrics
+from tests.support.metrics_page import MetricsPage
 
 PAGES = Path(__file__).parent / "pages"
 ENGINE_OF_PAGE = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm-serve"}
@@ -29,11 +29,8 @@ SAMPLE_VALUE = re.compile(r"^([^#\s][^\n]*[}\w])\s+(\S+)$", re.MULTILINE)
 def full_parse(text: str, names: EngineMetricNames, now: float) -> EndpointMetrics:
     """Every line of the page through prometheus-client's parser."""
     samples: dict[str, list[Sample]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append(
-                (sample.name, sample.labels, float(sample.value))
-            )
+    for sample in MetricsPage.parse(text).samples:
+        samples.setdefault(sample.name, []).append((sample.name, sample.labels, sample.value))
     return metrics_from_samples(samples, names, now)
 
 

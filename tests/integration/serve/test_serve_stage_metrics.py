@@ -3,12 +3,11 @@ endpoints and the queue by the stage that holds it, read from /metrics text."""
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.request import InferenceRequest
 from epp.serve.server import EppServer, ServeOptions
 from tests.support.disagg import disagg_config
+from tests.support.metrics_page import MetricsPage
 
 CONFIG = disagg_config("{kinds: [concurrency], maxPerEndpoint: 8, maxPerPrefillEndpoint: 1}")
 ENDPOINTS = """\
@@ -16,16 +15,6 @@ endpoints:
 - {name: d, address: 10.0.0.1, port: '8000', labels: {llm-d.ai/role: decode}}
 - {name: p, address: 10.0.0.2, port: '8000', labels: {llm-d.ai/role: prefill}}
 """
-
-
-def samples(server: EppServer, name: str) -> dict[str, float]:
-    text = server.metrics.exposition().decode()
-    return {
-        sample.labels.get("stage", sample.labels.get("detector", "")): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    }
 
 
 async def test_requests_waiting_for_the_prefill_stage_are_counted_under_it(tmp_path):
@@ -44,9 +33,11 @@ async def test_requests_waiting_for_the_prefill_stage_are_counted_under_it(tmp_p
     assert outcomes[0] is not None and outcomes[0].is_dispatched
     assert outcomes[1:] == [None, None]  # the prefill endpoint's one credit is taken
 
-    queued = samples(server, "epp_flow_control_queue_size_by_stage")
+    page = MetricsPage.parse(server.metrics.exposition())
+    queued = page.by_label("stage", "epp_flow_control_queue_size_by_stage")
     assert queued == {"decode": 0, "prefill": 2, "effective": 0}
-    saturation = samples(server, "llm_d_epp_flow_control_pool_saturation")
+    saturation = page.by_label("stage", "llm_d_epp_flow_control_pool_saturation")
     assert set(saturation) == {"effective", "decode", "prefill"}
     assert saturation["decode"] == saturation["prefill"] == 1.0  # never scraped: stale
-    assert samples(server, "llm_d_epp_flow_control_stale_endpoints") == {"saturation-filter": 2}
+    stale = page.by_label("detector", "llm_d_epp_flow_control_stale_endpoints")
+    assert stale == {"saturation-filter": 2}

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.epp_process import LOOPBACK, RunningEpp, running_epp
+from tests.support.metrics_page import fetch_page
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("EPP_TEST_WORKERS") not in (None, "2"), reason="runs its own --workers 2"
@@ -70,14 +70,7 @@ async def served(pages: Pages) -> AsyncIterator[list[int]]:
 
 
 async def per_endpoint(session: aiohttp.ClientSession, epp: RunningEpp, name: str) -> dict:
-    async with session.get(epp.metrics_url) as response:
-        text = await response.text()
-    return {
-        sample.labels["model_server_endpoint"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    }
+    return (await fetch_page(session, epp.metrics_url)).by_label("model_server_endpoint", name)
 
 
 async def until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -155,19 +148,9 @@ async def test_a_page_that_fails_is_counted_on_the_owner() -> None:
         pages.down.add(ports[0])
 
         async def counted() -> bool:
-            async with session.get(epp.metrics_url) as response:
-                text = await response.text()
-            found = [
-                (sample.name, sample.labels.get("reason"), sample.value)
-                for family in text_string_to_metric_families(text)
-                for sample in family.samples
-            ]
-            failures = [
-                v
-                for n, r, v in found
-                if n.startswith("epp_model_server_scrape_failures") and r == "http-status"
-            ]
-            stale = [v for n, _, v in found if n == "llm_d_epp_flow_control_stale_endpoints"]
-            return bool(failures) and failures[0] > 0 and bool(stale) and max(stale) == 1
+            page = await fetch_page(session, epp.metrics_url)
+            failures = page.total("epp_model_server_scrape_failures_total", reason="http-status")
+            stale = page.series("llm_d_epp_flow_control_stale_endpoints")
+            return failures > 0 and bool(stale) and max(s.value for s in stale) == 1
 
         await until(counted)

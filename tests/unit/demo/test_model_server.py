@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.reader import MetricsReader
@@ -20,6 +19,7 @@ from epp.demo.model_server import SimulatedServer
 from epp.demo.server_formats import token_ids
 from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
+from tests.support.metrics_page import MetricsPage
 from tests.support.waiting import eventually
 
 FAST = ServerParams(max_num_seqs=2, decode_ms_per_token=2.0, prefill_overhead_ms=1.0)
@@ -55,18 +55,6 @@ async def post(url: str, body: object) -> tuple[int, bytes, str]:
 async def get(url: str) -> tuple[int, str, str]:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return response.status, await response.text(), response.headers["Content-Type"]
-
-
-def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    return [
-        (sample.name, sample.labels, sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    ]
-
-
-def metric_values(text: str) -> dict[str, float]:
-    return {name: value for name, _, value in samples(text)}
 
 
 def sse_data(body: bytes) -> list[str]:
@@ -329,11 +317,7 @@ async def test_a_request_whose_client_goes_away_is_aborted_not_finished(stream):
         assert server.model.model.running == 0
         assert server.model.finished_total == 0
         _, text, _ = await get(f"{url}/metrics")
-    reasons = {
-        labels["finished_reason"]: value
-        for name, labels, value in samples(text)
-        if name == "vllm:request_success_total"
-    }
+    reasons = MetricsPage.parse(text).by_label("finished_reason", "vllm:request_success_total")
     assert reasons == {"abort": 1.0}
 
 
@@ -344,7 +328,7 @@ async def test_metrics_show_running_and_waiting_under_vllm_names_with_the_engine
         await eventually(lambda: len(server.model.model.waiting) == 1)
         _, text, _ = await get(f"{url}/metrics")
         await cancelled(tasks)
-    found = {name: (labels, value) for name, labels, value in samples(text)}
+    found = {s.name: (s.labels, s.value) for s in MetricsPage.parse(text).samples}
     assert found["vllm:num_requests_running"] == ({"model_name": MODEL, "engine": "0"}, 2)
     assert found["vllm:num_requests_waiting"][1] == 1
     assert 0 < found["vllm:kv_cache_usage_perc"][1] < 1
@@ -359,12 +343,11 @@ async def test_metrics_have_ttft_and_e2e_histograms(server_url):
     for _ in range(2):
         await post(f"{server_url}/v1/completions", body)
     _, text, _ = await get(f"{server_url}/metrics")
-    values = metric_values(text)
-    assert values["vllm:time_to_first_token_seconds_count"] == 2
-    assert values["vllm:e2e_request_latency_seconds_count"] == 2
-    assert (
-        values["vllm:e2e_request_latency_seconds_sum"]
-        >= values["vllm:time_to_first_token_seconds_sum"]
+    page = MetricsPage.parse(text)
+    assert page.total("vllm:time_to_first_token_seconds_count") == 2
+    assert page.total("vllm:e2e_request_latency_seconds_count") == 2
+    assert page.total("vllm:e2e_request_latency_seconds_sum") >= page.total(
+        "vllm:time_to_first_token_seconds_sum"
     )
 
 
@@ -406,9 +389,8 @@ async def test_the_inter_token_latency_histogram_holds_each_token_after_the_firs
     step = FAST.decode_ms_per_token * (1 + FAST.decode_batch_growth) / 1000  # a batch of two
     assert metrics.itl_sum >= metrics.itl_count * FAST.decode_ms_per_token / 1000
     assert metrics.itl_sum < metrics.itl_count * step + 0.1  # at most one prefill step more
-    buckets = [
-        v for n, _, v in samples(text) if n == f"{engine}:inter_token_latency_seconds_bucket"
-    ]
+    page = MetricsPage.parse(text)
+    buckets = [s.value for s in page.series(f"{engine}:inter_token_latency_seconds_bucket")]
     assert buckets[-1] == metrics.itl_count  # the +Inf bucket holds every observation
     # The decode steps (at most one prefill step per request more) are in
     # the bucket of a step's length, as the reader gives them.
@@ -428,7 +410,7 @@ async def test_trtllm_serve_has_no_inter_token_latency_histogram():
 async def test_a_fresh_pose_has_no_load_samples_yet_and_reads_idle(engine):
     async with running(engine=engine) as (_, url):
         _, text, _ = await get(f"{url}{ENGINES[engine].metrics_path}")
-    assert not any(name == ENGINES[engine].running[0].name for name, _, _ in samples(text))
+    assert MetricsPage.parse(text).series(ENGINES[engine].running[0].name) == []
     metrics = MetricsReader().read(text, ENGINES[engine], now=1.0)
     assert (metrics.running, metrics.waiting, metrics.kv_usage) == (0, 0, 0)
 

@@ -10,13 +10,13 @@ import json
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.model_server import SimulatedServer
 from epp.demo.processes import start_child
 from epp.demo.sidecar import PREFILLER_HEADER, Sidecar, add_arguments, prefill_body, run
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ServerParams
+from tests.support.metrics_page import fetch_page
 
 PARAMS = ServerParams(decode_ms_per_token=1.0, prefill_ms_per_token=0.01, prefill_overhead_ms=1)
 BODY = {"model": "model", "prompt": "x" * 400, "max_tokens": 5}
@@ -40,12 +40,9 @@ async def pd():
 
 
 async def remote_prefills(session, server):
-    async with session.get(f"http://127.0.0.1:{server.port}/metrics") as response:
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        if family.name == "epp_sim_remote_prefills":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError("no epp_sim_remote_prefills series")
+    page = await fetch_page(session, f"http://127.0.0.1:{server.port}/metrics")
+    assert page.series("epp_sim_remote_prefills_total"), "no epp_sim_remote_prefills series"
+    return page.total("epp_sim_remote_prefills_total")
 
 
 async def post(session, sidecar, body, headers=None):

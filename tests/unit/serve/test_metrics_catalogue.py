@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.cli import docgen
 from epp.datalayer.endpoints import EndpointSpec
@@ -29,6 +28,7 @@ from epp.serve.metrics.spec import Kind, Spec, Twin
 from epp.serve.owner import Owner
 from epp.serve.replica import ReplicaAdmission
 from epp.serve.tokenizer import TokenizerStats
+from tests.support.metrics_page import MetricsPage
 
 APPROX = (APPROX_PRODUCER, APPROX_PRODUCER)
 
@@ -90,11 +90,14 @@ def fed_metrics() -> EppMetrics:
 
 def exposed(metrics: EppMetrics) -> dict[str, tuple[str, set[frozenset[str]]]]:
     """Family name (as exposed) -> (type, the label-name sets of its series)."""
-    found: dict[str, tuple[str, set[frozenset[str]]]] = {}
-    for family in text_string_to_metric_families(metrics.exposition().decode()):
-        name = family.name + "_total" if family.type == "counter" else family.name
-        labels = {frozenset(sample.labels) - {"le"} for sample in family.samples}
-        found[name] = (family.type, labels)
+    page = MetricsPage.parse(metrics.exposition())
+
+    def exposed_name(family: str, kind: str) -> str:
+        return family + "_total" if kind == "counter" else family
+
+    found = {exposed_name(name, kind): (kind, set()) for name, kind in page.families.items()}
+    for sample in page.samples:
+        found[exposed_name(sample.family, sample.kind)][1].add(frozenset(sample.labels) - {"le"})
     return found
 
 

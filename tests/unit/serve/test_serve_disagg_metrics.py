@@ -1,14 +1,13 @@
 """The EPP counts the disaggregation decision of every dispatched request,
 with the reference's metric names, when its profile handler disaggregates."""
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
 from epp.scheduling.profiles import PREFILLER_HEADER, disagg_profile_handler, single_profile_handler
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.spec import PluginSpec
 from epp.serve.metrics import EppMetrics, StageView
+from tests.support.metrics_page import MetricsPage
 
 
 def dispatched(routing=None) -> FlowRequest:
@@ -22,14 +21,7 @@ DISAGG = PluginSpec("pd", disagg_profile_handler, type="disagg-profile-handler")
 
 
 def decisions(metrics: EppMetrics, name: str) -> dict[str, float]:
-    text = metrics.exposition().decode()
-    return {
-        sample.labels["decision_type"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == name
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    }
+    return MetricsPage.parse(metrics.exposition()).by_label("decision_type", f"{name}_total")
 
 
 def test_each_dispatched_request_counts_its_decision_under_a_disagg_handler():
@@ -47,13 +39,8 @@ def test_decisions_carry_the_handler_name_and_type_as_configured():
     metrics = EppMetrics("pool")
     metrics.watch_scheduling(DISAGG)
     metrics.on_outcome(dispatched(), 1.0)
-    text = metrics.exposition().decode()
-    labels = [
-        sample.labels
-        for family in text_string_to_metric_families(text)
-        if family.name == "llm_d_epp_disagg_decision"
-        for sample in family.samples
-    ]
+    page = MetricsPage.parse(metrics.exposition())
+    labels = [sample.labels for sample in page.series("llm_d_epp_disagg_decision_total")]
     assert labels[0]["plugin_name"] == "pd"
     assert labels[0]["plugin_type"] == "disagg-profile-handler"
 
@@ -68,13 +55,8 @@ def test_no_decisions_are_counted_without_a_disagg_handler():
 def test_credits_in_use_are_reported_per_stage():
     metrics = EppMetrics("pool")
     metrics.watch_credits(lambda: {"decode": 3, "prefill": 1})
-    text = metrics.exposition().decode()
-    found = {
-        sample.labels["stage"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "epp_flow_control_credits_in_use"
-        for sample in family.samples
-    }
+    page = MetricsPage.parse(metrics.exposition())
+    found = page.by_label("stage", "epp_flow_control_credits_in_use")
     assert found == {"decode": 3.0, "prefill": 1.0}
 
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.endpoint import EndpointMetrics
 from epp.serve.metrics import EppMetrics
+from tests.support.metrics_page import MetricsPage
 
 
 def gauges(metrics: EppMetrics) -> dict[tuple[str, str], float]:
     return {
         (sample.name, sample.labels.get("model_server_endpoint", "")): sample.value
-        for family in text_string_to_metric_families(metrics.exposition().decode())
-        for sample in family.samples
+        for sample in MetricsPage.parse(metrics.exposition()).samples
         if sample.name.startswith("epp_per_endpoint_")
     }
 
@@ -38,10 +36,6 @@ def test_each_endpoints_kv_use_running_and_view_age_are_shown_after_a_good_read(
 def test_scrape_failures_are_counted_by_reason():
     metrics = EppMetrics("pool")
     metrics.watch_scrapes(lambda: {"timeout": 2, "too-large": 1})
-    found = {
-        sample.labels["reason"]: sample.value
-        for family in text_string_to_metric_families(metrics.exposition().decode())
-        for sample in family.samples
-        if sample.name == "epp_model_server_scrape_failures_total"
-    }
+    page = MetricsPage.parse(metrics.exposition())
+    found = page.by_label("reason", "epp_model_server_scrape_failures_total")
     assert found == {"timeout": 2, "too-large": 1}
