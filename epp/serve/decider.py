@@ -198,7 +198,6 @@ class Decider:
         self._known.clear()
         for kept in self._unreported:
             self._release(kept)
-        self._unreported = []
         self.epoch = epoch
         self.leading = True
         self.seeded = False
@@ -217,11 +216,7 @@ class Decider:
         if self.seeded or not limits or epoch >= self.epoch:
             return False
         self.seeded = True
-
-        def seeded(endpoint: str) -> int | None:
-            limit = limits.get(endpoint)
-            return limit if limit is not None else self._limit_of(endpoint)
-
+        seeded = self._told_else_own(limits.get)
         # the new shares are held before the old go and before the limits
         # move, so no dispatch meanwhile finds room that is theirs
         unreported = [self._keep_aside("unreported", {}, seeded) for _ in self._unreported]
@@ -455,13 +450,9 @@ class Decider:
             if request.state is State.DISPATCHED and request.endpoint is not None
         )
         self._release(replica.kept_aside)
-        told = replica.limits
-
-        def limit_of(endpoint: str) -> int | None:
-            limit = told.most(endpoint)
-            return limit if limit is not None else self._limit_of(endpoint)
-
-        replica.kept_aside = self._keep_aside(replica.id, held, limit_of)
+        replica.kept_aside = self._keep_aside(
+            replica.id, held, self._told_else_own(replica.limits.most)
+        )
         self.owner.detach(slot)
         log.warning(
             "epp replica %s away: %d in flight there; its share of %d endpoints kept aside",
@@ -471,6 +462,15 @@ class Decider:
         )
 
     # -- shares -----------------------------------------------------------------
+
+    def _told_else_own(self, told: LimitOf) -> LimitOf:
+        """Each endpoint's limit as `told` gives it, else as this decider's."""
+
+        def limit_of(endpoint: str) -> int | None:
+            limit = told(endpoint)
+            return limit if limit is not None else self._limit_of(endpoint)
+
+        return limit_of
 
     def _keep_aside(
         self,

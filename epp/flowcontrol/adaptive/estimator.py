@@ -66,7 +66,7 @@ class LimitEstimator:
 
     def __init__(self, settings: AdaptiveLimits, now: float = 0.0) -> None:
         self.settings = settings
-        self.limit = max(1, min(settings.initial, settings.maximum))
+        self.start_from(settings.initial)
         self.probing = True
         self.found = False
         """Whether the server was ever seen full (a probe found no room)."""
@@ -136,6 +136,10 @@ class LimitEstimator:
         it took per sampling interval times its mean step over the interval,
         averaged over about `window` (near 1: every step prefills)."""
         """How much more its latency grew than the pool's, at the last comparison."""
+
+    def start_from(self, limit: int) -> None:
+        """Set the limit to `limit`, kept between 1 and the maximum."""
+        self.limit = max(1, min(limit, self.settings.maximum))
 
     def compare(self, relative: float, now: float) -> int:
         """Its recent latency is `relative` times the median of the other

@@ -400,12 +400,11 @@ class AdaptiveGate:
         from here moves it as usual."""
         self._no_room = self._reopened = None
         now = self._clock()
-        maximum = self.settings.maximum
         for address, limit in limits.items():
             estimator = self._estimators.get(address)
             if estimator is None:
                 estimator = self._estimators[address] = LimitEstimator(self.settings, now)
-            estimator.limit = max(1, min(limit, maximum))
+            estimator.start_from(limit)
 
     def adjustments(self) -> dict[str, int]:
         """How often each known endpoint's limit changed."""
