@@ -188,14 +188,15 @@ async def test_a_decider_port_in_use_is_a_startup_error_naming_the_flag() -> Non
 
 SKEW_S = 1e6
 """A replica host's monotonic clock ahead of the decider's (another boot time)."""
-TWO_PER_ENDPOINT = """\
-apiVersion: llm-d.ai/v1
-kind: EndpointPickerConfig
-flowControl:
-  gate:
-    kinds: [concurrency]
-    maxPerEndpoint: 2
-"""
+
+
+def gate_config(*gate: str) -> str:
+    """An EndpointPickerConfig whose flow-control gate is the lines `gate`."""
+    lines = "".join(f"    {line}\n" for line in gate)
+    return f"apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\nflowControl:\n  gate:\n{lines}"
+
+
+TWO_PER_ENDPOINT = gate_config("kinds: [concurrency]", "maxPerEndpoint: 2")
 
 
 async def test_a_decider_reads_a_replicas_arrival_times_in_its_own_clock() -> None:
@@ -233,13 +234,7 @@ async def test_a_decider_reads_a_replicas_arrival_times_in_its_own_clock() -> No
         await decider.stop()
 
 
-ADAPTIVE = """\
-apiVersion: llm-d.ai/v1
-kind: EndpointPickerConfig
-flowControl:
-  gate:
-    kinds: [adaptive]
-"""
+ADAPTIVE = gate_config("kinds: [adaptive]")
 
 
 @contextlib.asynccontextmanager
