@@ -35,14 +35,21 @@ def _shuffled(rng: random.Random, size: int) -> list[int]:
     return order
 
 
-class MaxScorePicker:
-    """The highest total score; ties broken uniformly at random."""
+class _DrawingPicker:
+    """What every picker here holds: the caller's rng, its only source of
+    randomness, and the `count` of endpoints it returns."""
 
     __slots__ = ("_rng", "count")
 
     def __init__(self, rng: random.Random, count: int = 1) -> None:
         self._rng = rng
         self.count = count
+
+
+class MaxScorePicker(_DrawingPicker):
+    """The highest total score; ties broken uniformly at random."""
+
+    __slots__ = ()
 
     def rank(self, scores: Sequence[float]) -> list[int]:
         """Highest score first, ties in random order."""
@@ -57,16 +64,12 @@ class MaxScorePicker:
         return ties[self._rng.randrange(len(ties))]
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(_DrawingPicker):
     """Chance proportional to score, by A-Res weighted reservoir sampling:
     the largest U^(1/score) wins, U uniform in [0, 1). Candidates scoring 0
     are chosen only when every candidate scores 0 (then uniformly)."""
 
-    __slots__ = ("_rng", "count")
-
-    def __init__(self, rng: random.Random, count: int = 1) -> None:
-        self._rng = rng
-        self.count = count
+    __slots__ = ()
 
     def rank(self, scores: Sequence[float]) -> list[int]:
         """By descending key U^(1/score); zero scores last (all zero: uniformly)."""
@@ -91,14 +94,10 @@ class WeightedRandomPicker:
         return best
 
 
-class RandomPicker:
+class RandomPicker(_DrawingPicker):
     """Uniformly at random, ignoring scores."""
 
-    __slots__ = ("_rng", "count")
-
-    def __init__(self, rng: random.Random, count: int = 1) -> None:
-        self._rng = rng
-        self.count = count
+    __slots__ = ()
 
     def rank(self, scores: Sequence[float]) -> list[int]:
         return _shuffled(self._rng, len(scores))
