@@ -7,6 +7,8 @@ keeps the share of a replica that has not reported aside."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest
@@ -22,19 +24,25 @@ def request() -> FlowRequest:
     return FlowRequest("r1", "tenant", 0, 0.0, payload=payload)
 
 
+def cluster_options(kube: KubeEmulator, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """A pool of one pod, and the options two replicas in cluster mode share."""
+    kube.apply(pool())
+    kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
+    return {
+        "pool_name": "pool-a",
+        "kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"),
+        "ha_enable_leader_election": True,
+        "decider_port": 0,
+        "replicas": 2,
+        **overrides,
+    }
+
+
 async def test_the_lease_holder_decides_for_every_replica_and_its_successor_takes_over(
     tmp_path,
 ) -> None:
     async with KubeEmulator() as kube:
-        kube.apply(pool())
-        kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
-        common = {
-            "pool_name": "pool-a",
-            "kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"),
-            "ha_enable_leader_election": True,
-            "decider_port": 0,
-            "replicas": 2,
-        }
+        common = cluster_options(kube, tmp_path)
         first = EppServer(loopback_options(**common, replica_id="first"))
         await first.start()
         second: EppServer | None = None
@@ -78,18 +86,9 @@ async def test_a_draining_holder_hands_the_lease_on_at_once_not_a_lease_duration
     tmp_path,
 ) -> None:
     async with KubeEmulator() as kube:
-        kube.apply(pool())
-        kube.apply(pod("a-1", "10.0.0.1", {"app": "pool-a"}))
-        common = {
-            "pool_name": "pool-a",
-            "kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"),
-            "ha_enable_leader_election": True,
-            "ha_lease_duration": 15.0,
-            "ha_renew_deadline": 10.0,
-            "ha_retry_period": 0.2,
-            "decider_port": 0,
-            "replicas": 2,
-        }
+        common = cluster_options(
+            kube, tmp_path, ha_lease_duration=15.0, ha_renew_deadline=10.0, ha_retry_period=0.2
+        )
         first = EppServer(loopback_options(**common, replica_id="first", drain_timeout=30.0))
         await first.start()
         second: EppServer | None = None
