@@ -13,12 +13,12 @@ import re
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.model_server import SimulatedServer
 from epp.sim.server_model import ServerParams
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import start_epp
+from tests.support.metrics_page import MetricsPage, fetch_page
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
@@ -38,25 +38,8 @@ class Stack:
         """The newest pid of each worker, from the owner's log."""
         return {int(w): int(p) for w, p in WORKER_STARTED.findall(self.epp.log())}
 
-    async def total(self, session, name: str) -> float:
-        async with session.get(self.epp.metrics_url) as response:
-            text = await response.text()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        )
-
-    async def counters(self, session, name: str) -> dict[str, float]:
-        async with session.get(self.epp.metrics_url) as response:
-            text = await response.text()
-        return {
-            sample.labels["worker"]: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        }
+    async def page(self, session) -> MetricsPage:
+        return await fetch_page(session, self.epp.metrics_url)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -95,8 +78,9 @@ async def test_requests_are_served_through_both_workers(stack) -> None:
     assert [status for status, _ in results] == [200] * 60, stack.epp.log()[-4000:]
     assert all(b"choices" in body for _, body in results)
     async with aiohttp.ClientSession() as session:
-        requests = await stack.counters(session, "epp_worker_requests_total")
-        connections = await stack.counters(session, "epp_worker_connections_total")
+        page = await stack.page(session)
+    requests = page.by_label("worker", "epp_worker_requests_total")
+    connections = page.by_label("worker", "epp_worker_connections_total")
     assert sum(requests.values()) == 60
     assert requests["0"] > 0 and requests["1"] > 0
     assert connections["0"] >= 1 and connections["1"] >= 1
@@ -104,14 +88,8 @@ async def test_requests_are_served_through_both_workers(stack) -> None:
 
 async def test_the_workers_connections_show_on_the_owners_transport_series(stack) -> None:
     async def grpc_connections() -> float:
-        async with session.get(stack.epp.metrics_url) as response:
-            text = await response.text()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "epp_transport_connections" and sample.labels["port"] == "grpc"
-        )
+        page = await stack.page(session)
+        return page.total("epp_transport_connections", port="grpc")
 
     async with aiohttp.ClientSession() as session:
         # Envoy's two threads each hold a connection, on the two workers
@@ -124,22 +102,23 @@ async def test_the_workers_connections_show_on_the_owners_transport_series(stack
 
 async def test_the_gaps_between_streamed_chunks_reach_the_owners_histogram(stack) -> None:
     async with aiohttp.ClientSession() as session:
-        before = await stack.total(session, "llm_d_epp_request_streaming_itl_seconds_count")
+        before = (await stack.page(session)).total("llm_d_epp_request_streaming_itl_seconds_count")
         results = await burst(stack, 20)
         assert [status for status, _ in results] == [200] * 20
-        after = await stack.total(session, "llm_d_epp_request_streaming_itl_seconds_count")
+        after = (await stack.page(session)).total("llm_d_epp_request_streaming_itl_seconds_count")
     # 10 streamed responses of 4 tokens: each at least one gap between its chunks
     assert after - before >= 10
 
 
 async def test_both_workers_responses_are_on_the_owners_page_when_it_is_read(stack) -> None:
     async with aiohttp.ClientSession() as session:
-        before = await stack.total(session, "llm_d_epp_request_duration_seconds_count")
+        before = (await stack.page(session)).total("llm_d_epp_request_duration_seconds_count")
         results = await burst(stack, 20)
         assert [status for status, _ in results] == [200] * 20
-        after = await stack.total(session, "llm_d_epp_request_duration_seconds_count")
-        running = await stack.total(session, "llm_d_epp_request_running")
-        served = await stack.counters(session, "epp_worker_requests_total")
+        page = await stack.page(session)
+    after = page.total("llm_d_epp_request_duration_seconds_count")
+    running = page.total("llm_d_epp_request_running")
+    served = page.by_label("worker", "epp_worker_requests_total")
     assert after - before == 20
     assert running == 0
     assert served["0"] > 0 and served["1"] > 0
@@ -151,7 +130,7 @@ async def test_a_killed_worker_is_started_again_and_the_pool_keeps_serving(stack
 
     await eventually(lambda: stack.worker_pids()[1] != killed, timeout=20)
     async with aiohttp.ClientSession() as session:
-        restarts = await stack.counters(session, "epp_worker_restarts_total")
+        restarts = (await stack.page(session)).by_label("worker", "epp_worker_restarts_total")
     assert restarts == {"0": 0, "1": 1}
     results = await burst(stack, 20)
     assert [status for status, _ in results] == [200] * 20, stack.epp.log()[-4000:]
