@@ -4,6 +4,7 @@ as vLLM's, the subscribers that feed the core's precise index."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -113,6 +114,16 @@ async def subscribe(publisher: KVEventPublisher, recorder: Recorder, stats: KVEv
     return context, subscriber, task
 
 
+async def publish_until(
+    publisher: KVEventPublisher, batch: list, done: Callable[[], bool], every: float = 0.02
+) -> None:
+    """Publish `batch` again until `done()`: a ZMQ subscriber gets nothing
+    published before its subscription reaches the publisher."""
+    while not done():
+        await publisher.publish(batch)
+        await asyncio.sleep(every)
+
+
 async def stop(context: zmq.asyncio.Context, task: asyncio.Task) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -139,10 +150,9 @@ async def test_a_lost_batch_is_fetched_from_the_replay_socket_in_order():
     async with KVEventPublisher(HOST, 0, "kv@p@m", replay_port=0) as publisher:
         context, subscriber, task = await subscribe(publisher, recorder, stats)
         await wait_until(lambda: stats.replays["complete"] == 1)
-        seq = 0
-        while subscriber.last_seq is None:  # until the subscription is live
-            seq = await publisher.publish([stored([100 + seq], None, [], 16)])
-            await asyncio.sleep(0.02)
+        await publish_until(
+            publisher, [stored([100], None, [], 16)], lambda: subscriber.last_seq is not None
+        )
         publisher.skip_next = True
         await publisher.publish([stored([1], None, [], 16)])
         await publisher.publish([removed([1])])
@@ -157,9 +167,9 @@ async def test_a_gap_without_a_replay_socket_is_counted_and_reading_goes_on():
     recorder, stats = Recorder(), KVEventStats()
     async with KVEventPublisher(HOST, 0, "kv@p@m") as publisher:
         context, subscriber, task = await subscribe(publisher, recorder, stats)
-        while subscriber.last_seq is None:
-            await publisher.publish([stored([5], None, [], 16)])
-            await asyncio.sleep(0.02)
+        await publish_until(
+            publisher, [stored([5], None, [], 16)], lambda: subscriber.last_seq is not None
+        )
         publisher.skip_next = True
         await publisher.publish([stored([6], None, [], 16)])
         await publisher.publish([stored([7], None, [], 16)])
@@ -174,9 +184,9 @@ async def test_a_bad_batch_is_dropped_and_the_next_one_applies():
     async with KVEventPublisher(HOST, 0, "kv@p@m", replay_port=0) as publisher:
         context, subscriber, task = await subscribe(publisher, recorder, stats)
         await wait_until(lambda: stats.replays["complete"] == 1)
-        while subscriber.last_seq is None:
-            await publisher.publish([stored([5], None, [], 16)])
-            await asyncio.sleep(0.02)
+        await publish_until(
+            publisher, [stored([5], None, [], 16)], lambda: subscriber.last_seq is not None
+        )
         await publisher.send_raw(b"\xc1 not msgpack")
         await publisher.publish([stored([8], None, [], 16), ["Bogus"]])
         await wait_until(lambda: recorder.index.holds("10.0.0.1:8000", 8))
@@ -191,13 +201,13 @@ async def test_a_server_that_restarts_loses_what_it_held_before_its_new_blocks_a
         port, replay_port = first.port, first.replay_port
         context, subscriber, task = await subscribe(first, recorder, stats)
         await wait_until(lambda: stats.replays["complete"] == 1)
-        while subscriber.last_seq is None or subscriber.last_seq < 3:
-            await first.publish([stored([1, 2, 3], None, [], 16)])
-            await asyncio.sleep(0.02)
+        await publish_until(
+            first, [stored([1, 2, 3], None, [], 16)], lambda: (subscriber.last_seq or 0) >= 3
+        )
     async with KVEventPublisher(HOST, port, "kv@p@m", replay_port=replay_port) as second:
-        while not recorder.resets:
-            await second.publish([stored([9], None, [], 16)])
-            await asyncio.sleep(0.05)
+        await publish_until(
+            second, [stored([9], None, [], 16)], lambda: bool(recorder.resets), every=0.05
+        )
         await wait_until(lambda: recorder.index.holds("10.0.0.1:8000", 9))
         assert not recorder.index.holds("10.0.0.1:8000", 1)
         assert stats.resets == 1
