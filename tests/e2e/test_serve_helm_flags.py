@@ -18,16 +18,19 @@ in-cluster service account.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
 from grpc_health.v1 import health_pb2
 
 from tests.support.dashboards import read_page, unmet
-from tests.support.envoy import running_envoy
+from tests.support.envoy import RunningEnvoy, running_envoy
 from tests.support.epp_process import RunningEpp, running_epp
-from tests.support.fake_vllm import running_fake_vllm
+from tests.support.fake_vllm import FakeVllm, running_fake_vllm
 from tests.support.health import health_status_at
 from tests.support.kube import KubeEmulator, pod, pool
 from tests.support.promql import reads
@@ -139,7 +142,7 @@ async def scrape(url: str, token: str | None) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-def cluster(kube: KubeEmulator, tmp_path, upstream_port: int) -> dict[str, str]:
+def cluster(kube: KubeEmulator, tmp_path) -> dict[str, str]:
     """The pod's environment, with the emulator as its API server."""
     kube.apply(pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
     kube.add_token(PROMETHEUS_TOKEN, "system:serviceaccount:monitoring:prometheus")
@@ -149,6 +152,35 @@ def cluster(kube: KubeEmulator, tmp_path, upstream_port: int) -> dict[str, str]:
         "NAMESPACE": "default",
         "POD_NAME": "router-epp-6c9f8d7b5-k2x4z",
     }
+
+
+@dataclass(slots=True)
+class ChartPod:
+    upstream: FakeVllm
+    epp: RunningEpp
+    envoy: RunningEnvoy
+
+
+@contextlib.asynccontextmanager
+async def chart_pod(
+    tmp_path, flags: tuple[str, ...], inference_pool: bool
+) -> AsyncIterator[ChartPod]:
+    """`epp serve` with the chart's `flags` and its config file, in the
+    emulated cluster with one fake vLLM pod (and the InferencePool the pool
+    flags name), behind Envoy, once the chart's readiness probe passes."""
+    config = tmp_path / "default-plugins.yaml"
+    config.write_text(DEFAULT_PLUGINS)
+    async with KubeEmulator() as kube, running_fake_vllm() as upstream:
+        upstream_port = int(upstream.address.rsplit(":", 1)[1])
+        env = cluster(kube, tmp_path)
+        if inference_pool:
+            kube.apply(pool("router", selector={"app": "vllm"}, ports=(upstream_port,)))
+        async with (
+            running_epp(*chart_flags(flags, str(config), upstream_port), env=env) as epp,
+            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
+        ):
+            await wait_ready(epp)
+            yield ChartPod(upstream, epp, envoy)
 
 
 def selected(exposition: str, query: str) -> list[str]:
@@ -162,27 +194,17 @@ def json_log_lines(log: str) -> list[dict]:
 
 
 async def test_the_charts_pool_flags_start_a_serving_epp(tmp_path):
-    config = tmp_path / "default-plugins.yaml"
-    config.write_text(DEFAULT_PLUGINS)
-    async with KubeEmulator() as kube, running_fake_vllm() as upstream:
-        upstream_port = int(upstream.address.rsplit(":", 1)[1])
-        env = cluster(kube, tmp_path, upstream_port)
-        kube.apply(pool("router", selector={"app": "vllm"}, ports=(upstream_port,)))
-        async with (
-            running_epp(*chart_flags(POOL_MODE_FLAGS, str(config)), env=env) as epp,
-            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
-        ):
-            await wait_ready(epp)
-            status, body = await request_through_envoy(envoy.listen_port)
-            assert status == 200, body
-            assert upstream.received
-            assert (await bad_request_through_envoy(envoy.listen_port)) == 400
-            assert await scrape(epp.metrics_url, None) == (401, "Unauthorized\n")
-            status, exposition = await scrape(epp.metrics_url, PROMETHEUS_TOKEN)
-            assert status == 200
-            for panel, query in DASHBOARD_QUERIES.items():
-                assert selected(exposition, query) == [], panel
-            log = epp.log()
+    async with chart_pod(tmp_path, POOL_MODE_FLAGS, inference_pool=True) as chart:
+        status, body = await request_through_envoy(chart.envoy.listen_port)
+        assert status == 200, body
+        assert chart.upstream.received
+        assert (await bad_request_through_envoy(chart.envoy.listen_port)) == 400
+        assert await scrape(chart.epp.metrics_url, None) == (401, "Unauthorized\n")
+        status, exposition = await scrape(chart.epp.metrics_url, PROMETHEUS_TOKEN)
+        assert status == 200
+        for panel, query in DASHBOARD_QUERIES.items():
+            assert selected(exposition, query) == [], panel
+        log = chart.epp.log()
     lines = json_log_lines(log)
     assert lines and all({"level", "ts", "logger", "msg"} <= line.keys() for line in lines)
     # The chart writes llm-d.ai/v1alpha1, which the reference's newest release warns about too.
@@ -194,17 +216,7 @@ async def test_the_charts_pool_flags_start_a_serving_epp(tmp_path):
 
 
 async def test_the_standalone_charts_flags_serve_the_selected_pods(tmp_path):
-    config = tmp_path / "default-plugins.yaml"
-    config.write_text(DEFAULT_PLUGINS)
-    async with KubeEmulator() as kube, running_fake_vllm() as upstream:
-        upstream_port = int(upstream.address.rsplit(":", 1)[1])
-        env = cluster(kube, tmp_path, upstream_port)
-        flags = chart_flags(POOL_LESS_FLAGS, str(config), upstream_port)
-        async with (
-            running_epp(*flags, env=env) as epp,
-            running_envoy(epp_port=epp.ports["grpc"]) as envoy,
-        ):
-            await wait_ready(epp)
-            status, body = await request_through_envoy(envoy.listen_port)
-            assert status == 200, body
-            assert upstream.received
+    async with chart_pod(tmp_path, POOL_LESS_FLAGS, inference_pool=False) as chart:
+        status, body = await request_through_envoy(chart.envoy.listen_port)
+        assert status == 200, body
+        assert chart.upstream.received
