@@ -11,7 +11,10 @@ Backends (`epp.config.precise.TokenizerSettings`):
 - `local`: the Hugging Face `tokenizers` library on the model directory's
   `tokenizer.json`, on the prompt text (no chat template): on the event loop
   up to `INLINE_CHARS`, beyond in a small thread pool (`tokenizers` releases
-  the GIL while it encodes).
+  the GIL while it encodes). A prompt whose text mostly repeats one it
+  tokenized before takes that one's tokens from its prefix store
+  (`epp.serve.token_store`) instead: a shared system prompt or a
+  conversation's earlier turns are tokenized once.
 - `estimate`: nothing; tokens stay estimated (characters / 4).
 
 Whatever happens, the request goes on: a backend slower than its timeout
@@ -38,6 +41,7 @@ import orjson
 
 from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.scheduling.request import InferenceRequest
+from epp.serve.token_store import PrefixTokenStore
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +185,28 @@ class UdsSidecar:
         await self._session.close()
 
 
-class LocalTokenizer:
-    """`tokenizer.json` from a model directory, encoding in worker threads."""
+class PromptTokens(list[int]):
+    """The tokens of a prompt's leading part (the prefix store's), and how
+    many the whole prompt is estimated to have (`whole`)."""
 
-    def __init__(self, model_dir: str, workers: int = 2, inline_chars: int = INLINE_CHARS) -> None:
+    __slots__ = ("whole",)
+
+    def __init__(self, tokens: list[int], whole: int) -> None:
+        super().__init__(tokens)
+        self.whole = whole
+
+
+class LocalTokenizer:
+    """`tokenizer.json` from a model directory, encoding in worker threads,
+    with a prefix store of what it encoded (module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        workers: int = 2,
+        inline_chars: int = INLINE_CHARS,
+        store: PrefixTokenStore | None = None,
+    ) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         path = Path(model_dir) / "tokenizer.json"
@@ -196,18 +218,31 @@ class LocalTokenizer:
             max_workers=workers, thread_name_prefix="tokenizer"
         )
         self.inline_chars = inline_chars
+        self.store = store if store is not None else PrefixTokenStore()
 
     def encode(self, text: str) -> list[int]:
-        # encode_batch releases the GIL while it encodes; encode holds it,
-        # which stalls the event loop for the whole encode.
-        return self._tokenizer.encode_batch([text], add_special_tokens=True)[0].ids
+        return self.encode_with_ends(text)[0]
+
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """The token ids of `text` and where each ends in it (characters)."""
+        # encode_batch releases the GIL while it encodes (for the threads);
+        # on the loop's thread it costs what encode does.
+        encoding = self._tokenizer.encode_batch([text], add_special_tokens=True)[0]
+        return encoding.ids, [end for _, end in encoding.offsets]
 
     async def tokens(self, request: InferenceRequest) -> list[int]:
         text = request.prompt
+        found = self.store.find(text)
+        if found is not None:
+            tokens = found.tokens
+            return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
         if len(text) <= self.inline_chars:
-            return self.encode(text)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.encode, text)
+            tokens, ends = self.encode_with_ends(text)
+        else:
+            loop = asyncio.get_running_loop()
+            tokens, ends = await loop.run_in_executor(self._pool, self.encode_with_ends, text)
+        self.store.add(text, tokens, ends)
+        return tokens
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -277,7 +312,7 @@ class TokenProducer:
             if self._observe is not None:
                 self._observe(time.perf_counter() - started)
         request.token_ids = tokens
-        request.input_tokens = len(tokens)
+        request.input_tokens = tokens.whole if isinstance(tokens, PromptTokens) else len(tokens)
         self.stats.tokenized += 1
         keys = self._keys
         if keys is not None and tokens:

@@ -209,17 +209,45 @@ async def test_the_local_backend_encodes_a_short_prompt_on_the_event_loop(tmp_pa
     write_tokenizer(tmp_path)
     local = LocalTokenizer(str(tmp_path))
     threads = set()
-    encode = local.encode
+    encode = local.encode_with_ends
 
-    def recording(text: str) -> list[int]:
+    def recording(text: str) -> tuple[list[int], list[int]]:
         threads.add(threading.get_ident())
         return encode(text)
 
-    local.encode = recording  # type: ignore[method-assign]
+    local.encode_with_ends = recording  # type: ignore[method-assign]
     tokens = await local.tokens(completion_request())
     await local.close()
     assert len(tokens) == 120
     assert threads == {threading.get_ident()}
+
+
+async def test_a_prompt_repeating_one_tokenized_before_takes_its_tokens_without_an_encode(
+    tmp_path: Path,
+) -> None:
+    reference = write_tokenizer(tmp_path)
+    settings = TokenizerSettings(TokenizerBackend.LOCAL, model_dir=str(tmp_path))
+    local = LocalTokenizer(str(tmp_path))
+    encoded: list[str] = []
+    encode = local.encode_with_ends
+
+    def recording(text: str) -> tuple[list[int], list[int]]:
+        encoded.append(text)
+        return encode(text)
+
+    local.encode_with_ends = recording  # type: ignore[method-assign]
+    tokens = TokenProducer(settings, local)
+    system = "once upon a time there was " * 60  # 1,620 characters, 360 tokens
+    first = InferenceRequest("m", "m", prompt=system + "hello")
+    second = InferenceRequest("m", "m", prompt=system + "hello there was a time")
+    await tokens.tokenize(first)
+    await tokens.tokenize(second)
+    await tokens.close()
+    assert encoded == [first.prompt]
+    held = len(system) // 256 * 256  # the whole blocks of text the first prompt left
+    assert second.token_ids == reference.encode(system[:held]).ids[: len(second.token_ids or ())]
+    assert len(second.token_ids or ()) >= len(reference.encode(system[:held]).ids) - 1
+    assert second.input_tokens == pytest.approx(len(reference.encode(second.prompt).ids), rel=0.1)
 
 
 def test_a_model_directory_without_tokenizer_json_is_refused_at_start(tmp_path: Path) -> None:
