@@ -24,8 +24,10 @@ times them (wall time, so it includes any preemption). With
 `--reads R` of them per second change (each a new snapshot); without it
 they are never read, as in `bench.workers` (scraping at 1 h): stale.
 
-A quick A/B of owner-side changes (`farm-bench` pairs two runs); the
-figure the issue judges is `bench.workers`' owner share through Envoy.
+The loop and the heap are the server's (`epp.serve.command`: uvloop when
+installed, start-up frozen out of the collector). A quick A/B of
+owner-side changes (`farm-bench` pairs two runs); the figure the issue
+judges is `bench.workers`' owner share through Envoy.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.assembly import EppParts
+from epp.serve.command import loop_factory, settle_heap
 from epp.serve.options import ServeOptions
 from epp.serve.owner import WorkerSlot
 
@@ -173,6 +176,7 @@ async def measure(args: argparse.Namespace) -> dict:
     owner.publish_endpoints([e.address for e in parts.store.snapshot().endpoints])
     link = await owner.attach(slot, mine)
     owner._publish_geometry(parts.admission)
+    settle_heap()
     stop = asyncio.Event()
     reads = fresh_reads(parts, args.reads, stop) if args.fresh else None
     profile = cProfile.Profile() if args.profile else None
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", metavar="FILE", help="cProfile the measured part to FILE")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        result = runner.run(measure(args))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 

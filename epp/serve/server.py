@@ -49,6 +49,7 @@ from epp.api.registry import ObjectiveRegistry
 from epp.datalayer.scraper import MetricsScraper
 from epp.extproc.server import PROCESS_METHOD
 from epp.serve.assembly import EppParts
+from epp.serve.command import settle_heap
 from epp.serve.decider import follow_lease
 from epp.serve.inputs import StartupError, scrape_settings
 from epp.serve.metrics import Authorize, serve_metrics
@@ -69,10 +70,6 @@ log = logging.getLogger("epp.serve.server")
 FINAL_FLUSH_S = 1.0
 """After the drain window: how long the last replies (the queue's
 rejections) get to be written before the connections are closed."""
-
-GC_GEN0_THRESHOLD = 50_000
-"""Allocations between young-generation collections once started (default
-700): the hot path allocates many short-lived objects and few cycles."""
 
 
 class EppServer(EppParts):
@@ -128,9 +125,7 @@ class EppServer(EppParts):
         self._stack.push_async_callback(self.watcher.stop)
         await self._start_servers()
         self._announce()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+        settle_heap()
 
     async def _start_producers(self) -> None:
         config, stack = self.config, self._stack

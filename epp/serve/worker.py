@@ -41,6 +41,7 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
+from epp.serve.command import loop_factory, settle_heap
 from epp.serve.health import Health
 from epp.serve.metrics.catalogue import P, spec
 from epp.serve.metrics.recorder import RequestMetrics
@@ -417,6 +418,7 @@ async def run(spec: WorkerSpec) -> int:
     if share is not None:
         admission.on_scrape = share.assign
         await share.scraper.start()
+    settle_heap()
     link.send([wire.SERVING])
     reports = loop.create_task(report_transport(server, link, admission), name="transport report")
     log.info("epp worker %d serving (pid %d)", spec.index, os.getpid())
@@ -435,13 +437,12 @@ async def run(spec: WorkerSpec) -> int:
 def main() -> int:
     spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
     from epp.serve import logs
-    from epp.serve.command import _loop_factory
 
     logs.configure(spec.options)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     with (
-        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+        asyncio.Runner(loop_factory=loop_factory()) as runner,
         contextlib.suppress(KeyboardInterrupt),
     ):
         return runner.run(run(spec))
