@@ -2,7 +2,9 @@
 
 A subcommand module provides `add_arguments(parser)` and `run(args) -> int`;
 it is imported only when its subcommand runs, so `epp validate` does not pay
-for gRPC or the simulator.
+for gRPC or the simulator. A command refuses what it is given by raising
+`UsageError` (`given` turns a reader's ValueError into one); flags are
+checked by their argparse types (`positive`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("epp.config.validate_command", "validate manifests and configuration files"),
@@ -33,11 +40,42 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 """name -> (module, one-line help)."""
 
 
+class UsageError(Exception):
+    """What a subcommand refuses to start with (a file it is given, a mix of
+    arguments): `main` prints `epp COMMAND: message` and exits with status 2."""
+
+
+def given(read: Callable[[A], T], argument: A) -> T:
+    """`read(argument)`; its ValueError (a `ConfigError`, a `ScenarioError`,
+    a bad address) is the command's `UsageError`."""
+    try:
+        return read(argument)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: `kind(text)`, which must be above 0."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, _ = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except UsageError as error:
+        print(f"epp {args.command}: {error}", file=sys.stderr)
+        return 2
 
 
 def build_parser(

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from epp.cli import given, positive
 from epp.demo.server_metrics import ENGINES
 from epp.sim.scenario import Scenario
 from epp.sim.scenario_file import ScenarioError, load_scenario
@@ -52,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser, "scenario file (default: config/scenarios/demo.yaml, ~30 s of overload)"
     )
     parser.add_argument(
-        "--duration", type=float, metavar="S", help="play this many seconds of the scenario"
+        "--duration",
+        type=positive(float),
+        metavar="S",
+        help="play this many seconds of the scenario",
     )
     parser.add_argument(
         "--compare",
@@ -69,15 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from epp.demo.processes import PartFailed
     from epp.demo.report import render_live_text
 
-    try:
-        scenario = live_scenario(args.scenario)
-    except ScenarioError as error:
-        print(f"epp demo: {error}", file=sys.stderr)
-        return 2
+    scenario = given(live_scenario, args.scenario)
     if args.duration is not None:
-        if not args.duration > 0:
-            print("epp demo: --duration must be positive", file=sys.stderr)
-            return 2
         scenario = dataclasses.replace(scenario, duration_s=args.duration)
     if scenario.events:
         print("epp demo: note: server events are not played live", file=sys.stderr)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epp.api.address import canonical_ip, valid_port
+from epp.cli import given
 from epp.demo.envoy_process import DEFAULT_TEMPLATE, render
 
 EPP_PORT = 9002
@@ -140,12 +141,8 @@ def target_of(args: argparse.Namespace) -> EnvoyTarget:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        target = target_of(args)
-        text = envoy_config(target)
-    except ValueError as error:
-        print(f"epp envoy-config: {error}", file=sys.stderr)
-        return 2
+    target = given(target_of, args)
+    text = given(envoy_config, target)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +50,7 @@ import aiohttp
 from aiohttp import web
 
 from epp.api.units import parse_duration
+from epp.cli import given
 from epp.demo.processes import serve_until_signalled
 
 PREFILLER_HEADER = "x-prefiller-host-port"
@@ -298,11 +298,7 @@ async def _serve(sidecars: list[Sidecar], ready_file: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        sidecars = sidecars_of(args)
-    except ValueError as error:
-        print(f"epp sidecar: {error}", file=sys.stderr)
-        return 2
+    sidecars = given(sidecars_of, args)
     asyncio.run(_serve(sidecars, args.ready_file))
     return 0
 

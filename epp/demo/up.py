@@ -18,10 +18,10 @@ import signal
 import sys
 import time
 
+from epp.cli import given, positive
 from epp.demo.command import add_stack_arguments, live_scenario
 from epp.demo.envoy_config import LISTEN_PORT
 from epp.sim.scenario import Scenario
-from epp.sim.scenario_file import ScenarioError
 
 METRICS_PORT = 9090
 CRASH_CHECK_S = 1.0
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: config/scenarios/demo.yaml); its load is not played",
     )
     parser.add_argument(
-        "--servers", type=int, metavar="N", help="model servers (default: the scenario's)"
+        "--servers", type=positive(int), metavar="N", help="model servers (default: the scenario's)"
     )
     parser.add_argument(
         "--port",
@@ -112,14 +112,7 @@ async def keep_up(scenario: Scenario, engine: str, args: argparse.Namespace, say
 def run(args: argparse.Namespace) -> int:
     from epp.demo.processes import PartFailed
 
-    try:
-        scenario = live_scenario(args.scenario)
-    except ScenarioError as error:
-        print(f"epp up: {error}", file=sys.stderr)
-        return 2
-    if args.servers is not None and args.servers < 1:
-        print("epp up: --servers must be at least 1", file=sys.stderr)
-        return 2
+    scenario = given(live_scenario, args.scenario)
     try:
         return asyncio.run(
             keep_up(scenario, args.engine, args, say=lambda text: print(text, flush=True))

@@ -13,9 +13,10 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from epp.cli import given
 from epp.sim.report import build_report, render_text
 from epp.sim.runner import Progress, run_scenario
-from epp.sim.scenario_file import ScenarioError, load_scenario
+from epp.sim.scenario_file import load_scenario
 
 PROGRESS_AFTER_S = 1.0
 
@@ -54,11 +55,7 @@ class ProgressBars:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        scenario = load_scenario(args.scenario)
-    except ScenarioError as error:
-        print(f"epp simulate: {error}", file=sys.stderr)
-        return 2
+    scenario = given(load_scenario, args.scenario)
     # bars redraw with carriage returns: on a terminal only, not in a file or a pipe
     bars = ProgressBars(scenario.duration_s, sys.stderr) if sys.stderr.isatty() else None
     result = run_scenario(scenario, bars)

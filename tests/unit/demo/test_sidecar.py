@@ -4,16 +4,16 @@ decode server does both. Real simulated servers on loopback."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
+from epp.cli import main
 from epp.demo.model_server import SimulatedServer
 from epp.demo.processes import start_child
-from epp.demo.sidecar import PREFILLER_HEADER, Sidecar, add_arguments, prefill_body, run
+from epp.demo.sidecar import PREFILLER_HEADER, Sidecar, prefill_body
 from epp.sim.scenario import KvTransfer
 from epp.sim.server_model import ServerParams
 from tests.support.metrics_page import fetch_page
@@ -143,7 +143,5 @@ async def test_epp_sidecar_on_a_free_port_in_front_of_a_model_server_routes_a_pr
     ],
 )
 def test_epp_sidecar_refuses_unusable_flags_naming_them(arguments, fault, capsys):
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert run(parser.parse_args(arguments)) == 2
-    assert fault in capsys.readouterr().err
+    assert main(["sidecar", *arguments]) == 2
+    assert capsys.readouterr().err.startswith(f"epp sidecar: {fault}")
