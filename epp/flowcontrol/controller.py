@@ -50,7 +50,7 @@ from epp.flowcontrol.flow import Flow, FlowKey
 from epp.flowcontrol.gate import Gate, Placer
 from epp.flowcontrol.ordering import order_key
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import ADOPTED_SEQ, FlowRequest, State
 
 NEW = State.NEW
 QUEUED = State.QUEUED
@@ -276,6 +276,7 @@ class FlowController:
             raise ValueError(f"request {request.request_id} was already enqueued")
         band = self._bands.get(request.priority) or self._add_band(request.priority, keep=False)
         self._stamp(request, band)
+        request.seq = ADOPTED_SEQ
         self._dispatched(request, request.flow, endpoint)
 
     def dispatch(self, now: float) -> list[FlowRequest]:

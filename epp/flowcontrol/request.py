@@ -39,6 +39,13 @@ class QueueEntry:
     endpoint: str | None = field(default=None, init=False)
 
 
+ADOPTED_SEQ = 0
+"""The `seq` of an adopted request (`FlowController.adopt`: placed by an
+earlier decider): before everything this core sent, so a gate that counts
+what was sent since its last sample of a server takes it as one the server
+already shows, not as one on its way."""
+
+
 @dataclass(slots=True, eq=False)
 class FlowRequest(QueueEntry):
     """One inference request waiting for, or holding, a place in the pool.
@@ -66,6 +73,8 @@ class FlowRequest(QueueEntry):
     deadline: float = field(default=float("inf"), init=False)
     order_key: float = field(default=0.0, init=False, repr=False)
     seq: int = field(default=0, init=False, repr=False)
+    """Its place in the order of arrival at this core (from 1);
+    `ADOPTED_SEQ` for a request an earlier decider placed."""
     running: bool = field(default=False, init=False, repr=False)
     """Its first output token reached the EPP, so its server runs it
     (written by the gate, `on_first_token`)."""

@@ -108,9 +108,13 @@ spec:
 
 
 async def start_epp(
-    *args: str, ready_timeout: float = 30.0, env: dict[str, str] | None = None
+    *args: str,
+    ready_timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    module: str = "epp",
 ) -> RunningEpp:
-    """`epp serve` with free ports and `args`; `env` adds to the environment."""
+    """`epp serve` with free ports and `args`; `env` adds to the environment;
+    `module` is what `python -m` runs (one with epp's command line)."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-test-"))
     ready = workdir / "ready.json"
     try:
@@ -118,7 +122,7 @@ async def start_epp(
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "epp",
+                module,
                 "serve",
                 "--grpc-port=0",
                 "--grpc-health-port=0",

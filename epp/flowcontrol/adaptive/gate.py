@@ -17,7 +17,7 @@ from epp.flowcontrol.adaptive.estimator import (
 )
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Observations, Observed
 from epp.flowcontrol.adaptive.latency import compare_to_pool
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import ADOPTED_SEQ, FlowRequest, State
 from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
 
 PROBE_SHARE = 0.25
@@ -121,19 +121,24 @@ class AdaptiveGate:
             now = self._clock()
             if estimator is None:
                 estimator = self._estimators[endpoint] = LimitEstimator(self.settings, now)
-            if not estimator.burst or now >= estimator.burst_until:
-                # A step ended since the burst began (heard, or a mean step
-                # passed): this one starts the next, which lasts a mean step
-                # (with none measured yet, until a step end is heard).
-                estimator.burst = 0
-                step = estimator.latency.mean_itl
-                estimator.burst_until = now + step if step > 0.0 else inf
-            estimator.pending += 1
-            estimator.burst += 1
-            estimator.sent += 1
-            estimator.sent_at.append(now)
-            if request.seq > estimator.sent_seq:
-                estimator.sent_seq = request.seq
+            # An adopted request already runs there (a new decider's
+            # rebuild): not pending, not part of a burst, and its completion
+            # before the next sample no sign of a server too fast to see.
+            if request.seq != ADOPTED_SEQ:
+                if not estimator.burst or now >= estimator.burst_until:
+                    # A step ended since the burst began (heard, or a mean
+                    # step passed): this one starts the next, which lasts a
+                    # mean step (with none measured yet, until a step end is
+                    # heard).
+                    estimator.burst = 0
+                    step = estimator.latency.mean_itl
+                    estimator.burst_until = now + step if step > 0.0 else inf
+                estimator.pending += 1
+                estimator.burst += 1
+                estimator.sent += 1
+                estimator.sent_at.append(now)
+                if request.seq > estimator.sent_seq:
+                    estimator.sent_seq = request.seq
             if self._reopened is not None:
                 self._took_room(endpoint, estimator)
 

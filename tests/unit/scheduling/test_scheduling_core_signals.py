@@ -222,3 +222,32 @@ def test_a_request_already_queued_cannot_be_adopted() -> None:
     core.arrive(queued, NOW)
     with pytest.raises(ValueError, match="already enqueued"):
         core.adopt(queued, "10.0.0.1:8000", NOW)
+
+
+def test_adopted_requests_that_end_before_the_next_sample_keep_the_learned_limit() -> None:
+    """A new decider adopts what the replicas run, some of which ends before
+    its next sample: those are not requests sent since the sample and done
+    unseen, so the endpoint keeps its learned limit, not the fixed one (32)."""
+    pool = [PoolSnapshot((Endpoint("e", "10.0.0.1:8000", metrics=EndpointMetrics(
+        running=10, updated_at=NOW)),), 1, 1)]  # fmt: skip
+    now = [NOW]
+    config = parse_config_text(
+        "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\n"
+        "flowControl: {gate: {kinds: [adaptive], maxPerEndpoint: 32}}\n"
+    )
+    core = build_core(
+        config.flow_control, config.scheduling, lambda: pool[0], lambda: now[0], random.Random(0)
+    )
+    core.seed_limits({"10.0.0.1:8000": 16}, NOW)
+    adopted = [request() for _ in range(10)]
+    for each in adopted:
+        core.adopt(each, "10.0.0.1:8000", NOW)
+    now[0] = NOW + 0.01
+    for each in adopted[:3]:
+        core.complete(each, now[0])
+    now[0] = NOW + 0.05
+    pool[0] = PoolSnapshot((Endpoint("e", "10.0.0.1:8000", metrics=EndpointMetrics(
+        running=7, updated_at=now[0])),), 2, 1)  # fmt: skip
+    for _ in range(40):
+        core.arrive(request(), now[0])
+    assert core.in_flight <= 16

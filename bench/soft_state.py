@@ -1,0 +1,349 @@
+"""Soft state across a change of decider (issue 29): how soon the learned
+limits settle after the decider is killed and started again, carried
+through the replicas (`TOLD` -> `Decider.seed`, as shipped) against
+rebuilt from cold (`bench.rebuilt_decider`: the same `epp serve` with
+`Decider.seed` refused, so the new decider starts from the adaptive gate's
+`initial` limits). docs/operations/replicas.md.
+
+    python3 -m bench.soft_state [--runs 3] [--json]
+
+Three replicas on loopback in file mode (a decider and two forwarding
+replicas, each forwarding replica behind its own Envoy), the shipped
+default configuration (the adaptive gate), in front of four simulated
+model servers that batch 16 (`epp.demo.model_server`, so each limit has a
+true value to learn). `bench/scenarios/decider-change.yaml` plays through
+the two forwarding replicas' Envoys. At `--kill-at` s the decider gets
+SIGKILL and is started again on its port `--down-s` later.
+
+Sampled every `SAMPLE_S`: the decider's learned limit per endpoint
+(`llm_d_epp_flow_control_endpoint_limit`), and each server's waiting
+queue (`vllm:num_requests_waiting`). Per run:
+- `settle_s`: from the kill until every endpoint's limit stays within 10%
+  of its value at the end of the run (the first sample of the new decider
+  on which that holds for every sample after it); `settle_after_restart_s`
+  the same from when the new decider serves (its start-up, which the load
+  on the machine stretches, left out);
+- the limits just before the kill, the new decider's first, and the last;
+- the top tier's TTFT (client side, streamed) and the servers' summed
+  waiting queue in the window from the kill to the settle, in a fixed
+  window (`--window-s` after the kill, the same for both modes) and before
+  the kill (the same length, ending at it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from epp.demo.loadgen import LiveRequest, LoadGenerator
+from epp.demo.processes import Child, start_child
+from epp.sim.scenario_file import load_scenario
+from epp.sim.workload import workload
+from tests.support.envoy import running_envoy
+from tests.support.epp_process import RunningEpp, objectives_yaml, start_epp
+from tests.support.metrics_page import MetricsPage
+
+SCENARIO = Path(__file__).parent / "scenarios/decider-change.yaml"
+CONFIG = Path(__file__).parent.parent / "config/epp/default.yaml"
+SAMPLE_S = 0.2
+WITHIN = 0.10
+LIMIT = "llm_d_epp_flow_control_endpoint_limit"
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+MODES = ("carried", "rebuilt")
+MODULES = {"carried": "epp", "rebuilt": "bench.rebuilt_decider"}
+
+
+@dataclass(slots=True)
+class Timeline:
+    """What the samplers saw, in seconds since the load began."""
+
+    limits: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    """The decider's learned limit per endpoint ({}: no decider answered)."""
+    waiting: list[tuple[float, float]] = field(default_factory=list)
+    """The servers' waiting requests, summed."""
+    held: list[tuple[float, list[float]]] = field(default_factory=list)
+    """Each server's requests, running and waiting."""
+
+
+async def page(session: aiohttp.ClientSession, url: str) -> MetricsPage | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as response:
+            return MetricsPage.parse(await response.text()) if response.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def sample(
+    session: aiohttp.ClientSession,
+    decider: list[RunningEpp],
+    servers: Sequence[str],
+    origin: float,
+    timeline: Timeline,
+    stop: asyncio.Event,
+) -> None:
+    """Every `SAMPLE_S` until `stop`: `decider[0]`'s limits, the servers' queues."""
+    while not stop.is_set():
+        now = time.monotonic() - origin
+        pages = await asyncio.gather(
+            page(session, decider[0].metrics_url),
+            *(page(session, f"http://{server}/metrics") for server in servers),
+        )
+        limits = pages[0].by_label("endpoint", LIMIT) if pages[0] is not None else {}
+        timeline.limits.append((now, limits))
+        servers_now = [p for p in pages[1:] if p is not None]
+        timeline.waiting.append((now, sum(p.total(WAITING) for p in servers_now)))
+        timeline.held.append((now, [p.total(WAITING) + p.total(RUNNING) for p in servers_now]))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SAMPLE_S)
+
+
+def settled_at(limits: list[tuple[float, dict[str, float]]], since: float) -> float | None:
+    """The first sample time at or after `since` from which every endpoint's
+    limit stays within `WITHIN` of its last value (None: it never does)."""
+    samples = [(t, seen) for t, seen in limits if t >= since]
+    if not samples or not samples[-1][1]:
+        return None
+    final = samples[-1][1]
+    settled = None
+    for t, seen in reversed(samples):
+        if all(abs(seen.get(e, 0.0) - v) <= WITHIN * v for e, v in final.items()):
+            settled = t
+        else:
+            break
+    return settled
+
+
+def ttft(requests: Sequence[LiveRequest], tenant: int, begin: float, end: float) -> dict | None:
+    """The tenant's TTFT (s) over requests that arrived in [begin, end)."""
+    values = sorted(
+        r.first_token_at - r.arrival
+        for r in requests
+        if r.tenant == tenant and begin <= r.arrival < end and r.first_token_at is not None
+    )
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "p50": round(values[len(values) // 2], 3),
+        "p90": round(values[min(len(values) - 1, int(0.9 * len(values)))], 3),
+        "max": round(values[-1], 3),
+    }
+
+
+def waiting(timeline: Timeline, begin: float, end: float) -> dict | None:
+    values = [w for t, w in timeline.waiting if begin <= t < end]
+    if not values:
+        return None
+    return {"mean": round(statistics.fmean(values), 1), "max": max(values)}
+
+
+@contextlib.asynccontextmanager
+async def model_servers(workdir: Path, count: int, params: dict) -> AsyncIterator[list[str]]:
+    argv = ["-m", "epp.demo.model_server", f"--count={count}", f"--params={json.dumps(params)}"]
+    servers: Child = await start_child("model servers", argv, workdir)
+    try:
+        yield [f"127.0.0.1:{port}" for port in servers.ready["ports"]]
+    finally:
+        await servers.stop()
+
+
+def epp_args(workdir: Path, endpoints: str) -> list[str]:
+    return [
+        f"--endpoints={endpoints}",
+        f"--config-file={CONFIG}",
+        f"--objectives={workdir / 'objectives.yaml'}",
+        "--pool-name=e2e-pool",
+        "--replicas=3",
+    ]
+
+
+async def one_run(
+    mode: str, kill_at: float, down_s: float, window_s: float, timelines: Path | None = None
+) -> dict:
+    scenario = load_scenario(SCENARIO)
+    params = asdict(scenario.pool.groups[0].params)
+    premium = next(i for i, t in enumerate(scenario.tenants) if t.objective == "premium")
+    with tempfile.TemporaryDirectory(prefix="soft-state-") as directory:
+        workdir = Path(directory)
+        (workdir / "objectives.yaml").write_text(
+            objectives_yaml("e2e-pool", **{o.name: o.priority for o in scenario.objectives})
+        )
+        count = scenario.pool.groups[0].servers
+        async with model_servers(workdir, count, params) as servers:
+            endpoints = ",".join(servers)
+            base = epp_args(workdir, endpoints)
+            decider_args = (*base, "--replica-id=decider")
+            epps: list[RunningEpp] = []
+            try:
+                epps.append(await start_epp(*decider_args, "--decider-port=0"))
+                port = epps[0].ports["decider"]
+                for index in (1, 2):
+                    epps.append(
+                        await start_epp(
+                            *base, f"--decider=127.0.0.1:{port}", f"--replica-id=replica-{index}"
+                        )
+                    )
+                async with contextlib.AsyncExitStack() as stack:
+                    urls = []
+                    for epp in epps[1:]:
+                        envoy = await stack.enter_async_context(
+                            running_envoy(epp_port=epp.ports["grpc"])
+                        )
+                        urls.append(f"http://127.0.0.1:{envoy.listen_port}")
+                    generator = LoadGenerator(urls, scenario, workload(scenario), timeout=90.0)
+                    session = await stack.enter_async_context(aiohttp.ClientSession())
+                    timeline = Timeline()
+                    stop = asyncio.Event()
+                    origin = time.monotonic()
+                    load = asyncio.ensure_future(generator.run())
+                    current = [epps[0]]
+                    sampler = asyncio.ensure_future(
+                        sample(session, current, servers, origin, timeline, stop)
+                    )
+                    await asyncio.sleep(kill_at - (time.monotonic() - origin))
+                    before = timeline.limits[-1][1]
+                    killed = time.monotonic() - origin
+                    epps[0].process.send_signal(signal.SIGKILL)
+                    await epps[0].process.wait()
+                    await asyncio.sleep(down_s)
+                    fresh = await start_epp(
+                        *decider_args, f"--decider-port={port}", module=MODULES[mode]
+                    )
+                    epps.append(fresh)
+                    current[0] = fresh
+                    restarted = time.monotonic() - origin
+                    requests = await load
+                    stop.set()
+                    await sampler
+                    log = fresh.log()
+                    if timelines is not None:
+                        (timelines / f"{mode}-{int(time.time())}.log").write_text(log)
+            finally:
+                for epp in epps:
+                    await epp.terminate()
+    # the generator's times run from its own origin, within a few ms of ours
+    shift = generator.origin - origin
+    for request in requests:
+        request.arrival += shift
+        if request.first_token_at is not None:
+            request.first_token_at += shift
+    if timelines is not None:
+        timelines.mkdir(parents=True, exist_ok=True)
+        (timelines / f"{mode}-{int(time.time())}.json").write_text(
+            json.dumps({"killed": killed, "restarted": restarted, **asdict(timeline)})
+        )
+    settled = settled_at(timeline.limits, restarted)
+    settle_end = settled if settled is not None else timeline.limits[-1][0]
+    first = next((seen for t, seen in timeline.limits if t >= restarted and seen), {})
+    return {
+        "mode": mode,
+        "seeded": "learned limits of epoch" in log,
+        "killed_s": round(killed, 2),
+        "restarted_after_s": round(restarted - killed, 2),
+        "settle_s": None if settled is None else round(settled - killed, 2),
+        "settle_after_restart_s": None if settled is None else round(settled - restarted, 2),
+        "limits_before": before,
+        "limits_first": first,
+        "limits_last": timeline.limits[-1][1],
+        "ttft_top": {
+            "before": ttft(requests, premium, killed - window_s, killed),
+            "settling": ttft(requests, premium, killed, settle_end),
+            "window": ttft(requests, premium, killed, killed + window_s),
+        },
+        "server_waiting": {
+            "before": waiting(timeline, killed - window_s, killed),
+            "settling": waiting(timeline, killed, settle_end),
+            "window": waiting(timeline, killed, killed + window_s),
+        },
+        "completed": sum(1 for r in requests if r.outcome == "completed"),
+        "requests": len(requests),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def spread(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summary(runs: list[dict]) -> dict:
+    out = {}
+    for mode in MODES:
+        mine = [r for r in runs if r["mode"] == mode]
+        if not mine:
+            continue
+
+        def values(*path: str, runs: list[dict] = mine) -> list[float]:
+            found = []
+            for run in runs:
+                value = run
+                for key in path:
+                    value = value.get(key) if isinstance(value, dict) else None
+                if value is not None:
+                    found.append(value)
+            return found
+
+        out[mode] = {
+            "runs": len(mine),
+            "unsettled": sum(1 for r in mine if r["settle_s"] is None),
+            "settle_s": spread(values("settle_s")),
+            "settle_after_restart_s": spread(values("settle_after_restart_s")),
+            "restarted_after_s": spread(values("restarted_after_s")),
+            "ttft_top_p90_window": spread(values("ttft_top", "window", "p90")),
+            "ttft_top_p90_before": spread(values("ttft_top", "before", "p90")),
+            "server_waiting_max_window": spread(values("server_waiting", "window", "max")),
+            "server_waiting_mean_window": spread(values("server_waiting", "window", "mean")),
+        }
+    return out
+
+
+async def run(
+    runs: int,
+    modes: Sequence[str],
+    kill_at: float,
+    down_s: float,
+    window_s: float,
+    timelines: Path | None,
+) -> dict:
+    results = []
+    for n in range(runs):
+        for mode in modes:
+            result = await one_run(mode, kill_at, down_s, window_s, timelines)
+            result["run"] = n
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    return {"runs": results, "summary": summary(results)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.soft_state", description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--kill-at", type=float, default=25.0)
+    parser.add_argument("--down-s", type=float, default=0.5)
+    parser.add_argument("--window-s", type=float, default=15.0)
+    parser.add_argument("--timelines", type=Path, help="write each run's samples here (JSON)")
+    args = parser.parse_args(argv)
+    report = asyncio.run(
+        run(args.runs, args.modes, args.kill_at, args.down_s, args.window_s, args.timelines)
+    )
+    print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
