@@ -22,8 +22,8 @@ class LimitEstimator:
     `limit` >= 1 always: the most requests the server has been seen running
     at once, lowered when it keeps a queue while running fewer. `probing`:
     whether the gate lets one more through to find out whether the server
-    runs more (from the start until the server is first seen full, then for
-    `full_after` every `probe_interval`). `pending`: requests sent there
+    runs more (from the start until the server is first seen full, then every
+    `probe_interval` until it is refused). `pending`: requests sent there
     that no sample has shown running yet. `adjustments` counts the limit's
     changes; `seen` is the timestamp of the last sample used; `latency`,
     its latency signal.
@@ -60,6 +60,7 @@ class LimitEstimator:
         "sent_seq",
         "settings",
         "slowed",
+        "steps_at",
         "too_fast_to_see",
         "window_end",
     )
@@ -97,6 +98,9 @@ class LimitEstimator:
         the ones counted as pending."""
         self.queue = 0
         """The server's queue at the last sample."""
+        self.steps_at = -1.0
+        """Its latency histogram's count at the last sample (-1: none yet):
+        when the next one shows it moved, a decode step ended between."""
         self.seen: float | None = None
         self.fresh_at = now
         """When its newest news is from: the last sample used, or (none yet)
@@ -234,9 +238,22 @@ class LimitEstimator:
         # shows. (Only those: an older request not yet running there is in
         # its prefill elsewhere, disaggregated.)
         sent_at = self.sent_at
+        between = 0
         while sent_at and sent_at[0] <= now:
             sent_at.popleft()
+            between += 1
         unseen = len(sent_at)
+        # A server that reports its histogram shows when its steps end. Its
+        # queue was refused at a step end only when a request waited through
+        # one: a step ended between the two reads, and the queue is longer
+        # than what arrived between them (first come, first admitted: one of
+        # it was there at the first read). What waits inside one step (a
+        # long prefill, or a request that arrived mid-step) was not refused.
+        count = sample.itl_count
+        stepping = count > 0.0 or bool(sample.itl_bounds)
+        stepped = last is not None and count != self.steps_at
+        self.steps_at = count
+        refused = stepped and waiting > between if stepping else waiting > 0
         done_at = self.done_at
         while done_at and done_at[0] <= now:
             done_at.popleft()
@@ -266,8 +283,11 @@ class LimitEstimator:
             self.window_end = now + settings.window
             self.most = self.queued = self.samples = 0
         window_end = self.window_end
-        self.samples += 1
-        self.queued += waiting > 0
+        if stepped or not stepping:
+            # Only a sample across a step end says whether the server keeps a
+            # queue: within one step, every arrival waits for its end.
+            self.samples += 1
+            self.queued += waiting > 0
         if running > self.most:
             self.most = running
         old = new = self.limit
@@ -280,8 +300,9 @@ class LimitEstimator:
             # A window in which the server kept a queue half the time yet
             # never ran as many as its limit: it shrank (restarted smaller,
             # or its KV cache holds fewer requests now).
-            throughout = self.queued >= self.samples * QUEUED_THROUGHOUT and self.most < old
-            if throughout or (self.queued * 2 >= self.samples and self.most < old * SHRINK):
+            samples = self.samples
+            throughout = samples and self.queued >= samples * QUEUED_THROUGHOUT and self.most < old
+            if throughout or (samples and self.queued * 2 >= samples and self.most < old * SHRINK):
                 new = max(1, running if throughout and waiting else self.most)
                 self.probing = False
                 self.found = True
@@ -289,7 +310,13 @@ class LimitEstimator:
                 self.latency.forget_reference()
             self.window_end = None
         elif self.probing:
-            if not (binding or waiting):
+            if stepping:
+                if refused:
+                    # The probe waited through a step end: no room.
+                    self.probing = False
+                    self.found = True
+                    self.probe_since = now
+            elif not (binding or waiting):
                 self.probe_since = now  # nothing wanted the probe: no news
             elif now - self.probe_since >= settings.full_after:
                 self.probing = False  # no room found: hold the limit
@@ -326,7 +353,8 @@ class LimitEstimator:
         queue younger than the interval (its next step admits them), or
         `INTAKE` times that with no queue, so its intake can grow to meet the
         arrivals. A server still searching grows so only after two samples
-        with no queue, and not once a request waited there a whole interval
+        with no queue (after one with a queue, what it took: never less than
+        it admitted over the last delay), and not once a request waited there a whole interval
         (`stale`: `crowded`, until `NOT_FULL`). A server of known size grows so with no queue
         now, one at a time after a stale queue, never past `KEEP_PACE` of its
         limit (near the top, one at a time keeps the server's queue and the
@@ -336,7 +364,7 @@ class LimitEstimator:
             base = pending + 1 if limit >= 64 else pending
             if self.crowded:
                 return base
-            pace = waiting + took if waiting else (INTAKE * took if quiet else 0)
+            pace = waiting + took if waiting else (INTAKE * took if quiet else took)
             return pace if pace > base else base
         if stale:
             return pending

@@ -60,9 +60,10 @@ class AdaptiveLimits:
     `maximum`: no endpoint's limit grows past it (a resource bound).
     `pending`: requests an endpoint may hold that it was not yet seen
     running (its queue, plus what was sent since its last sample).
-    `full_after`: how long (s) a probe may find no room before the limit
-    is held (a server that takes the probe is between two steps at most
-    this long).
+    `full_after`: at a server without the latency histogram (whose step
+    ends are not seen), how long (s) a probe may find no room before the
+    limit is held (a server that takes the probe is between two steps at
+    most this long).
     `probe_interval`: once the size is known, how often (s) the limit tries
     one more while the limit holds requests back.
     `window`: how long (s) a server must keep a queue (half its samples)

@@ -61,6 +61,9 @@ def test_vtc_shares_token_service_within_its_bound(unequal):
 
 
 def test_vtc_shares_token_service_with_the_default_config_too():
+    # Judged over five seeds: with the servers at full batch one run's index
+    # moves by +-0.003 with any change to when requests go (0.985-0.994
+    # over seeds 1-9), so one seed says nothing about 0.99.
     default = load_config(SCENARIOS.parent / "epp" / "default.yaml")
     scenario = load_scenario(SCENARIOS / "unequal-tenants.yaml")
     scenario = dataclasses.replace(
@@ -71,9 +74,14 @@ def test_vtc_shares_token_service_with_the_default_config_too():
         epp_config=default,
         epp_config_path=None,
     )
-    band = build_report(run_scenario(scenario))["policies"]["epp"]["bands"]["0"]
-    assert band["jain"] >= 0.99
-    assert band["max_service_diff"] <= band["vtc_bound"]
+    bands = [
+        build_report(run_scenario(dataclasses.replace(scenario, seed=seed)))["policies"]["epp"][
+            "bands"
+        ]["0"]
+        for seed in range(1, 6)
+    ]
+    assert sum(band["jain"] for band in bands) / len(bands) >= 0.99
+    assert all(band["max_service_diff"] <= band["vtc_bound"] for band in bands)
 
 
 @pytest.mark.parametrize("other", ["epp-round-robin", "epp-fcfs", "round-robin"])
@@ -304,5 +312,5 @@ def test_whole_responses_near_capacity_wait_about_as_long_as_round_robin():
     ours, round_robin = policies["epp"], policies["round-robin"]
     assert ours["throughput_rps"] >= 0.99 * round_robin["throughput_rps"]
     ours, round_robin = ours["objectives"]["standard"], round_robin["objectives"]["standard"]
-    assert ours["ttft_p50_s"] <= 1.5 * round_robin["ttft_p50_s"]  # 1.33x (seed 1)
-    assert ours["ttft_p99_s"] <= 4 * round_robin["ttft_p99_s"]  # 2.94x
+    assert ours["ttft_p50_s"] <= 1.5 * round_robin["ttft_p50_s"]  # 1.23x (seed 1)
+    assert ours["ttft_p99_s"] <= 4 * round_robin["ttft_p99_s"]  # 3.10x

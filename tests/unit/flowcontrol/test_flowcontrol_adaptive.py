@@ -139,6 +139,45 @@ def test_a_queue_throughout_a_window_lowers_the_limit_to_what_the_server_runs():
     assert estimator.limit == 30
 
 
+# A server that reports its latency histogram shows its step ends: the
+# count moves at each decode step (its bounds are there from the start).
+STEPS = {"itl_bounds": (0.01, 0.1, 1.0)}
+
+
+def test_a_probe_that_waits_out_one_long_step_is_not_refused():
+    # A long prefill step: the request waits for its end, not for room.
+    estimator = LimitEstimator(SETTINGS)
+    for step in range(60):
+        estimator.observe(
+            sample(step * 0.05, running=6, waiting=1, itl_count=100.0, **STEPS), binding=True
+        )
+    assert (estimator.limit, estimator.probing, estimator.found) == (6, True, False)
+
+
+def test_a_probe_at_a_stepping_server_ends_at_its_first_refusal():
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(0.0, running=6, waiting=1, itl_count=100.0, **STEPS), binding=True)
+    assert estimator.probing
+    # A step ended, and the request sent before the first read still waits.
+    estimator.observe(sample(0.05, running=6, waiting=1, itl_count=106.0, **STEPS), binding=True)
+    assert (estimator.limit, estimator.probing, estimator.found) == (6, False, True)
+
+
+def test_the_shrink_window_counts_only_samples_across_a_step_end():
+    estimator = found_at(32)
+    at = 1.1
+    for _ in range(100):  # a queue through one long step: what arrived waits for its end
+        at += 0.05
+        estimator.observe(sample(at, running=12, waiting=1, itl_count=50.0, **STEPS), True)
+    assert estimator.limit == 32
+    count = 50.0
+    for _ in range(100):  # a queue through its step ends: it runs 12
+        at += 0.05
+        count += 12.0
+        estimator.observe(sample(at, running=12, waiting=1, itl_count=count, **STEPS), True)
+    assert estimator.limit == 12
+
+
 def test_a_sample_is_used_once_and_failed_or_unread_ones_not_at_all():
     estimator = LimitEstimator(SETTINGS)
     assert estimator.observe(sample(1.0, running=7), binding=True) == 3
@@ -312,6 +351,40 @@ def test_a_searching_endpoint_with_a_young_queue_may_be_sent_what_it_took_beside
         gate.on_first_token(request)
     pool.publish(0.1, a=(2, 1))  # one of the three it was sent still waits
     assert send_while_room(gate) == 2  # what it took; the one waiting goes in at its next step
+
+
+def test_a_queue_of_what_arrived_since_the_last_read_is_no_refusal():
+    # Each request arrives mid-step and waits for the step's end: however
+    # long that goes on, the server was not seen refusing one.
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    count = 0.0
+    request = None
+    for step in range(1, 60):
+        if request is not None:
+            gate.on_complete(request)
+        request = dispatch(gate, A)
+        count += 4.0
+        pool.publish(step * 0.05, a=(4, 1, 0.0, count))  # at its limit: no shrink
+        gate.has_room(A, 0)
+    estimator = gate._estimators[A]
+    assert (estimator.probing, estimator.found) == (True, False)
+
+
+def test_a_searching_endpoint_is_sent_what_it_took_once_its_queue_went_in():
+    # Rule 4's floor: the budget is never below what the server admitted
+    # over the last interval, queue or no queue at the sample before.
+    pool = Pool(A)
+    gate = gate_with_bands(pool, 0)
+    pool.publish(0.05, a=(10, 0))
+    for _ in range(3):
+        gate.has_room(A, 0)
+        request = dispatch(gate, A)
+        gate.on_first_token(request)
+    pool.publish(0.1, a=(12, 1))  # one of the three waits for the next step
+    assert send_while_room(gate) == 2
+    pool.publish(0.15, a=(15, 0))  # it took the one waiting and the two sent
+    assert send_while_room(gate) == 3
 
 
 def test_a_request_sent_while_its_sample_was_on_the_way_is_not_a_stale_queue():
