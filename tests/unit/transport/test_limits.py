@@ -592,13 +592,28 @@ async def test_only_a_settings_frame_that_raises_the_initial_window_pumps_blocke
 
 
 async def test_a_burst_of_new_streams_yields_the_loop_between_turns():
+    """Another task on the loop runs between the connection's turns: it sees
+    the streams opened so far grow about max_new_streams_per_turn at a time.
+    Counted in the loop's turns, so it holds on a loaded machine too."""
     async with serving() as stack:
         client = await asyncio.to_thread(RawH2, stack.port)
         burst = await asyncio.to_thread(new_streams, client, 1, 3_000)
+        await eventually(lambda: len(stack.grpc.connections) == 1)
+        calls = stack.connection().calls
+        seen: set[int] = set()
 
-        await while_probing(stack, lambda: client.send_raw(burst))
-        await eventually(lambda: len(stack.connection().calls) == 3_000)
+        async def watch() -> None:  # one step a turn of the loop
+            while len(calls) < 3_000:
+                seen.add(len(calls))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.to_thread(client.send_raw, burst)
+        await asyncio.wait_for(watcher, 20)
         client.close()
+    turns = 3_000 // TransportLimits().max_new_streams_per_turn
+    # at most a few reads' worth of counts without the yield; one a turn with it
+    assert len(seen - {0}) >= turns // 2, sorted(seen)
     assert stack.grpc.trips["turn_yield"] >= 3_000 // 100
 
 
