@@ -102,6 +102,18 @@ async def while_probing(stack: Stack, flood: Callable[[], T], least: float = 0.5
     return result
 
 
+async def goaway_for(stack: Stack, frames: Callable[[RawH2], bytes]) -> GoAwayFrame | None:
+    """The GOAWAY a new connection gets for the bytes `frames` builds, sent at
+    once, while health is checked (`while_probing`)."""
+
+    def flood() -> GoAwayFrame | None:
+        client = RawH2(stack.port)
+        client.send_raw(frames(client))
+        return client.goaway()
+
+    return await while_probing(stack, flood)
+
+
 # -- abuse: GOAWAY ENHANCE_YOUR_CALM -------------------------------------------------
 
 
@@ -151,27 +163,20 @@ async def test_streams_reset_after_their_first_message_are_not_rapid_reset():
 async def test_control_frame_flood_gets_goaway_enhance_your_calm(frame):
     limits = TransportLimits(max_ping_strikes=10**9)
     async with serving(limits) as stack:
-
-        def flood() -> GoAwayFrame | None:
-            client = RawH2(stack.port)
-            client.send_raw(frame * 3_000)
-            return client.goaway()
-
-        goaway = await while_probing(stack, flood)
+        goaway = await goaway_for(stack, lambda client: frame * 3_000)
     assert goaway is not None and goaway.error_code == CALM
     assert stack.grpc.trips["control_frames"] == 1
 
 
 async def test_empty_data_frames_count_as_control_frames():
     async with serving() as stack:
-
-        def flood() -> GoAwayFrame | None:
-            client = RawH2(stack.port)
-            client.open(1, SINK)
-            client.send_raw(DataFrame(1, data=b"").serialize() * 3_000)
-            return client.goaway()
-
-        goaway = await while_probing(stack, flood)
+        goaway = await goaway_for(
+            stack,
+            lambda client: (
+                client.headers_frame(1, request_headers(SINK))
+                + DataFrame(1, data=b"").serialize() * 3_000
+            ),
+        )
     assert goaway is not None and goaway.error_code == CALM
 
 
@@ -229,13 +234,9 @@ async def test_the_server_advertises_its_stream_and_header_list_limits():
 
 async def test_a_header_block_over_the_limit_in_continuation_frames_closes_the_connection():
     async with serving() as stack:
-
-        def hoard() -> GoAwayFrame | None:
-            client = RawH2(stack.port)
-            client.send_raw(continuation_frames(client, 1, count=63, size=16_000))
-            return client.goaway()
-
-        goaway = await while_probing(stack, hoard)
+        goaway = await goaway_for(
+            stack, lambda client: continuation_frames(client, 1, count=63, size=16_000)
+        )
     assert goaway is not None and goaway.error_code == CALM
     assert stack.grpc.trips["header_block"] == 1
 
