@@ -4,7 +4,9 @@ as vLLM's, the subscribers that feed the core's precise index."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import msgspec
 import pytest
@@ -131,6 +133,34 @@ async def stop(context: zmq.asyncio.Context, task: asyncio.Task) -> None:
     context.destroy(linger=0)
 
 
+@dataclass(slots=True)
+class Subscribed:
+    publisher: KVEventPublisher
+    subscriber: EndpointSubscriber
+    recorder: Recorder
+    stats: KVEventStats
+
+
+@contextlib.asynccontextmanager
+async def subscribed(replay: bool = True) -> AsyncIterator[Subscribed]:
+    """A publisher (with a replay socket if `replay`) and the subscriber of
+    10.0.0.1:8000, once its subscription is live: the first replay done and
+    a live batch (block 100) received."""
+    recorder, stats = Recorder(), KVEventStats()
+    replay_port = 0 if replay else None
+    async with KVEventPublisher(HOST, 0, "kv@p@m", replay_port=replay_port) as publisher:
+        context, subscriber, task = await subscribe(publisher, recorder, stats)
+        if replay:
+            await wait_until(lambda: stats.replays["complete"] == 1)
+        await publish_until(
+            publisher, [stored([100], None, [], 16)], lambda: subscriber.last_seq is not None
+        )
+        try:
+            yield Subscribed(publisher, subscriber, recorder, stats)
+        finally:
+            await stop(context, task)
+
+
 async def test_events_published_before_the_subscriber_joined_are_replayed_then_live_ones_follow():
     recorder, stats = Recorder(), KVEventStats()
     async with KVEventPublisher(HOST, 0, "kv@10.0.0.1@m", replay_port=0) as publisher:
@@ -146,53 +176,34 @@ async def test_events_published_before_the_subscriber_joined_are_replayed_then_l
 
 
 async def test_a_lost_batch_is_fetched_from_the_replay_socket_in_order():
-    recorder, stats = Recorder(), KVEventStats()
-    async with KVEventPublisher(HOST, 0, "kv@p@m", replay_port=0) as publisher:
-        context, subscriber, task = await subscribe(publisher, recorder, stats)
-        await wait_until(lambda: stats.replays["complete"] == 1)
-        await publish_until(
-            publisher, [stored([100], None, [], 16)], lambda: subscriber.last_seq is not None
-        )
-        publisher.skip_next = True
-        await publisher.publish([stored([1], None, [], 16)])
-        await publisher.publish([removed([1])])
-        await wait_until(lambda: subscriber.last_seq == publisher.seq - 1)
-        assert stats.gaps == 1
-        assert stats.replays["complete"] == 2
-        assert not recorder.index.holds("10.0.0.1:8000", 1)  # stored, then removed, in order
-        await stop(context, task)
+    async with subscribed() as live:
+        live.publisher.skip_next = True
+        await live.publisher.publish([stored([1], None, [], 16)])
+        await live.publisher.publish([removed([1])])
+        await wait_until(lambda: live.subscriber.last_seq == live.publisher.seq - 1)
+        assert live.stats.gaps == 1
+        assert live.stats.replays["complete"] == 2
+        # stored, then removed, in order
+        assert not live.recorder.index.holds("10.0.0.1:8000", 1)
 
 
 async def test_a_gap_without_a_replay_socket_is_counted_and_reading_goes_on():
-    recorder, stats = Recorder(), KVEventStats()
-    async with KVEventPublisher(HOST, 0, "kv@p@m") as publisher:
-        context, subscriber, task = await subscribe(publisher, recorder, stats)
-        await publish_until(
-            publisher, [stored([5], None, [], 16)], lambda: subscriber.last_seq is not None
-        )
-        publisher.skip_next = True
-        await publisher.publish([stored([6], None, [], 16)])
-        await publisher.publish([stored([7], None, [], 16)])
-        await wait_until(lambda: recorder.index.holds("10.0.0.1:8000", 7))
-        assert stats.gaps == 1
-        assert not recorder.index.holds("10.0.0.1:8000", 6)
-        await stop(context, task)
+    async with subscribed(replay=False) as live:
+        live.publisher.skip_next = True
+        await live.publisher.publish([stored([6], None, [], 16)])
+        await live.publisher.publish([stored([7], None, [], 16)])
+        await wait_until(lambda: live.recorder.index.holds("10.0.0.1:8000", 7))
+        assert live.stats.gaps == 1
+        assert not live.recorder.index.holds("10.0.0.1:8000", 6)
 
 
 async def test_a_bad_batch_is_dropped_and_the_next_one_applies():
-    recorder, stats = Recorder(), KVEventStats()
-    async with KVEventPublisher(HOST, 0, "kv@p@m", replay_port=0) as publisher:
-        context, subscriber, task = await subscribe(publisher, recorder, stats)
-        await wait_until(lambda: stats.replays["complete"] == 1)
-        await publish_until(
-            publisher, [stored([5], None, [], 16)], lambda: subscriber.last_seq is not None
-        )
-        await publisher.send_raw(b"\xc1 not msgpack")
-        await publisher.publish([stored([8], None, [], 16), ["Bogus"]])
-        await wait_until(lambda: recorder.index.holds("10.0.0.1:8000", 8))
-        assert stats.dropped["malformed-batch"] == 1
-        assert stats.dropped["unknown-type"] == 1
-        await stop(context, task)
+    async with subscribed() as live:
+        await live.publisher.send_raw(b"\xc1 not msgpack")
+        await live.publisher.publish([stored([8], None, [], 16), ["Bogus"]])
+        await wait_until(lambda: live.recorder.index.holds("10.0.0.1:8000", 8))
+        assert live.stats.dropped["malformed-batch"] == 1
+        assert live.stats.dropped["unknown-type"] == 1
 
 
 async def test_a_server_that_restarts_loses_what_it_held_before_its_new_blocks_apply():
