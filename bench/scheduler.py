@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -136,23 +135,16 @@ async def serve_metrics(count: int) -> None:
     """Serve the vLLM page on `count` loopback ports; print them as JSON."""
     from aiohttp import web
 
+    from tests.support.http_server import http_sites
+
     page = VLLM_PAGE.read_text()
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=page)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    ports = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        ports.append(sock.getsockname()[1])
-        await web.SockSite(runner, sock).start()
-    print(json.dumps(ports), flush=True)
-    await asyncio.Event().wait()
+    async with http_sites({"/metrics": metrics}, count) as ports:
+        print(json.dumps(ports), flush=True)
+        await asyncio.Event().wait()
 
 
 async def scrape_for(

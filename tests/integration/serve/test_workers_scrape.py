@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.epp_process import LOOPBACK, RunningEpp, running_epp
+from tests.support.http_server import http_sites, request_port
 from tests.support.metrics_page import fetch_page
 
 pytestmark = pytest.mark.skipif(
@@ -47,26 +48,14 @@ class Pages:
 @contextlib.asynccontextmanager
 async def served(pages: Pages) -> AsyncIterator[list[int]]:
     async def metrics(request: web.Request) -> web.Response:
-        port = request.transport.get_extra_info("sockname")[1]  # type: ignore[union-attr]
+        port = request_port(request)
         if port in pages.down:
             return web.Response(status=503)
         return web.Response(text=pages.page(port), content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    ports = []
-    for _ in range(ENDPOINTS):
-        site = web.TCPSite(runner, LOOPBACK, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        ports.append(port)
-        pages.waiting[port] = 0
-    try:
+    async with http_sites({"/metrics": metrics}, ENDPOINTS) as ports:
+        pages.waiting.update(dict.fromkeys(ports, 0))
         yield ports
-    finally:
-        await runner.cleanup()
 
 
 async def per_endpoint(session: aiohttp.ClientSession, epp: RunningEpp, name: str) -> dict:
