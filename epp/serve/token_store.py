@@ -25,6 +25,7 @@ block found: at most one block key of the route differs from the server's.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 
 BLOCK_CHARS = 256
 CAPACITY = 500_000
-"""Blocks held (about 260 bytes of tokens and bookkeeping each: 130 MB)."""
+"""Blocks held: about 64 tokens a block of text, held as
+4-byte ids (about 450 bytes a block with its entry, `bench/README.md`)."""
 MIN_OVERLAP = 0.8
 
 
@@ -56,7 +58,7 @@ class PrefixTokenStore:
         self.block_chars = block_chars
         self.capacity = capacity
         self.min_overlap = min_overlap
-        self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._blocks: OrderedDict[int, array[int]] = OrderedDict()
         """A block's chained key -> the tokens that end inside it; oldest used first."""
 
     def __len__(self) -> int:
@@ -76,7 +78,8 @@ class PrefixTokenStore:
         start = 0
         for key, end in self._keys(text):
             stop = bisect_right(ends, end, start)
-            blocks[key] = tuple(tokens[start:stop])
+            # 4-byte ids, not a tuple of int objects (28 bytes each plus the slot).
+            blocks[key] = array("I", tokens[start:stop])
             blocks.move_to_end(key)
             start = stop
         while len(blocks) > self.capacity:
