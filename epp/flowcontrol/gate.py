@@ -20,6 +20,18 @@ room now (the request stays at the head of its queue); or an Outcome that ends
 the request at once (for example an endpoint subset that matches nothing)."""
 
 
+def count_out(in_flight: dict[str, int], endpoint: str) -> None:
+    """One request fewer in flight at `endpoint`, in a gate's per-endpoint
+    count: an endpoint leaves the map at zero, so the map holds only the
+    endpoints with requests in flight and does not grow with every endpoint
+    the pool ever had."""
+    left = in_flight[endpoint] - 1
+    if left:
+        in_flight[endpoint] = left
+    else:
+        del in_flight[endpoint]
+
+
 class Gate(Protocol):
     def is_open(self, priority: int) -> bool:
         """Whether a request of band `priority` may be dispatched now."""
@@ -131,11 +143,7 @@ class ConcurrencyGate:
         self.in_flight -= 1
         endpoint = request.endpoint
         if endpoint is not None:
-            left = self._per_endpoint[endpoint] - 1
-            if left:
-                self._per_endpoint[endpoint] = left
-            else:
-                del self._per_endpoint[endpoint]
+            count_out(self._per_endpoint, endpoint)
 
 
 def gate_parts(gate: Gate) -> tuple[Gate, ...]:

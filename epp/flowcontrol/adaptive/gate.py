@@ -17,6 +17,7 @@ from epp.flowcontrol.adaptive.estimator import (
 )
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Observations, Observed
 from epp.flowcontrol.adaptive.latency import compare_to_pool
+from epp.flowcontrol.gate import count_out
 from epp.flowcontrol.request import ADOPTED_SEQ, FlowRequest, State
 from epp.flowcontrol.usagelimits import DEFAULT_USAGE_LIMITS, UsageLimitPolicy
 
@@ -147,11 +148,7 @@ class AdaptiveGate:
         self.in_flight -= 1
         endpoint = request.endpoint
         if endpoint is not None:
-            left = self._in_flight[endpoint] - 1
-            if left:
-                self._in_flight[endpoint] = left
-            else:
-                del self._in_flight[endpoint]
+            count_out(self._in_flight, endpoint)
             estimator = self._estimators.get(endpoint)
             if estimator is not None:
                 estimator.burst = 0
