@@ -23,7 +23,7 @@ from bench.harness import OnePlacer, Setup, build
 from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import OpenGate
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.core import Core
 from epp.serve.admission import AdmissionController
 
@@ -110,10 +110,11 @@ def admit_per_s(count: int = 200_000) -> float:
     async def run() -> float:
         admission = AdmissionController(Core(core))
         admit, complete = admission.admit, admission.complete
+        usage = Usage(256, 10)  # the live path's parser makes it, not admission
         start = time.perf_counter()
         for request in requests:
             await admit(request)
-            complete(request, None, 10)
+            complete(request, usage)
         return count / (time.perf_counter() - start)
 
     gc.collect()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.extproc.messages import ProcessingResponse
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 
 
 @dataclass(slots=True)
@@ -25,20 +25,17 @@ class AdmissionNeeded:
 class Release:
     """The dispatched request is over: return its credit, report real usage.
 
-    `input_tokens` is None when the response reported no usage (flow control
-    then keeps its estimate); `output_tokens` is 0 then. The response's size,
-    when its first body bytes came (None: no body) and whether it streamed
-    (SSE) are for metrics only, as are the prompt tokens the server read
-    from its cache (None: not reported) and the server's HTTP status.
+    `usage` is None when the response reported none (flow control then
+    keeps its estimate). The response's size, when its first body bytes came
+    (None: no body), whether it streamed (SSE) and the server's HTTP status
+    are for metrics only.
     """
 
     request: FlowRequest
-    input_tokens: int | None
-    output_tokens: int
+    usage: Usage | None
     response_bytes: int = field(default=0, compare=False)
     first_byte_at: float | None = field(default=None, compare=False)
     streaming: bool = field(default=False, compare=False)
-    cached_tokens: int | None = field(default=None, compare=False)
     upstream_status: int | None = field(default=None, compare=False)
     """The model server's HTTP status (None: no response headers came)."""
 
@@ -46,9 +43,10 @@ class Release:
         """The streamed response's mean time per output token after the
         first, ending at `now` (None: not streamed, or one token or none)."""
         first = self.first_byte_at
-        if not self.streaming or first is None or self.output_tokens < 2:
+        usage = self.usage
+        if not self.streaming or first is None or usage is None or usage.output_tokens < 2:
             return None
-        return max(0.0, now - first) / (self.output_tokens - 1)
+        return max(0.0, now - first) / (usage.output_tokens - 1)
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ from epp.extproc.events import (
 from epp.extproc.messages import ProcessingRequest, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, Phase, PriorityResolver, StreamSettings
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.request import InferenceRequest
 from epp.transport import Call, Status
 
@@ -59,11 +59,7 @@ class Admission(Protocol):
     def withdraw(self, request: FlowRequest) -> None: ...
 
     def complete(
-        self,
-        request: FlowRequest,
-        input_tokens: int | None = None,
-        output_tokens: int = 0,
-        itl: float | None = None,
+        self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
     ) -> None: ...
 
     def first_token(self, request: FlowRequest) -> None: ...
@@ -142,10 +138,7 @@ class ExtProcService:
             return
         if isinstance(event, Release):
             self.admission.complete(
-                event.request,
-                event.input_tokens,
-                event.output_tokens,
-                event.time_per_output_token(self.clock()),
+                event.request, event.usage, event.time_per_output_token(self.clock())
             )
         if self.listener is not None:
             self.listener(event)

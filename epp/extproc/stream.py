@@ -556,18 +556,13 @@ class ExtProcStream:
         if self._released or self.request is None:
             return []
         self._released = True
-        usage = self.usage
-        input_tokens = usage.input_tokens if usage is not None else None
-        output_tokens = usage.output_tokens if usage is not None else 0
         return [
             Release(
                 self.request,
-                input_tokens,
-                output_tokens,
+                self.usage,
                 self._response_bytes,
                 self._first_byte_at,
                 self._sse is not None,
-                usage.cached_tokens if usage is not None else None,
                 self._upstream_status,
             )
         ]

@@ -11,18 +11,11 @@ cumulative usage on every chunk, so the last one is the whole request's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-
-@dataclass(slots=True, frozen=True)
-class Usage:
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int | None = None
-    """Prompt tokens the server read from its cache; None when it did not say."""
+from epp.flowcontrol.request import Usage
 
 
 def usage_from_document(document: Any) -> Usage | None:

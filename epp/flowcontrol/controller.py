@@ -50,7 +50,7 @@ from epp.flowcontrol.flow import Flow, FlowKey
 from epp.flowcontrol.gate import Gate, Placer
 from epp.flowcontrol.ordering import order_key
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import ADOPTED_SEQ, FlowRequest, State
+from epp.flowcontrol.request import ADOPTED_SEQ, FlowRequest, State, Usage
 
 NEW = State.NEW
 QUEUED = State.QUEUED
@@ -328,21 +328,18 @@ class FlowController:
         return done
 
     def complete(
-        self,
-        request: FlowRequest,
-        now: float,
-        input_tokens: int | None = None,
-        output_tokens: int = 0,
+        self, request: FlowRequest, now: float, usage: Usage | None = None
     ) -> list[FlowRequest]:
         """`request`, dispatched, is finished: its endpoint credit returns,
-        its fairness charge is corrected to the real usage, and the room it
+        its fairness charge is corrected to the real `usage` (None: not
+        reported, the estimate stands), and the room it
         freed is dispatched. Returns what that pass settled; nothing (and
         nothing changes) when `request` was not in flight."""
         if request.state is not DISPATCHED:
             return []
         request.state = State.COMPLETED
         flow: Flow = request.flow
-        flow.band.policy.on_complete(request, flow, input_tokens, output_tokens, now)
+        flow.band.policy.on_complete(request, flow, usage, now)
         flow.in_flight -= 1
         self.in_flight -= 1
         self.gate.on_complete(request)

@@ -65,7 +65,7 @@ from typing import Protocol
 from epp.flowcontrol.config import BandConfig, Fairness, Ordering, ProgramAwareConfig
 from epp.flowcontrol.flow import Flow
 from epp.flowcontrol.ordering import RequestQueue, make_flow_queue, make_queue
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 
 
 class FairnessPolicy(Protocol):
@@ -95,15 +95,10 @@ class FairnessPolicy(Protocol):
         ...
 
     def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
+        self, request: FlowRequest, flow: Flow, usage: Usage | None, now: float
     ) -> None:
         """A dispatched request of `flow` finished at `now` with the given
-        real usage (`input_tokens` None: not reported)."""
+        real `usage` (None: not reported)."""
         ...
 
     def requests(self) -> list[FlowRequest]:
@@ -123,12 +118,7 @@ class _UsageBlind:
     __slots__ = ()
 
     def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
+        self, request: FlowRequest, flow: Flow, usage: Usage | None, now: float
     ) -> None:
         pass
 
@@ -294,16 +284,15 @@ class VirtualTokenCounter:
         flow.counter += charge
 
     def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
+        self, request: FlowRequest, flow: Flow, usage: Usage | None, now: float
     ) -> None:
-        charge = self.output_weight * output_tokens
-        if input_tokens is not None:
-            charge += self.input_weight * input_tokens - request.charged_input
+        if usage is None:
+            return
+        charge = (
+            self.output_weight * usage.output_tokens
+            + self.input_weight * usage.input_tokens
+            - request.charged_input
+        )
         if charge:
             flow.counter += charge
             if flow.count:
@@ -465,15 +454,12 @@ class ProgramAware:
         self._program(flow, request.arrival)
 
     def on_complete(
-        self,
-        request: FlowRequest,
-        flow: Flow,
-        input_tokens: int | None,
-        output_tokens: int,
-        now: float,
+        self, request: FlowRequest, flow: Flow, usage: Usage | None, now: float
     ) -> None:
-        if input_tokens is None:
-            input_tokens = request.input_tokens
+        if usage is None:
+            input_tokens, output_tokens = request.input_tokens, 0
+        else:
+            input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
         program = self._program(flow, now)
         if now > program.anchor:
             program.service = self._decayed(program, now)

@@ -9,6 +9,18 @@ from typing import Any
 from epp.flowcontrol.outcome import Outcome
 
 
+@dataclass(slots=True)
+class Usage:
+    """The tokens a finished request used, as its model server reported them:
+    what fairness charges for real in place of the estimate it charged at
+    dispatch. A completion without a report carries None instead."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int | None = None
+    """Prompt tokens the server read from its cache; None when it did not say."""
+
+
 class State(IntEnum):
     NEW = 0
     QUEUED = 1

@@ -61,7 +61,7 @@ from epp.flowcontrol.gate import (
     gate_parts,
 )
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.admitters import ProbabilisticAdmitter
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.detectors import DetectorGate
@@ -196,17 +196,13 @@ class Core:
         return result
 
     def complete(
-        self,
-        request: FlowRequest,
-        now: float,
-        input_tokens: int | None = None,
-        output_tokens: int = 0,
-        itl: float | None = None,
+        self, request: FlowRequest, now: float, usage: Usage | None = None, itl: float | None = None
     ) -> list[FlowRequest]:
         """A dispatched request is over: `itl`, its streamed response's
         seconds per output token after the first (None: not measured), goes
         to the adaptive gate first; then its credits return and its fairness
-        charge is corrected to the real usage. Nothing when it was not in flight."""
+        charge is corrected to the real `usage` (None: not reported). Nothing
+        when it was not in flight."""
         if itl is not None and self.adaptive is not None:
             self.adaptive.observe_latency(request, itl)
         if self._watch:
@@ -214,10 +210,10 @@ class Core:
                 self._prefill_since.pop(request, None)
             if self.evictor is not None:
                 self.evictor.on_completed(request)
-            settled = self.controller.complete(request, now, input_tokens, output_tokens)
+            settled = self.controller.complete(request, now, usage)
             self._after(settled, now)
             return settled
-        return self.controller.complete(request, now, input_tokens, output_tokens)
+        return self.controller.complete(request, now, usage)
 
     def adopt(self, request: FlowRequest, endpoint: str, now: float) -> None:
         """`request` already runs at `endpoint`, placed by an earlier decider:

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.core import Core
 
 OutcomeListener = Callable[[FlowRequest, float], None]
@@ -145,25 +145,19 @@ class AdmissionController:
         self._settle(self._cycle(self.core.cancel, request, now), now)
 
     def complete(
-        self,
-        request: FlowRequest,
-        input_tokens: int | None = None,
-        output_tokens: int = 0,
-        itl: float | None = None,
+        self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
     ) -> None:
         """A dispatched request is finished (or its stream closed early):
-        release its endpoint credit and correct its fairness charge (`itl`:
-        its streamed response's time per output token, None if unknown);
-        the core lets the next requests go."""
+        release its endpoint credit and correct its fairness charge to its
+        `usage` (`itl`: its streamed response's time per output token, None
+        if unknown); the core lets the next requests go."""
         if request.state is not State.DISPATCHED:
             return
         now = self.clock()
         if self.on_cycle is None:
-            settled = self.core.complete(request, now, input_tokens, output_tokens, itl)
+            settled = self.core.complete(request, now, usage, itl)
         else:
-            settled = self._cycle(
-                self.core.complete, request, now, input_tokens, output_tokens, itl
-            )
+            settled = self._cycle(self.core.complete, request, now, usage, itl)
         if self.on_complete is not None:
             self.on_complete(request)
         self._settle(settled, now)

@@ -224,7 +224,7 @@ class Owner:
                 continue
             if kind == wire.COMPLETE:
                 self._forget(slot, rid)
-                admission.complete(request, message[2], message[3], message[4])
+                admission.complete(request, wire.usage_from(message[2], message[3]), message[4])
             elif kind == wire.REJECTED:
                 if request.state is not State.DISPATCHED:
                     self._forget(slot, rid)

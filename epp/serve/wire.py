@@ -8,7 +8,7 @@ one frame. Each message is an array whose first item is its kind.
 Worker -> owner (`rid` numbers a request on its worker's link):
 
     ARRIVE       rid + the request's scheduling inputs (`arrival_fields`)
-    COMPLETE     rid, input tokens, output tokens, itl
+    COMPLETE     rid, input tokens (null: no usage reported), output tokens, itl
     FIRST_TOKEN  rid
     PREFILL_DONE rid
     CANCEL       rid (the stream went away before a decision came)
@@ -50,7 +50,7 @@ from typing import Any
 
 import orjson
 
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.endpoint import EndpointMetrics
 from epp.scheduling.request import InferenceRequest
 
@@ -174,6 +174,17 @@ def decision_fields(request: FlowRequest) -> Message:
         payload.response_headers,
         request.priority,
     ]
+
+
+def usage_fields(usage: Usage | None) -> Message:
+    """A completion's usage as COMPLETE carries it: the flow-control part
+    (input and output tokens; the cached tokens are the worker's metrics')."""
+    return [None, 0] if usage is None else [usage.input_tokens, usage.output_tokens]
+
+
+def usage_from(input_tokens: int | None, output_tokens: int) -> Usage | None:
+    """The usage `usage_fields` sent."""
+    return None if input_tokens is None else Usage(input_tokens, output_tokens)
 
 
 def metrics_fields(metrics: EndpointMetrics) -> Message:

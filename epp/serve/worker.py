@@ -38,7 +38,7 @@ from epp.extproc.parsers import Parser, parser_set
 from epp.extproc.server import PROCESS_METHOD, AdmissionDenied, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.command import loop_factory, settle_heap
@@ -170,13 +170,9 @@ class RemoteAdmission:
             self._send([wire.CANCEL, rid])
 
     def complete(
-        self,
-        request: FlowRequest,
-        input_tokens: int | None = None,
-        output_tokens: int = 0,
-        itl: float | None = None,
+        self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
     ) -> None:
-        self._complete(request, [input_tokens, output_tokens, itl])
+        self._complete(request, [*wire.usage_fields(usage), itl])
 
     def first_token(self, request: FlowRequest) -> None:
         rid = self._rid_of.get(request)

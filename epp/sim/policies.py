@@ -40,7 +40,7 @@ from epp.api.models import InferenceObjective, InferencePool, PoolRef
 from epp.api.registry import OBJECTIVE_HEADER, ObjectiveRegistry
 from epp.config.loader import EppConfig
 from epp.flowcontrol.config import Fairness
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.core import build_core
 from epp.scheduling.kvblocks import KVEvent
 from epp.scheduling.prefix import block_hashes
@@ -250,7 +250,7 @@ class EppPolicy:
                 itl = (now - request.first_token_at) / (served - 1)
         else:  # the server was lost: one token at most
             served = 0 if request.first_token_at is None else 1
-        settled = self.core.complete(request.owner, now, request.prompt_tokens, served, itl)
+        settled = self.core.complete(request.owner, now, Usage(request.prompt_tokens, served), itl)
         request.owner = None  # its FlowRequest is done with: let it go now
         self._settle(settled, now)
 

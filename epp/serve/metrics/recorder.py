@@ -386,13 +386,15 @@ class RequestMetrics:
         self.request_duration.observe(labels, duration)
         if event.response_bytes:
             self.response_size.observe(labels, event.response_bytes)
-        if event.input_tokens:
-            self.input_tokens.observe(labels, event.input_tokens)
-        if event.output_tokens:
-            self.output_tokens.observe(labels, event.output_tokens)
-            self.ntpot.observe(labels, duration / event.output_tokens)
-        if event.cached_tokens is not None:
-            self.cached_tokens.observe(labels, event.cached_tokens)
+        usage = event.usage
+        if usage is not None:
+            if usage.input_tokens:
+                self.input_tokens.observe(labels, usage.input_tokens)
+            if usage.output_tokens:
+                self.output_tokens.observe(labels, usage.output_tokens)
+                self.ntpot.observe(labels, duration / usage.output_tokens)
+            if usage.cached_tokens is not None:
+                self.cached_tokens.observe(labels, usage.cached_tokens)
         first = event.first_byte_at
         if first is not None:
             streaming = "true" if event.streaming else "false"

@@ -18,7 +18,7 @@ from aiohttp import web
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.serve.tls import server_ssl_context
 from epp.transport import GrpcServer
 from tests.support.envoy import running_envoy
@@ -36,7 +36,7 @@ class FixedAdmission:
 
     endpoint: str
     outcome: Outcome = Outcome.DISPATCHED
-    completed: list[tuple[FlowRequest, int | None, int]] = field(default_factory=list)
+    completed: list[tuple[FlowRequest, Usage | None]] = field(default_factory=list)
     hold: bool = False
     waiting: int = 0
     withdrawn: int = 0
@@ -56,8 +56,8 @@ class FixedAdmission:
     def withdraw(self, request: FlowRequest) -> None:
         self.withdrawn += 1
 
-    def complete(self, request: FlowRequest, input_tokens=None, output_tokens=0, itl=None) -> None:
-        self.completed.append((request, input_tokens, output_tokens))
+    def complete(self, request: FlowRequest, usage=None, itl=None) -> None:
+        self.completed.append((request, usage))
 
     def first_token(self, request: FlowRequest) -> None:
         pass
@@ -149,8 +149,8 @@ async def test_request_reaches_upstream_with_control_headers_removed_and_body_in
     assert headers["x-gateway-destination-endpoint"] == stack.admission.endpoint
     assert json.loads(reply)["usage"]["completion_tokens"] == 3
     await eventually(lambda: len(stack.admission.completed) == 1)
-    request, input_tokens, output_tokens = stack.admission.completed[0]
-    assert (request.fairness_id, request.ttl, input_tokens, output_tokens) == ("tenant", 30.0, 7, 3)
+    request, usage = stack.admission.completed[0]
+    assert (request.fairness_id, request.ttl, usage) == ("tenant", 30.0, Usage(7, 3))
 
 
 async def test_rewritten_model_goes_upstream_and_client_sees_its_own_name(stack):
@@ -176,7 +176,7 @@ async def test_streamed_response_arrives_chunk_by_chunk(stack):
         rest = await response.read()
     assert rest.endswith(b"data: [DONE]\n\n")
     await eventually(lambda: len(stack.admission.completed) == 1)
-    assert [(i, o) for _, i, o in stack.admission.completed] == [(5, 1)]
+    assert [usage for _, usage in stack.admission.completed] == [Usage(5, 1)]
 
 
 async def test_invalid_json_is_answered_400_by_envoy(stack):
@@ -224,5 +224,5 @@ async def test_client_gone_mid_response_releases_the_request(stack):
         await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
         response.close()
     await eventually(lambda: len(stack.admission.completed) == 1)
-    assert stack.admission.completed[0][1:] == (None, 0)
+    assert stack.admission.completed[0][1] is None
     await eventually(lambda: stack.service.open_streams == 0)

@@ -19,7 +19,7 @@ from epp.demo.model_server import SimulatedServer
 from epp.extproc.events import FirstToken, Release
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.serve.server import EppServer
 from epp.sim.server_model import ServerParams
 from tests.support.serving import loopback_options
@@ -49,13 +49,13 @@ async def test_a_streamed_response_tells_its_endpoint_latency():
     live = EppServer(loopback_options(endpoints=ENDPOINT))
     request = sent(live)
     first = live.service.clock() - 0.4
-    live.service.settle(Release(request, 10, 5, 100, first_byte_at=first, streaming=True))
+    live.service.settle(Release(request, Usage(10, 5), 100, first_byte_at=first, streaming=True))
     assert request.state is State.COMPLETED
     assert live.core.credits._estimators[ENDPOINT].latency.itl == pytest.approx(0.1, rel=0.05)
 
 
 def test_a_whole_response_tells_no_latency():
-    release = Release(FlowRequest("r", "f", 0, 0.0), 10, 5, 100, first_byte_at=1.0)
+    release = Release(FlowRequest("r", "f", 0, 0.0), Usage(10, 5), 100, first_byte_at=1.0)
     assert release.time_per_output_token(2.0) is None
 
 

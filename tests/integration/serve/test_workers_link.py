@@ -20,7 +20,7 @@ from epp.config.loader import parse_config
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.core import Core, build_core
 from epp.scheduling.prefix import block_hashes
 from epp.scheduling.request import InferenceRequest
@@ -202,8 +202,8 @@ async def run_both(trace) -> None:
             mine, theirs, worker = chosen[op[1] % len(chosen)]
             if op[0] == "complete":
                 assert theirs.state is State.DISPATCHED
-                local.complete(mine, mine.input_tokens, op[2])
-                worker.complete(theirs, theirs.input_tokens, op[2])
+                local.complete(mine, Usage(mine.input_tokens, op[2]))
+                worker.complete(theirs, Usage(theirs.input_tokens, op[2]))
             else:
                 withdrawn.add(mine.request_id)
                 local.withdraw(mine)

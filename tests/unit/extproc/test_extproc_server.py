@@ -14,6 +14,7 @@ from epp.extproc.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from epp.extproc.messages import ProcessingResponse
 from epp.extproc.server import PROCESS_METHOD, ExtProcService
 from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import Usage
 from epp.transport import GrpcServer
 from tests.support.waiting import eventually
 
@@ -47,8 +48,8 @@ class Admission:
     def withdraw(self, request):
         self.withdrawn.append(request)
 
-    def complete(self, request, input_tokens=None, output_tokens=0, itl=None):
-        self.completed.append((input_tokens, output_tokens))
+    def complete(self, request, usage=None, itl=None):
+        self.completed.append(usage)
 
     def first_token(self, request):
         pass
@@ -98,8 +99,8 @@ async def test_dispatched_request_gets_replies_and_release_reports_usage(serve):
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert await call.read() == grpc.aio.EOF
     assert await call.code() == grpc.StatusCode.OK
-    assert admission.completed == [(2, 5)]
-    assert [(e.input_tokens, e.output_tokens) for e in released] == [(2, 5)]
+    assert admission.completed == [Usage(2, 5)]
+    assert [e.usage for e in released] == [Usage(2, 5)]
     assert service.open_streams == 0
 
 
@@ -161,7 +162,7 @@ async def test_request_is_released_once_whenever_envoy_resets_the_stream(
         await call.read()
     call.cancel()
     await eventually(lambda: service.open_streams == 0)
-    assert admission.completed == [(None, 0)]
+    assert admission.completed == [None]
 
 
 async def test_reset_while_queued_withdraws_the_request_and_releases_nothing(serve):
@@ -188,7 +189,7 @@ async def test_half_close_while_waiting_for_admission_ends_after_the_answer(serv
     assert kinds == ["request_headers", "request_body"]
     assert await call.read() == grpc.aio.EOF
     assert await call.code() == grpc.StatusCode.OK
-    assert admission.completed == [(None, 0)]
+    assert admission.completed == [None]
     assert service.open_streams == 0
 
 

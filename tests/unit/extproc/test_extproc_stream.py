@@ -21,6 +21,7 @@ from epp.extproc.events import AdmissionNeeded, FirstToken, Rejected, Release
 from epp.extproc.messages import CHUNK_BYTES, ProcessingResponse
 from epp.extproc.stream import ExtProcStream, Phase, StreamSettings
 from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import Usage
 
 CHAT = {":path": "/v1/chat/completions", ":method": "POST"}
 BODY = json.dumps(
@@ -497,7 +498,7 @@ def test_streamed_response_is_echoed_chunk_by_chunk_and_usage_read_from_sse():
     ]
     events = stream.receive(response_body(b"data: [DONE]\n\n", end_of_stream=True), 0.0)
     assert streamed(events[0]) == (b"data: [DONE]\n\n", True)
-    assert events[1] == Release(stream.request, 11, 3)
+    assert events[1] == Release(stream.request, Usage(11, 3))
 
 
 def test_the_release_tells_the_response_size_and_first_body_time():
@@ -517,7 +518,7 @@ def test_json_response_usage_is_reported_at_end():
     body = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4}}'
     assert streamed(stream.receive(response_body(body[:10]), 0.0)[0]) == (body[:10], False)
     events = stream.receive(response_body(body[10:], end_of_stream=True), 0.0)
-    assert events[1] == Release(stream.request, 9, 4)
+    assert events[1] == Release(stream.request, Usage(9, 4))
 
 
 def test_responses_api_usage_is_read_from_completed_event():
@@ -527,7 +528,7 @@ def test_responses_api_usage_is_read_from_completed_event():
     usage = b'{"usage":{"input_tokens":5,"output_tokens":6}}'
     event = b'data: {"type":"response.completed","response":' + usage + b"}\n"
     events = stream.receive(response_body(event, end_of_stream=True), 0.0)
-    assert events[1] == Release(stream.request, 5, 6)
+    assert events[1] == Release(stream.request, Usage(5, 6))
 
 
 def test_response_without_usage_releases_with_unknown_input_tokens():
@@ -535,7 +536,7 @@ def test_response_without_usage_releases_with_unknown_input_tokens():
     dispatch(stream)
     stream.receive(response_headers({"content-type": "application/json"}), 0.0)
     events = stream.receive(response_body(b"{}", end_of_stream=True), 0.0)
-    assert events[1] == Release(stream.request, None, 0)
+    assert events[1] == Release(stream.request, None)
 
 
 def test_rewritten_model_name_is_restored_in_held_json_response():
@@ -562,14 +563,14 @@ def test_response_trailers_get_trailers_reply_and_release():
     stream.receive(response_body(b"{}"), 0.0)
     events = stream.receive(response_trailers(), 0.0)
     assert events[0].HasField("response_trailers")
-    assert events[1] == Release(stream.request, None, 0)
+    assert events[1] == Release(stream.request, None)
 
 
 def test_response_headers_with_end_of_stream_release_at_once():
     stream = machine()
     dispatch(stream)
     events = stream.receive(response_headers({}, end_of_stream=True), 0.0)
-    assert events[1] == Release(stream.request, None, 0)
+    assert events[1] == Release(stream.request, None)
     assert stream.close() == []
 
 
@@ -588,7 +589,7 @@ def test_close_after_dispatch_releases_once_with_usage_seen_so_far():
     stream.receive(
         response_body(b'data: {"usage":{"prompt_tokens":1,"completion_tokens":2}}\n'), 0.0
     )
-    assert stream.close() == [Release(stream.request, 1, 2)]
+    assert stream.close() == [Release(stream.request, Usage(1, 2))]
     assert stream.close() == []
 
 
@@ -597,7 +598,7 @@ def test_close_while_admitting_emits_nothing_and_late_dispatch_is_released():
     needed = admit(stream)
     assert stream.close() == []
     needed.request.endpoint = "10.0.0.1:8000"
-    assert stream.admitted(Outcome.DISPATCHED) == [Release(needed.request, None, 0)]
+    assert stream.admitted(Outcome.DISPATCHED) == [Release(needed.request, None)]
 
 
 def test_admission_failure_is_500():
@@ -611,7 +612,7 @@ def test_dispatch_without_endpoint_is_500_and_releases():
     admit(stream)
     events = stream.admitted(Outcome.DISPATCHED)
     assert immediate_status(events) == 500
-    assert events[-1] == Release(stream.request, None, 0)
+    assert events[-1] == Release(stream.request, None)
 
 
 def test_body_before_headers_is_protocol_error_500():
@@ -670,7 +671,7 @@ def test_an_evicted_request_gets_429_evicted_and_is_released_once():
     ]
     assert events[1:] == [
         Rejected(429, "evicted", stream.request),
-        Release(stream.request, None, 0),
+        Release(stream.request, None),
     ]
     assert stream.close() == []
 
@@ -739,4 +740,4 @@ def test_the_release_tells_the_cached_prompt_tokens():
     body = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4,'
     body += b' "prompt_tokens_details": {"cached_tokens": 8}}}'
     release = stream.receive(response_body(body, end_of_stream=True), 0.0)[1]
-    assert release.cached_tokens == 8
+    assert release.usage == Usage(9, 4, cached_tokens=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flowcontrol_support import Credits, controller, dispatch_one, enqueue_all, request, tenants
 
 from epp.flowcontrol.config import BandConfig, Fairness
+from epp.flowcontrol.request import Usage
 
 
 def band(fairness: Fairness, **fields) -> BandConfig:
@@ -70,17 +71,17 @@ def test_vtc_corrects_input_and_charges_weighted_output_at_completion():
     served = request("a", input_tokens=100)
     enqueue_all(core, served)
     core.dispatch(0.0)
-    core.complete(served, 1.0, input_tokens=80, output_tokens=50)
+    core.complete(served, 1.0, Usage(80, 50))
     assert counter(core, "a") == 80 + 2 * 50
 
 
-def test_vtc_keeps_the_estimate_when_completion_reports_no_input():
+def test_vtc_keeps_the_estimate_when_completion_reports_no_usage():
     core = controller(band(Fairness.VTC, input_weight=1.0, output_weight=3.0))
     served = request("a", input_tokens=100)
     enqueue_all(core, served)
     core.dispatch(0.0)
-    core.complete(served, 1.0, input_tokens=None, output_tokens=10)
-    assert counter(core, "a") == 100 + 3 * 10
+    core.complete(served, 1.0, None)
+    assert counter(core, "a") == 100
 
 
 def test_vtc_completion_charge_reorders_backlogged_flows():
@@ -97,7 +98,7 @@ def test_vtc_completion_charge_reorders_backlogged_flows():
     )
     assert tenants([dispatch_one(core), dispatch_one(core)]) == ["a", "b"]
     assert (counter(core, "a"), counter(core, "b")) == (10.0, 50.0)
-    core.complete(first, 1.0, output_tokens=100)
+    core.complete(first, 1.0, Usage(10, 100))
     assert tenants([dispatch_one(core), dispatch_one(core)]) == ["b", "a"]
 
 
@@ -114,7 +115,7 @@ def test_vtc_completion_that_lowers_the_charge_reorders_backlogged_flows():
     )
     assert tenants([dispatch_one(core), dispatch_one(core)]) == ["b", "a"]
     assert (counter(core, "a"), counter(core, "b")) == (100.0, 50.0)
-    core.complete(first, 1.0, input_tokens=5)
+    core.complete(first, 1.0, Usage(5, 0))
     assert tenants([dispatch_one(core), dispatch_one(core)]) == ["a", "b"]
 
 
@@ -185,7 +186,7 @@ def test_vtc_counter_gap_stays_within_twice_the_charge_of_a_flows_requests_in_fl
     assert tenants(dispatched) == list("ababab")
     for r in dispatched:
         if r.fairness_id == "a":
-            core.complete(r, 1.0, output_tokens=100)
+            core.complete(r, 1.0, Usage(r.input_tokens, 100))
     in_flight_charge = 3 * 2.0 * 100
     gap = abs(counter(core, "a") - counter(core, "b"))
     assert gap > 2 * 2.0 * 100

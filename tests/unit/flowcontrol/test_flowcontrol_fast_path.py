@@ -19,7 +19,7 @@ from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, Orde
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import AllGates, ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from tests.support.placers import LeastLoadedPlacer
 
 ENDPOINTS = ["10.0.0.1:8000", "10.0.0.2:8000"]
@@ -190,15 +190,14 @@ class FastPathMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.slow.core.in_flight)
     @rule(
         data=st.data(),
-        real_input=st.one_of(st.none(), st.integers(0, 100)),
-        output_tokens=st.integers(0, 40),
+        usage=st.one_of(st.none(), st.builds(Usage, st.integers(0, 100), st.integers(0, 40))),
     )
-    def complete(self, data, real_input, output_tokens):
+    def complete(self, data, usage):
         running = [i for i, r in enumerate(self.slow.requests) if r.state is State.DISPATCHED]
         index = data.draw(st.sampled_from(running))
         for side in self.sides():
             request = side.requests[index]
-            side.note(side.core.complete(request, self.now, real_input, output_tokens))
+            side.note(side.core.complete(request, self.now, usage))
             assert request.state is State.COMPLETED
 
     @precondition(lambda self: self.slow.core.queued_requests)
@@ -243,7 +242,7 @@ def test_vtc_lift_counts_a_flow_s_entry_left_by_a_discard_as_push_does():
         first = _arrive(side, 100, fast)  # dispatched: counter 100
         second = _arrive(side, 10, fast)  # queued behind the closed gate, at counter 100
         core.cancel(second, 0.0)
-        core.complete(first, 0.0, 0, 0)  # real input 0: counter back to 0
+        core.complete(first, 0.0, Usage(0, 0))  # real input 0: counter back to 0
         side.credit_gate.credits = 1
         _arrive(side, 10, fast)
         counters.append(core.band(0).flows["a"].counter)

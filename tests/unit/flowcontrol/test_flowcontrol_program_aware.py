@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from epp.flowcontrol.config import BandConfig, Fairness, ProgramAwareConfig
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.fairness import ProgramAware
+from epp.flowcontrol.request import Usage
 
 
 def las_core(**las) -> FlowController:
@@ -32,7 +33,7 @@ def serve(core: FlowController, fairness_id: str, at: float, input_tokens: int, 
     served = request(fairness_id, arrival=at)
     enqueue_all(core, served, now=at)
     assert dispatch_one(core, at) is served
-    core.complete(served, at, input_tokens=input_tokens, output_tokens=output_tokens)
+    core.complete(served, at, Usage(input_tokens, output_tokens))
     return served
 
 
@@ -42,7 +43,7 @@ def test_attained_service_is_input_plus_twice_output_added_at_completion():
     enqueue_all(core, served)
     dispatch_one(core, 0.0)
     assert policy(core).service("a", 0.0) == 0.0
-    core.complete(served, 0.0, input_tokens=100, output_tokens=50)
+    core.complete(served, 0.0, Usage(100, 50))
     assert policy(core).service("a", 0.0) == 200.0
 
 

@@ -29,7 +29,7 @@ from epp.flowcontrol.config import BandConfig, Fairness, FlowControlConfig, Orde
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.gate import AllGates, ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from tests.support.placers import LeastLoadedPlacer
 
 ENDPOINTS = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
@@ -97,8 +97,7 @@ class BlockingPlacer(LeastLoadedPlacer):
 
 COMPLETION = {
     "data": st.data(),
-    "real_input": st.one_of(st.none(), st.integers(0, 100)),
-    "output_tokens": st.integers(0, 60),
+    "usage": st.one_of(st.none(), st.builds(Usage, st.integers(0, 100), st.integers(0, 60))),
 }
 """A completion rule's arguments: which running request, and its real usage."""
 
@@ -134,24 +133,21 @@ class FairShareTracking:
             if priority == request.priority and request.fairness_id in (first, second):
                 period.dispatches[request.fairness_id] += 1
 
-    def count_completion(
-        self, request: FlowRequest, real_input: int | None, output_tokens: int
-    ) -> None:
+    def count_completion(self, request: FlowRequest, usage: Usage | None) -> None:
         config = self.config.band(request.priority)
-        charged_input = request.input_tokens if real_input is None else real_input
-        self.note_cost(
-            request.priority,
-            config.input_weight * charged_input + config.output_weight * output_tokens,
-        )
+        if usage is None:
+            cost = config.input_weight * request.input_tokens
+        else:
+            cost = config.input_weight * usage.input_tokens
+            cost += config.output_weight * usage.output_tokens
+        self.note_cost(request.priority, cost)
 
-    def complete_one(
-        self, data, requests: list[FlowRequest], real_input: int | None, output_tokens: int
-    ) -> FlowRequest:
+    def complete_one(self, data, requests: list[FlowRequest], usage: Usage | None) -> FlowRequest:
         """Complete one of the dispatched `requests`, drawn, with that usage."""
         running = [r for r in requests if r.state is State.DISPATCHED]
         request = data.draw(st.sampled_from(running))
-        self.count_completion(request, real_input, output_tokens)
-        self.core.complete(request, self.now, real_input, output_tokens)
+        self.count_completion(request, usage)
+        self.core.complete(request, self.now, usage)
         assert request.state is State.COMPLETED
         return request
 
@@ -330,9 +326,9 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
 
     @precondition(lambda self: self.core.in_flight)
     @rule(**COMPLETION)
-    def complete(self, data, real_input, output_tokens):
-        request = self.complete_one(data, list(self.records), real_input, output_tokens)
-        assert self.core.complete(request, self.now, real_input, output_tokens) == []
+    def complete(self, data, usage):
+        request = self.complete_one(data, list(self.records), usage)
+        assert self.core.complete(request, self.now, usage) == []
 
     @rule(request=consumes(requests))
     def cancel(self, request):
@@ -431,7 +427,7 @@ class FlowMachine(FairShareTracking, RuleBasedStateMachine):
             if not running:
                 break
             for request in running:
-                core.complete(request, self.now, None, 1)  # dispatches what is queued
+                core.complete(request, self.now)  # dispatches what is queued
         assert (core.queued_requests, core.queued_bytes, core.in_flight) == (0, 0, 0)
         assert self.pool_gate.in_flight == 0
         assert all(rec.request.outcome is not None for rec in self.records.values())
@@ -508,15 +504,16 @@ class FairShareMachine(FairShareTracking, RuleBasedStateMachine):
         for _ in range(rounds):
             self.credit_gate.credits = 1
             for request in self.core.dispatch(self.now):
-                self.count_completion(request, None, output_tokens)
-                self.core.complete(request, self.now, None, output_tokens)
+                usage = Usage(request.input_tokens, output_tokens)
+                self.count_completion(request, usage)
+                self.core.complete(request, self.now, usage)
                 assert request.state is State.COMPLETED
             self.check_fair_sharing()
 
     @precondition(lambda self: self.core.in_flight)
     @rule(**COMPLETION)
-    def complete(self, data, real_input, output_tokens):
-        self.complete_one(data, self.all, real_input, output_tokens)
+    def complete(self, data, usage):
+        self.complete_one(data, self.all, usage)
 
     @precondition(lambda self: self.core.queued_requests)
     @rule(data=st.data())

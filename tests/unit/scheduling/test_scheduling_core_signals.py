@@ -11,7 +11,7 @@ import yaml
 
 from epp.config.loader import EppConfig, parse_config
 from epp.flowcontrol.gate import Placer
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.admitters import ProbabilisticAdmitter
 from epp.scheduling.config import SchedulingConfig
 from epp.scheduling.core import Core, build_core
@@ -84,7 +84,7 @@ def test_prefill_done_returns_the_credit_once_and_dispatches_the_next() -> None:
 def test_a_request_that_ends_in_its_prefill_leaves_no_deadline() -> None:
     core = pd_core()
     first = dispatched(core)
-    core.complete(first, NOW + 1, 100, 0)
+    core.complete(first, NOW + 1, Usage(100, 0))
     assert core.in_prefill == 0
     assert core.next_wakeup() == core.controller.next_wakeup()  # the idle-flow check alone
 
@@ -115,7 +115,7 @@ def test_the_first_token_reaches_the_adaptive_gate_through_the_core() -> None:
 def test_a_completion_gives_the_adaptive_gate_its_latency() -> None:
     core = adaptive_core()
     sent = dispatched(core)
-    core.complete(sent, NOW + 1, 100, 11, itl=0.05)
+    core.complete(sent, NOW + 1, Usage(100, 11), itl=0.05)
     assert core.adaptive is not None
     assert core.adaptive._estimators["10.0.0.1:8000"].latency.itl == pytest.approx(0.05)
 
@@ -125,7 +125,7 @@ def test_without_an_adaptive_gate_first_tokens_and_latency_change_nothing() -> N
     sent = dispatched(core)
     assert core.adaptive is None and core.first_token(sent, NOW) == []
     assert not sent.running
-    core.complete(sent, NOW + 1, 100, 11, itl=0.05)
+    core.complete(sent, NOW + 1, Usage(100, 11), itl=0.05)
     assert sent.state is State.COMPLETED
 
 

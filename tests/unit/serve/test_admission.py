@@ -14,7 +14,7 @@ from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.gate import ConcurrencyGate
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.core import Core
 from epp.serve.admission import AdmissionController
 from tests.support.placers import LeastLoadedPlacer
@@ -126,7 +126,7 @@ async def test_queued_request_is_dispatched_when_another_completes():
     running = await pool.occupy()
     waiting = new_request()
     task = await pool.queue(waiting)
-    pool.admission.complete(running, output_tokens=5)
+    pool.admission.complete(running, Usage(1, 5))
     assert await asyncio.wait_for(task, 1.0) is Outcome.DISPATCHED
     assert (pool.admission.queued, pool.admission.in_flight) == (0, 1)
 

@@ -14,7 +14,7 @@ from epp.datalayer.kvevents import KVEventStats
 from epp.datalayer.store import EndpointStore
 from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.cache_scorers import APPROX_PRODUCER, PrefixCacheScorer
 from epp.scheduling.endpoint import EndpointMetrics
 from epp.scheduling.kvblocks import KVBlockIndex
@@ -48,7 +48,9 @@ def fed_metrics() -> EppMetrics:
         metrics.on_outcome(request, 2.0)
         if outcome is Outcome.DISPATCHED:
             metrics.on_stream_event(
-                Release(request, 10, 20, 500, first_byte_at=1.5, streaming=True, cached_tokens=4)
+                Release(
+                    request, Usage(10, 20, cached_tokens=4), 500, first_byte_at=1.5, streaming=True
+                )
             )
             metrics.chunk_gaps(request).add(0.01)
     metrics.on_stream_event(Rejected(400, "bad-request", None))

@@ -12,7 +12,7 @@ from epp.extproc.events import Rejected, Release
 from epp.flowcontrol.adaptive import AdaptiveGate
 from epp.flowcontrol.flow import FlowKey
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest
+from epp.flowcontrol.request import FlowRequest, Usage
 from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 from epp.serve.metrics import (
@@ -81,7 +81,7 @@ def test_a_dispatched_request_is_counted_under_both_names(metrics):
 
 
 def test_a_release_records_duration_tokens_and_ntpot_under_both_names(metrics):
-    metrics.on_stream_event(Release(request(), 10, 4))
+    metrics.on_stream_event(Release(request(), Usage(10, 4)))
     for current, legacy in (
         ("llm_d_epp_request_duration_seconds_sum",
          "inference_objective_request_duration_seconds_sum"),
@@ -95,7 +95,9 @@ def test_a_release_records_duration_tokens_and_ntpot_under_both_names(metrics):
 
 
 def test_a_streamed_release_records_size_ttft_and_tpot(metrics):
-    release = Release(request(), 10, 5, response_bytes=700, first_byte_at=1.5, streaming=True)
+    release = Release(
+        request(), Usage(10, 5), response_bytes=700, first_byte_at=1.5, streaming=True
+    )
     metrics.on_stream_event(release)
     assert value(metrics, "llm_d_epp_response_size_bytes_sum", **R) == 700
     assert value(metrics, "inference_objective_response_sizes_sum", **M) == 700
@@ -104,8 +106,8 @@ def test_a_streamed_release_records_size_ttft_and_tpot(metrics):
 
 
 def test_cached_prompt_tokens_are_recorded_under_both_names_when_reported(metrics):
-    metrics.on_stream_event(Release(request(), 10, 5, cached_tokens=8))
-    metrics.on_stream_event(Release(request(), 10, 5))
+    metrics.on_stream_event(Release(request(), Usage(10, 5, cached_tokens=8)))
+    metrics.on_stream_event(Release(request(), Usage(10, 5)))
     assert value(metrics, "llm_d_epp_request_cached_tokens_count", **R) == 1
     assert value(metrics, "llm_d_epp_request_cached_tokens_sum", **R) == 8
     assert value(metrics, "inference_objective_prompt_cached_tokens_sum", **M) == 8
@@ -149,7 +151,7 @@ def test_scrape_failures_are_the_references_poll_and_extract_errors_and_ours_by_
 
 
 def test_a_response_without_body_has_no_ttft(metrics):
-    metrics.on_stream_event(Release(request(), 10, 5))
+    metrics.on_stream_event(Release(request(), Usage(10, 5)))
     assert value(metrics, "llm_d_epp_request_ttft_seconds_count", **R, streaming="false") is None
     assert value(metrics, "llm_d_epp_response_size_bytes_count", **R) is None
 
@@ -195,15 +197,15 @@ def test_an_error_before_parsing_has_empty_labels(metrics):
 
 def test_a_model_servers_non_2xx_answer_is_a_model_server_error(metrics):
     dispatched = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
-    metrics.on_stream_event(Release(dispatched, None, 0, upstream_status=404))
+    metrics.on_stream_event(Release(dispatched, None, upstream_status=404))
     assert value(metrics, "llm_d_epp_request_error_total", **R, error_code="ModelServerError")
     assert value(metrics, "llm_d_epp_request_duration_seconds_count", **R) == 1
 
 
 def test_a_model_servers_2xx_answer_is_no_error(metrics):
     dispatched = ended(request(), Outcome.DISPATCHED, "10.0.0.1:8000")
-    metrics.on_stream_event(Release(dispatched, 1, 1, upstream_status=201))
-    metrics.on_stream_event(Release(dispatched, 1, 1))
+    metrics.on_stream_event(Release(dispatched, Usage(1, 1), upstream_status=201))
+    metrics.on_stream_event(Release(dispatched, Usage(1, 1)))
     assert label_values(metrics, "llm_d_epp_request_error_total", "error_code") == set()
 
 
@@ -369,7 +371,7 @@ def test_a_tally_counts_cumulatively():
 
 def test_a_twin_sums_the_series_that_share_its_labels(metrics):
     for tenant in ("a", "b"):
-        metrics.on_stream_event(Release(request(tenant), 10, 4))
+        metrics.on_stream_event(Release(request(tenant), Usage(10, 4)))
     assert value(metrics, "inference_objective_input_tokens_count", **M) == 2
     assert value(metrics, "inference_objective_input_tokens_sum", **M) == 20
     assert value(metrics, "inference_objective_input_tokens_bucket", **M, le="8.0") == 0
