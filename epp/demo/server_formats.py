@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 from xxhash import xxh32_intdigest
 
+from epp.extproc import openai
+
 CHARS_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 16
 """Output tokens of a request that sets no limit (vLLM: up to the context)."""
@@ -81,13 +83,9 @@ class InferenceRequest:
 
 def json_object(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; RequestError as vLLM would answer."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        raise bad_request(f"JSON decode error: {error}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
+    return openai.json_object(
+        raw, bad_request, "JSON decode error: ", "the request body must be a JSON object"
+    )
 
 
 def read_request(api: Api, raw: bytes, served: tuple[str, ...]) -> InferenceRequest:

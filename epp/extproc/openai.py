@@ -23,7 +23,7 @@ count one per id. Anything malformed raises `BadRequest` (HTTP 400).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -92,14 +92,21 @@ def api_for_path(path: str) -> Api:
     return Api.COMPLETIONS
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    """`body` as a JSON object; BadRequest (400) when it is not one."""
+def json_object(
+    body: bytes,
+    refuse: Callable[[str], Exception] = BadRequest,
+    not_json: str = "body is not valid JSON: ",
+    not_object: str = "body must be a JSON object",
+) -> dict[str, Any]:
+    """`body` as a JSON object; `refuse(message)` raised when it is not one
+    (BadRequest, 400, unless a caller answering as another server words it
+    its way): `not_json` followed by the decoder's error, or `not_object`."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
-        raise BadRequest(f"body is not valid JSON: {error}") from None
+        raise refuse(f"{not_json}{error}") from None
     if not isinstance(document, dict):
-        raise BadRequest("body must be a JSON object")
+        raise refuse(not_object)
     return document
 
 

@@ -16,7 +16,7 @@ import pytest_asyncio
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.reader import MetricsReader
 from epp.demo.model_server import SimulatedServer
-from epp.demo.server_formats import token_ids
+from epp.demo.server_formats import Api, RequestError, read_request, token_ids
 from epp.demo.tokenizer_file import encoder, train
 from epp.sim.server_model import ServerParams
 from tests.support.metrics_page import MetricsPage
@@ -73,6 +73,17 @@ async def cancelled(tasks: list[asyncio.Task]) -> None:
 
 def chat(**fields) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], **fields}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [(b"{", "JSON decode error: "), (b"[1]", "the request body must be a JSON object")],
+)
+def test_a_body_that_is_not_a_json_object_is_refused_in_vllms_words(raw, message):
+    with pytest.raises(RequestError) as refused:
+        read_request(Api.COMPLETIONS, raw, ("m",))
+    assert (refused.value.status, refused.value.kind) == (400, "BadRequestError")
+    assert str(refused.value).startswith(message)
 
 
 async def test_completion_reports_max_tokens_as_completion_usage(server_url):
