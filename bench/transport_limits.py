@@ -48,12 +48,13 @@ from hyperframe.frame import (
     DataFrame,
     Frame,
     GoAwayFrame,
-    HeadersFrame,
     PingFrame,
     RstStreamFrame,
     SettingsFrame,
     WindowUpdateFrame,
 )
+
+from tests.support.raw_h2 import headers_frame, request_headers, split_frames
 
 ECHO = "/bench.Echo/Echo"
 SINK = "/bench.Echo/Sink"
@@ -163,17 +164,8 @@ class Raw:
         self.server_settings: dict[int, int] = {}
 
     def headers(self, stream_id: int, path: str) -> bytes:
-        headers = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", "bench"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ]
-        frame = HeadersFrame(stream_id, data=self.h2.encoder.encode(headers))
-        frame.flags.add("END_HEADERS")
-        return frame.serialize()
+        headers = request_headers(path, [("te", "trailers")], authority="bench")
+        return headers_frame(self.h2.encoder, stream_id, headers)
 
     def send(self, data: bytes, timeout: float = 30.0) -> bool:
         self.sock.settimeout(timeout)
@@ -195,12 +187,7 @@ class Raw:
             self.closed = True
             return
         self._raw += data
-        while len(self._raw) >= 9:
-            frame, length = Frame.parse_frame_header(memoryview(self._raw[:9]))
-            if len(self._raw) < 9 + length:
-                break
-            frame.parse_body(memoryview(self._raw[9 : 9 + length]))
-            del self._raw[: 9 + length]
+        for frame in split_frames(self._raw):
             if isinstance(frame, GoAwayFrame):
                 self.goaway_frame = frame
             elif isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:

@@ -33,8 +33,7 @@ from epp.transport import HEALTH_LIMITS, GrpcServer, TransportLimits
 from epp.transport.connection import GrpcConnection
 from epp.transport.outbound import Outbound
 from tests.support.grpc_handlers import ECHO, SINK, Echo, Sink
-from tests.support.waiting import eventually
-from tests.unit.transport.raw_h2 import (
+from tests.support.raw_h2 import (
     HEALTH_P99_LIMIT,
     HealthProber,
     RawH2,
@@ -45,6 +44,7 @@ from tests.unit.transport.raw_h2 import (
     request_headers,
     send_message,
 )
+from tests.support.waiting import eventually
 
 T = TypeVar("T")
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM

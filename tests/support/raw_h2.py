@@ -1,7 +1,9 @@
 """A raw HTTP/2 client on a blocking socket (h2 and hyperframe), for floods
 and limits no gRPC client will produce, and a prober that keeps a
 well-behaved grpcio client checking health meanwhile. Both run in threads,
-so that the server's event loop, in the test's thread, is measured alone."""
+so that the server's event loop, in the test's thread, is measured alone.
+`request_headers`, `headers_frame` and `split_frames` also serve
+`bench.transport_limits`' client, which keeps no h2 state for what it reads."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hpack import Encoder
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -33,15 +36,47 @@ from tests.support.grpc_handlers import ECHO, SINK
 HEALTH_P99_LIMIT = 0.1
 
 
-def request_headers(path: str = ECHO, extra: Iterable[tuple[str, str]] = ()) -> list:
+def request_headers(
+    path: str = ECHO, extra: Iterable[tuple[str, str]] = (), authority: str = "test"
+) -> list:
     return [
         (":method", "POST"),
         (":scheme", "http"),
         (":path", path),
-        (":authority", "test"),
+        (":authority", authority),
         ("content-type", "application/grpc"),
         *extra,
     ]
+
+
+def headers_frame(
+    encoder: Encoder,
+    stream_id: int,
+    headers: list,
+    *,
+    end_headers: bool = True,
+    end_stream: bool = False,
+) -> bytes:
+    """A HEADERS frame coded with `encoder` (the connection's one HPACK table)."""
+    frame = HeadersFrame(stream_id, data=encoder.encode(headers))
+    if end_stream:
+        frame.flags.add("END_STREAM")
+    if end_headers:
+        frame.flags.add("END_HEADERS")
+    return frame.serialize()
+
+
+def split_frames(raw: bytearray) -> list[Frame]:
+    """The whole frames at the front of `raw`, taken off it (a partial one stays)."""
+    frames = []
+    while len(raw) >= 9:
+        frame, length = Frame.parse_frame_header(memoryview(raw[:9]))
+        if len(raw) < 9 + length:
+            break
+        frame.parse_body(memoryview(raw[9 : 9 + length]))
+        del raw[: 9 + length]
+        frames.append(frame)
+    return frames
 
 
 def message(payload: bytes) -> bytes:
@@ -106,12 +141,9 @@ class RawH2:
         self, stream_id: int, headers: list, *, end_headers: bool = True, end_stream: bool = False
     ) -> bytes:
         """A HEADERS frame coded with h2's own encoder (one HPACK table)."""
-        frame = HeadersFrame(stream_id, data=self.h2.encoder.encode(headers))
-        if end_stream:
-            frame.flags.add("END_STREAM")
-        if end_headers:
-            frame.flags.add("END_HEADERS")
-        return frame.serialize()
+        return headers_frame(
+            self.h2.encoder, stream_id, headers, end_headers=end_headers, end_stream=end_stream
+        )
 
     def read(self, timeout: float = 0.2) -> list[h2.events.Event]:
         """The events of what arrives within `timeout` (none on EOF)."""
@@ -142,13 +174,7 @@ class RawH2:
         raw += data
         if not self.frames and not self.events and raw.startswith(b"PRI"):
             del raw[:24]
-        while len(raw) >= 9:
-            frame, length = Frame.parse_frame_header(memoryview(raw[:9]))
-            if len(raw) < 9 + length:
-                break
-            frame.parse_body(memoryview(raw[9 : 9 + length]))
-            del raw[: 9 + length]
-            self.frames.append(frame)
+        self.frames.extend(split_frames(raw))
 
     def wait_for_frame(self, kind: type, stream_id: int, timeout: float = 5.0) -> Frame | None:
         """The first frame of `kind` on `stream_id` received, or None."""
