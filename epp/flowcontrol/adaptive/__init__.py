@@ -35,6 +35,7 @@ buckets up to the median's; a response's O(1).
 from epp.flowcontrol.adaptive.estimator import (
     INTAKE,
     KEEP_PACE,
+    KV_FULL,
     LONG_STEP,
     NOT_FULL,
     PREFILLING,
@@ -63,6 +64,7 @@ from epp.flowcontrol.adaptive.latency import (
 __all__ = [
     "INTAKE",
     "KEEP_PACE",
+    "KV_FULL",
     "LATENCY_SAMPLES",
     "LATENCY_WEIGHT",
     "LONG_STEP",

@@ -42,6 +42,7 @@ class LimitEstimator:
         "factor",
         "found",
         "fresh_at",
+        "kv_bound",
         "latency",
         "limit",
         "most",
@@ -98,6 +99,10 @@ class LimitEstimator:
         the ones counted as pending."""
         self.queue = 0
         """The server's queue at the last sample."""
+        self.kv_bound = False
+        """Whether its last refusal came with its KV cache full (`KV_FULL`):
+        blocks, not sequences, bound its batch, so one more request may wait
+        there for the blocks its completions free (`room`)."""
         self.steps_at = -1.0
         """Its latency histogram's count at the last sample (-1: none yet):
         when the next one shows it moved, a decode step ended between."""
@@ -254,6 +259,8 @@ class LimitEstimator:
         stepped = last is not None and count != self.steps_at
         self.steps_at = count
         refused = stepped and waiting > between if stepping else waiting > 0
+        if refused:
+            self.kv_bound = sample.kv_usage >= KV_FULL
         done_at = self.done_at
         while done_at and done_at[0] <= now:
             done_at.popleft()
@@ -373,6 +380,13 @@ class LimitEstimator:
         return min(max(pending, pace), max(pending, room))
 
 
+KV_FULL = 0.9
+"""A refusal with the server's KV cache at least this full was for blocks,
+not for a sequence slot: a cache that holds ten or more of the requests it
+runs has no room for another. One that holds fewer may refuse below it,
+and is then taken as bound by its sequences (no request waits beyond the
+limit there)."""
+
 STEP_ARRIVALS = 2
 """At most this many requests go to an endpoint within one of its steps (up
 to a completion or a first token there, which come at a step's end, or for
@@ -426,6 +440,14 @@ def allowed(limit: int, ceiling: float) -> int:
     return max(1, limit - max(1, ceil(limit * (1.0 - ceiling) - 1e-9)))
 
 
+def room(estimator: LimitEstimator) -> int:
+    """What the endpoint may hold: its limit, one more where its KV cache
+    bounds the batch (a request waiting there takes the blocks a completion
+    frees at the next step; one sent at the completion would arrive a path
+    and a step later). The pending budget still bounds its queue."""
+    return estimator.limit + estimator.kv_bound
+
+
 def has_burst_room(estimator: LimitEstimator, now: float) -> bool:
     """Whether the endpoint may be sent one more within its current step."""
     return estimator.burst < STEP_ARRIVALS or now >= estimator.burst_until
@@ -436,7 +458,7 @@ def fits(estimator: LimitEstimator, held: int, ceiling: float, now: float) -> bo
     band below the top with `ceiling` at `now`: its pending budget is not
     spent, its current step may take one more, and it holds fewer than its
     limit (one more while probing) allows."""
-    limit = estimator.limit
+    limit = room(estimator)
     return (estimator.pending < estimator.budget and has_burst_room(estimator, now)) and held < (
         limit + 1 if estimator.probing else allowed(limit, ceiling)
     )

@@ -14,6 +14,7 @@ from epp.flowcontrol.adaptive.estimator import (
     allowed,
     fits,
     has_burst_room,
+    room,
 )
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Observations, Observed
 from epp.flowcontrol.adaptive.latency import compare_to_pool
@@ -295,7 +296,7 @@ class AdaptiveGate:
             band = self._bands[priority]
         ceiling, top, rank = band
         in_flight = self._in_flight.get(endpoint, 0)
-        limit = estimator.limit
+        limit = room(estimator)
         if self.usage.dynamic:
             priorities = self._priorities
             ceiling = self.usage.ceiling(rank, len(priorities), priorities, in_flight / limit)

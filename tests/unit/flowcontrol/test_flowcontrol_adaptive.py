@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.flowcontrol.adaptive import (
+    KV_FULL,
     LATENCY_SAMPLES,
     RECENT_SECONDS,
     RECENT_WINDOW,
@@ -17,6 +18,7 @@ from epp.flowcontrol.adaptive import (
     AdaptiveLimits,
     LimitEstimator,
     allowed,
+    fits,
     median_grown,
     median_without,
 )
@@ -161,6 +163,22 @@ def test_a_probe_at_a_stepping_server_ends_at_its_first_refusal():
     # A step ended, and the request sent before the first read still waits.
     estimator.observe(sample(0.05, running=6, waiting=1, itl_count=106.0, **STEPS), binding=True)
     assert (estimator.limit, estimator.probing, estimator.found) == (6, False, True)
+
+
+@pytest.mark.parametrize(("kv_usage", "room"), [(KV_FULL, True), (KV_FULL - 0.1, False)])
+def test_a_server_that_refused_with_its_kv_cache_full_may_keep_one_waiting(kv_usage, room):
+    # Its blocks free at every completion: one request waiting there takes
+    # them at the next step. Refused with blocks to spare, it is full of
+    # sequences, and one more would only wait.
+    estimator = LimitEstimator(SETTINGS)
+    estimator.observe(sample(0.0, running=8, itl_count=100.0, **STEPS), binding=True)
+    estimator.observe(
+        sample(0.05, running=8, waiting=1, kv_usage=kv_usage, itl_count=108.0, **STEPS),
+        binding=True,
+    )
+    assert (estimator.limit, estimator.probing, estimator.found) == (8, False, True)
+    estimator.pending = 0
+    assert fits(estimator, allowed(8, 0.9), 0.9, 0.1) is room
 
 
 def test_the_shrink_window_counts_only_samples_across_a_step_end():
