@@ -96,13 +96,14 @@ def at_end_of_turn(callback: Callable[..., None]) -> Callable[..., None]:
 
 
 def decided_then(
-    decided: Callable[[FlowRequest], None], then: Callable[[FlowRequest, float], None]
+    decided: Callable[[FlowRequest, float], bool], then: Callable[[FlowRequest, float], None]
 ) -> Callable[[FlowRequest, float], None]:
-    """An `on_outcome` telling a worker its request's decision, then `then`."""
+    """An `on_outcome` telling a worker its request's decision, then `then`
+    unless the worker records the outcome (`decided` says so)."""
 
     def on_outcome(request: FlowRequest, now: float) -> None:
-        decided(request)
-        then(request, now)
+        if not decided(request, now):
+            then(request, now)
 
     return on_outcome
 
@@ -172,7 +173,11 @@ class EppParts:
         if options.workers:
             self.metrics.streams_here = False
             owner = self.owner = Owner(
-                options.workers, self._worker_spec, self.priority_of, self.metrics.merge()
+                options.workers,
+                self._worker_spec,
+                self.priority_of,
+                self.metrics.merge(),
+                outcomes=self.metrics,
             )
             self.metrics.gather = owner.gather
             on_outcome = decided_then(owner.decided, on_outcome)
@@ -259,6 +264,7 @@ class EppParts:
             self._rng.randrange(1 << 63),
             self._self_signed,
             self._scrape_settings,
+            self.metrics.pool_name,
         )
 
     def _ext_proc_limits(self) -> TransportLimits:

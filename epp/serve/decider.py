@@ -161,11 +161,12 @@ class Decider:
         known = self._known.get(replica_id)
         return known is not None and known.reported
 
-    def decided(self, request: FlowRequest) -> None:
+    def decided(self, request: FlowRequest, now: float) -> bool:
         """`on_outcome`: the decision goes to its replica (`Owner.decided`);
         with `decisions` at debug, a line with the request's priority, when
         this decider received it (a replica's ARRIVE; its own requests:
-        their arrival) and when it decided."""
+        their arrival) and when it decided. False: the outcome series are
+        this page's (a replica records none of them)."""
         if decisions.isEnabledFor(logging.DEBUG):
             received = self._received.pop(request.request_id, request.arrival)
             decisions.debug(
@@ -177,7 +178,7 @@ class Decider:
                 request.outcome.value if request.outcome is not None else None,
                 request.endpoint,
             )
-        self.owner.decided(request)
+        return self.owner.decided(request, now)
 
     # -- running ---------------------------------------------------------------
 

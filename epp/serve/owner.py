@@ -22,9 +22,11 @@ Connections go round robin to the live workers; with none, a connection
 is closed at once (Envoy retries it). With `scrapes` set, the live workers
 read the model servers' metrics pages and the owner applies each read
 (`epp.serve.scrapes`); a worker's death or start reassigns the shares.
-The workers record the stream side of the request metrics; their series
-are added to the owner's (`series`, asked for by `gather` when the page is
-read, and sent each second).
+The workers record the stream side of the request metrics, and with
+`outcomes` set the outcome series too, from the fields each DECISION
+carries (`RequestMetrics.outcome_fields`: the owner keeps only its queue
+gauges); their series are added to the owner's (`series`, asked for by
+`gather` when the page is read, and sent each second).
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from epp.flowcontrol.request import FlowRequest, State
 from epp.scheduling.cache_scorers import PrefixCacheScorer
 from epp.scheduling.scheduler import Scheduler
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
+from epp.serve.metrics.recorder import OutcomeFields
 from epp.serve.metrics.shipping import Merge
 from epp.serve.scrapes import ScrapeShares
 from epp.serve.worker import WorkerSpec
@@ -61,6 +65,16 @@ PULL_TIMEOUT_S = 0.5
 LISTEN_BACKLOG = 1024
 
 
+class Outcomes(Protocol):
+    """Where a request's outcome series are recorded (`RequestMetrics`):
+    `outcome_fields` here, at the decision; `record_outcome` from them, in
+    the request's worker (or here, when its DECISION cannot reach it)."""
+
+    def outcome_fields(self, request: FlowRequest, now: float) -> OutcomeFields | None: ...
+
+    def record_outcome(self, request: FlowRequest, fields: OutcomeFields) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class WorkerSlot:
     """One worker: its process, its link and the requests it holds here."""
@@ -70,6 +84,9 @@ class WorkerSlot:
     handoff: socket.socket | None = None
     process: asyncio.subprocess.Process | None = None
     requests: dict[int, FlowRequest] = field(default_factory=dict)
+    recorded: dict[int, OutcomeFields] = field(default_factory=dict)
+    """The outcome fields sent with each decision here until the request's
+    last message (a CANCEL that crossed its DECISION: recorded here)."""
     arrivals: int = 0
     """Requests that arrived through this worker (all its processes)."""
     connections: int = 0
@@ -126,6 +143,7 @@ class Owner:
         spec: Callable[[int, int, int], WorkerSpec],
         priority_of: Callable[[Mapping[str, str]], int],
         series: Merge | None = None,
+        outcomes: Outcomes | None = None,
     ) -> None:
         self.admission: AdmissionController | None = None
         self.scrapes: ScrapeShares | None = None
@@ -136,6 +154,8 @@ class Owner:
         self._priority_of = priority_of
         self._series = series
         """Where the workers' stream-side series are added (None: dropped)."""
+        self._outcomes = outcomes
+        """None: the outcome series are recorded by whoever records the rest."""
         self._pulls = 0
         self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
         self._health: dict[str, int] = {}
@@ -156,13 +176,25 @@ class Owner:
 
     # -- the core's side ---------------------------------------------------------------
 
-    def decided(self, request: FlowRequest) -> None:
-        """`on_outcome`: tell the request's worker what the core decided."""
+    def decided(self, request: FlowRequest, now: float) -> bool:
+        """`on_outcome`: tell the request's worker what the core decided;
+        True when the worker records its outcome series."""
         origin = self._origin.get(request)
-        if origin is not None:
-            slot, rid = origin
-            if slot.link is not None:
-                slot.link.send([wire.DECISION, rid, *wire.decision_fields(request)])
+        if origin is None:
+            return False
+        slot, rid = origin
+        if slot.link is None:
+            return False
+        decision = [wire.DECISION, rid, *wire.decision_fields(request)]
+        outcomes = self._outcomes
+        fields = outcomes.outcome_fields(request, now) if outcomes is not None else None
+        if fields is None:
+            slot.link.send(decision)
+            return False
+        slot.recorded[rid] = fields
+        decision.append(fields)
+        slot.link.send(decision)
+        return True
 
     def evict(self, request: FlowRequest) -> None:
         """`Core.on_evict`: the worker ends the stream and then completes it."""
@@ -233,6 +265,10 @@ class Owner:
             elif kind == wire.PREFILL_DONE:
                 admission.prefill_done(request)
             elif kind == wire.CANCEL:
+                fields = slot.recorded.get(rid)
+                if fields is not None and self._outcomes is not None:
+                    # Its DECISION crossed this: the worker no longer knows the request.
+                    self._outcomes.record_outcome(request, fields)
                 self._forget(slot, rid)
                 admission.withdraw(request)
         if looks:
@@ -292,6 +328,7 @@ class Owner:
             slot.link.send([wire.DECISION, rid, *failed])
 
     def _forget(self, slot: WorkerSlot, rid: int) -> None:
+        slot.recorded.pop(rid, None)
         request = slot.requests.pop(rid, None)
         if request is not None:
             self._origin.pop(request, None)
@@ -360,7 +397,7 @@ class Owner:
         handoff, child_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         handoff.setblocking(False)
         spec = self._spec(slot.index, child_control.fileno(), child_handoff.fileno())
-        slot.requests = {}
+        slot.requests, slot.recorded = {}, {}
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

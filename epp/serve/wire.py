@@ -12,9 +12,11 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     FIRST_TOKEN  rid
     PREFILL_DONE rid
     CANCEL       rid (the stream went away before a decision came)
-    REJECTED     rid (a local error reply to a request the owner knows)
+    REJECTED     rid (the worker is done with an undispatched request the
+                 owner knows: a local error reply, or its stream gone after
+                 a decision that did not dispatch it)
     SERIES       the answered PULL's number or null, then what the worker's
-                 stream-side metric series gathered since its last SERIES
+                 stream-side and outcome series gathered since its last SERIES
                  (`epp.serve.metrics.shipping`): sent each second when
                  something changed, and in answer to a PULL
     SERVING      the worker is ready for connections (its first message)
@@ -26,7 +28,10 @@ Worker -> owner (`rid` numbers a request on its worker's link):
 Owner -> worker:
 
     DECISION     rid, outcome value (null: admission failed), endpoint,
-                 destination, fallbacks, routing, response headers, priority
+                 destination, fallbacks, routing, response headers, priority,
+                 and when the worker records the outcome series, their
+                 fields (`RequestMetrics.outcome_fields`); a CANCEL that
+                 crossed such a DECISION has the owner record them
     DENIED       rid, the admitter's reason, priority
     EVICT        rid
     ENDPOINTS    the pool's addresses (requests without a body go to one)

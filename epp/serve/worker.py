@@ -83,6 +83,8 @@ class WorkerSpec:
     """The EPP's self-signed (certificate, key) PEM when TLS has no files."""
     scraping: ScrapeSettings | None = None
     """How to read the model servers' metrics (None: the pool has no metrics source)."""
+    pool_name: str = ""
+    """The pool's name on the outcome series this worker records."""
 
 
 class RemoteAdmission:
@@ -167,7 +169,8 @@ class RemoteAdmission:
             return
         rid = self._forget(request)
         if rid is not None:
-            self._send([wire.CANCEL, rid])
+            # After its DECISION (not dispatched) it is no cancel: the decision stands.
+            self._send([wire.CANCEL if request.outcome is None else wire.REJECTED, rid])
 
     def complete(
         self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
@@ -207,7 +210,7 @@ class RemoteAdmission:
         time: in answer to PULL `pull` always, otherwise when there is something."""
         if self.metrics is None:
             return
-        rows = take(self.metrics.stream_families())
+        rows = take(self.metrics.shipped_families())
         if rows or pull is not None:
             self._send([wire.SERIES, pull, rows])
 
@@ -262,7 +265,9 @@ class RemoteAdmission:
         request = self._requests.get(rid)
         if request is None:
             return  # withdrawn meanwhile: the owner had its CANCEL
-        value, endpoint, destination, fallbacks, routing, response_headers, priority = fields
+        value, endpoint, destination, fallbacks, routing, response_headers, priority, *record = (
+            fields
+        )
         request.priority = priority
         if value is None:
             self._settle(rid, AdmissionFailed(f"request {request.request_id}"))
@@ -276,14 +281,19 @@ class RemoteAdmission:
             payload.fallbacks = tuple(fallbacks)
             payload.routing = routing
             payload.response_headers = response_headers
-            if self.metrics is not None:
-                self.metrics.on_started(request)
         else:
             request.state = State.DROPPED
         request.outcome = outcome
         future = self._waiters.pop(request, None)
         if future is not None and not future.done():
             future.set_result(outcome)
+        metrics = self.metrics
+        if metrics is not None:
+            if record:
+                # After the reply, as the in-process outcome hook runs.
+                asyncio.get_running_loop().call_soon(metrics.record_outcome, request, record[0])
+            elif outcome.is_dispatched:
+                metrics.on_started(request)
 
     def _settle(self, rid: int, error: Exception) -> None:
         request = self._requests.get(rid)
@@ -355,7 +365,8 @@ def no_priority(headers: object) -> int:
 async def run(spec: WorkerSpec) -> int:
     loop = asyncio.get_running_loop()
     options = spec.options
-    metrics = RequestMetrics("")
+    metrics = RequestMetrics(spec.pool_name)
+    metrics.flows_here = False
     admission = RemoteAdmission(seed=spec.seed, metrics=metrics)
     link = wire.Link(admission.on_messages, admission.on_lost)
     admission.link = link

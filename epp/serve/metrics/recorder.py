@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -63,6 +63,10 @@ from epp.scheduling.stages import DISAGG_HANDLERS
 from epp.serve.metrics.series import LABEL_VALUE_LIMIT, OTHER, BoundedLabel, Family, Tally
 from epp.serve.metrics.shipping import Merge
 from epp.serve.metrics.vocabulary import SCHEDULER_BUCKETS, P
+
+OutcomeFields = list[Any]
+"""`RequestMetrics.outcome_fields`: [queued, seconds to the outcome, the
+endpoint's [name, namespace] or None, the prefix match's fields or None]."""
 
 
 def epp_version() -> str:
@@ -211,6 +215,9 @@ class RequestMetrics:
         self.streams_here = True
         """False under --workers: the workers record the stream side
         (`stream_families`, `request_running` included) and ship it here."""
+        self.flows_here = True
+        """False in a protocol worker: the flows are the owner's core's, and
+        the owner's page drops a collected flow's series (`merge` notes them)."""
         self._queued: dict[FlowRequest, tuple[str, ...]] = {}
         self._flow_series: defaultdict[FlowKey, set[tuple[Family, tuple[str, ...]]]] = defaultdict(
             set
@@ -308,7 +315,9 @@ class RequestMetrics:
         tally = family.values.get(labels)
         if tally is None:
             tally = family.tally(labels)
-            self._flow_series[FlowKey(request.fairness_id, request.priority)].add((family, labels))
+            if self.flows_here:
+                key = FlowKey(request.fairness_id, request.priority)
+                self._flow_series[key].add((family, labels))
         return tally
 
     def on_dispatch_cycle(self, seconds: float) -> None:
@@ -316,37 +325,68 @@ class RequestMetrics:
         self.cycles.add(seconds)
 
     def on_outcome(self, request: FlowRequest, now: float) -> None:
+        """A request reached its flow-control outcome in this process."""
+        fields = self.outcome_fields(request, now)
+        if fields is not None:
+            self.record_outcome(request, fields)
+
+    def outcome_fields(self, request: FlowRequest, now: float) -> OutcomeFields | None:
+        """The decider's side of `request`'s outcome (its queue gauges leave,
+        the disaggregation decision), and what only the decider knows of the
+        rest, as `record_outcome` takes it: whether it waited in a queue,
+        how long it took, the endpoint's (name, namespace), the prefix match
+        as `PrefixMatch`'s fields. None: it has no outcome yet."""
         outcome = request.outcome
         if outcome is None:
-            return
+            return None
         queued_labels = self._queued.pop(request, None)
         if queued_labels is not None:
             self.queue_size.add(queued_labels, -1)
             self.queue_bytes.add(queued_labels, -request.byte_size)
+        names = match = None
+        if outcome.is_dispatched:
+            payload = request.payload
+            handler = self.disagg_handler
+            if handler is not None:
+                decision = decision_type(payload.routing if payload is not None else None)
+                self.disagg_decisions.add((*handler, self.model(_models(request)[1]), decision))
+            prefix = payload.prefix_match if isinstance(payload, InferenceRequest) else None
+            if prefix is not None:
+                match = [
+                    prefix.producer,
+                    prefix.producer_type,
+                    prefix.matched,
+                    prefix.blocks,
+                    prefix.block_tokens,
+                    prefix.prompt_tokens,
+                ]
+            if request.endpoint:
+                names = self._endpoint_names(request.endpoint)
+        return [queued_labels is not None, max(0.0, now - request.arrival), names, match]
+
+    def record_outcome(self, request: FlowRequest, fields: OutcomeFields) -> None:
+        """The rest of `request`'s outcome series, from what `outcome_fields`
+        gave (in this process, or in the decider, sent with the decision)."""
+        queued, waited, names, match = fields
+        outcome = request.outcome
+        assert outcome is not None
         labels = self._request_labels(request)
         model, target, fairness_id, priority = labels
         self.request_total.add(labels)
         self.request_size.observe(labels, request.byte_size)
-        waited = max(0.0, now - request.arrival)
         self.processing.observe((), waited)
-        reference_outcome = flow_control_outcome(outcome, queued_labels is not None)
+        reference_outcome = flow_control_outcome(outcome, queued)
         flow = (fairness_id, priority, reference_outcome, self.pool_name, model, target)
         self._flow_tally(self.queue_duration, flow, request).add(waited)
         self.flow_control_total.add((reference_outcome, priority, self.pool_name))
         if outcome.is_dispatched:
             if model and self.streams_here:
                 self.running.add(labels)
-            self._attempt("success", target, request.endpoint)
-            payload = request.payload
-            handler = self.disagg_handler
-            if handler is not None:
-                decision = decision_type(payload.routing if payload is not None else None)
-                self.disagg_decisions.add((*handler, target, decision))
-            match = payload.prefix_match if isinstance(payload, InferenceRequest) else None
+            self._attempt("success", target, request.endpoint, names)
             if match is not None:
-                self._prefix_match(match)
+                self._prefix_match(PrefixMatch(*match))
         elif outcome is Outcome.REJECTED_NO_ENDPOINTS or outcome is Outcome.REJECTED_FILTERED:
-            self._attempt("failure", target, None)
+            self._attempt("failure", target, None, None)
 
     def _prefix_match(self, match: PrefixMatch) -> None:
         """The prefix series of a dispatched request: what its producer's index
@@ -365,10 +405,13 @@ class RequestMetrics:
         disaggregates = handler.type in DISAGG_HANDLERS
         self.disagg_handler = (handler.name, handler.type) if disaggregates else None
 
-    def _attempt(self, status: str, target: str, address: str | None) -> None:
+    def _attempt(
+        self, status: str, target: str, address: str | None, names: Sequence[str] | None
+    ) -> None:
         name, namespace, port = "", "", ""
         if address:
-            name, namespace = self._endpoint_names(address)
+            if names is not None:
+                name, namespace = names
             port = str(parse_address(address)[1])
         self.attempts.add((status, target, name, namespace, port))
 
@@ -427,10 +470,29 @@ class RequestMetrics:
             self.running.add(labels)
 
     def merge(self) -> Merge:
-        """Adds the takes of protocol workers' `stream_families` to this
-        process's, their labels capped as its own."""
+        """Adds the takes of protocol workers' `shipped_families` to this
+        process's, their labels capped as its own; a flow-control series
+        is noted as its flow's, as this process's own are."""
         caps = {"model_name": self.model, "target_model_name": self.model}
-        return Merge(self.stream_families(), {**caps, "fairness_id": self.fairness_id})
+        return Merge(
+            self.shipped_families(),
+            {**caps, "fairness_id": self.fairness_id},
+            self._merged,
+        )
+
+    def _merged(self, family: Family, labels: tuple[str, ...]) -> None:
+        if family is self.queue_duration and labels[0] != OTHER:
+            self._flow_series[FlowKey(labels[0], int(labels[1]))].add((family, labels))
+
+    def shipped_families(self) -> list[Family]:
+        """What a protocol worker records and ships: `stream_families`, and
+        the families of `record_outcome` (from each DECISION's fields)."""
+        return [
+            *self.stream_families(),
+            self.request_total, self.request_size, self.processing, self.queue_duration,
+            self.flow_control_total, self.attempts, self.prefix_predicted,
+            self.prefix_prompt, self.prefix_hit_bytes, self.prefix_hit_ratio,
+        ]  # fmt: skip
 
     def stream_families(self) -> list[Family]:
         """The families written from what a stream sees (its response, its

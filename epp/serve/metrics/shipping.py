@@ -1,8 +1,11 @@
 """Series recorded in one process and shown by another: under `epp serve
 --workers N` each protocol worker records the stream side of its requests
 (`RequestMetrics.stream_families`: errors, durations, sizes, tokens, TTFT,
-TPOT, ITL, response processing, `request_running`) and the core owner's
-`/metrics` page shows their sum.
+TPOT, ITL, response processing, `request_running`) and their outcome series
+from the fields each DECISION carries (`RequestMetrics.record_outcome`:
+requests, sizes, processing and queue durations, flow-control outcomes,
+scheduler attempts, prefix matches), and the core owner's `/metrics` page
+shows their sum.
 
 A worker `take`s what its families gathered since its last take (they start
 again from nothing); the owner's `Merge` adds each take to its own families.
@@ -15,7 +18,7 @@ requests with it: `forget` removes what it had added to the gauges.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from epp.serve.metrics.series import BoundedLabel, Family
@@ -48,11 +51,17 @@ def take(families: Iterable[Family]) -> Rows:
 class Merge:
     """Adds takes from several sources (workers, by index) to `families`.
     `caps` bounds client-chosen labels by name, as this process's own
-    updates are bounded."""
+    updates are bounded; `added` is told of each series a take adds to."""
 
-    __slots__ = ("_caps", "_families", "_gauges")
+    __slots__ = ("_added", "_caps", "_families", "_gauges")
 
-    def __init__(self, families: Iterable[Family], caps: Mapping[str, BoundedLabel]) -> None:
+    def __init__(
+        self,
+        families: Iterable[Family],
+        caps: Mapping[str, BoundedLabel],
+        added: Callable[[Family, tuple[str, ...]], None] | None = None,
+    ) -> None:
+        self._added = added
         self._families = {family.spec.name: family for family in families}
         self._caps = {
             name: [(i, caps[label]) for i, label in enumerate(family.spec.labels) if label in caps]
@@ -80,6 +89,8 @@ class Merge:
                     family.add(key, value)
                     if kind is Kind.GAUGE:
                         self._gauges[source][(name, key)] += value
+                if self._added is not None:
+                    self._added(family, key)
 
     def forget(self, source: int) -> None:
         """`source` is gone, and what runs through it with it."""

@@ -12,6 +12,7 @@ import random
 import socket
 from dataclasses import dataclass, field
 
+import orjson
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,8 @@ from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.admission import AdmissionController
 from epp.serve.assembly import decided_then
+from epp.serve.metrics.recorder import RequestMetrics
+from epp.serve.metrics.shipping import take
 from epp.serve.owner import Owner, WorkerSlot
 from epp.serve.worker import RemoteAdmission
 
@@ -74,14 +77,17 @@ def make_core(clock) -> Core:
 def make_request(number: int, tenant: str, objective: str, prompt: str, now: float) -> FlowRequest:
     """A request as the stream machine builds it (priority from its headers)."""
     headers = {"x-llm-d-inference-objective": objective} if objective else {}
+    tokens = 1 + len(prompt) // 4
     return FlowRequest(
         request_id=f"r{number}",
         fairness_id=tenant,
         priority=priority_of(headers),
         arrival=now,
         byte_size=40 + len(prompt),
-        input_tokens=1 + len(prompt) // 4,
-        payload=InferenceRequest(model="m", target_model="m", prompt=prompt, headers=headers),
+        input_tokens=tokens,
+        payload=InferenceRequest(
+            model="m", target_model="m", prompt=prompt, input_tokens=tokens, headers=headers
+        ),
     )
 
 
@@ -105,16 +111,35 @@ class Remote:
     owner_decided: list[Decision] = field(default_factory=list)
 
 
-async def remote_stack(workers: int, clock) -> Remote:
+def endpoint_names(address: str) -> tuple[str, str]:
+    return next(e.name for e in ENDPOINTS if e.address == address), "default"
+
+
+def request_metrics() -> RequestMetrics:
+    return RequestMetrics("pool", endpoint_names=endpoint_names)
+
+
+def recording(decided: list[Decision], then):
+    """An `on_outcome` noting the decision in `decided`, then `then`."""
+
+    def on_outcome(request: FlowRequest, now: float) -> None:
+        decided.append(decision(request))
+        then(request, now)
+
+    return on_outcome
+
+
+async def remote_stack(workers: int, clock, metrics: RequestMetrics | None = None) -> Remote:
+    """With `metrics`, the owner records there and its workers record the
+    outcome series (each a `RequestMetrics` of its own) as `epp serve` wires them."""
     core = make_core(clock)
-    owner = Owner(workers, spec=None, priority_of=priority_of)  # type: ignore[arg-type]
+    owner = Owner(workers, spec=None, priority_of=priority_of, outcomes=metrics)  # type: ignore[arg-type]
     decided: list[Decision] = []
+    then = decided_then(
+        owner.decided, metrics.on_outcome if metrics is not None else lambda request, now: None
+    )
     admission = AdmissionController(
-        core,
-        clock,
-        on_outcome=decided_then(
-            owner.decided, lambda request, now: decided.append(decision(request))
-        ),
+        core, clock, on_outcome=recording(decided, then), on_queued=metrics and metrics.on_queued
     )
     owner.admission = admission
     core.on_evict = owner.evict
@@ -123,7 +148,9 @@ async def remote_stack(workers: int, clock) -> Remote:
     for slot in owner.slots:
         owner_end, worker_end = socket.socketpair()
         await owner.attach(slot, owner_end)
-        remote = RemoteAdmission()
+        remote = RemoteAdmission(metrics=request_metrics() if metrics is not None else None)
+        if remote.metrics is not None:
+            remote.metrics.flows_here = False
         link = wire.Link(remote.on_messages, remote.on_lost)
         remote.link = link
         await loop.connect_accepted_socket(lambda link=link: link, worker_end)
@@ -162,17 +189,42 @@ def test_a_trace_decides_the_same_through_owner_and_workers_as_in_process(trace)
     asyncio.run(run_both(trace))
 
 
-async def run_both(trace) -> None:
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces)
+def test_a_trace_shows_the_same_outcome_series_on_the_owners_page_as_in_process(trace) -> None:
+    asyncio.run(run_both(trace, with_metrics=True))
+
+
+def outcome_page(metrics: RequestMetrics) -> dict:
+    """The outcome and stream series (those a worker ships) and the queue gauges, as shown."""
+    shown = {}
+    for family in [*metrics.shipped_families(), metrics.queue_size, metrics.queue_bytes]:
+        for key, value in family.values.items():
+            if hasattr(value, "counts"):
+                if value.count:
+                    shown[family.spec.name, key] = (value.counts, round(value.total, 6))
+            elif value:
+                shown[family.spec.name, key] = round(value, 6)
+    return shown
+
+
+async def run_both(trace, with_metrics: bool = False) -> None:
     now = [100.0]
 
     def clock() -> float:
         return now[0]
 
     local_decided: list[Decision] = []
+    local_metrics = request_metrics()
     local = AdmissionController(
-        make_core(clock), clock, on_outcome=lambda r, _: local_decided.append(decision(r))
+        make_core(clock),
+        clock,
+        on_outcome=recording(local_decided, local_metrics.on_outcome),
+        on_queued=local_metrics.on_queued,
+        on_complete=local_metrics.on_complete,
     )
-    remote = await remote_stack(2, clock)
+    owner_metrics = request_metrics() if with_metrics else None
+    remote = await remote_stack(2, clock, owner_metrics)
     # what each side holds, in arrival order: (local request, worker request, worker)
     held: list[tuple[FlowRequest, FlowRequest, RemoteAdmission]] = []
     worker_decided: list[Decision] = []
@@ -215,6 +267,13 @@ async def run_both(trace) -> None:
         await settled(lambda told=told: len(worker_decided) == told)
     assert remote.owner_decided == local_decided
     assert worker_decided == [d for d in local_decided if d[0] not in withdrawn]
+    if owner_metrics is not None:
+        await asyncio.sleep(0)  # the workers record an outcome after its reply
+        merge = owner_metrics.merge()
+        for index, worker in enumerate(remote.workers):
+            assert worker.metrics is not None
+            merge.add(index, orjson.loads(orjson.dumps(take(worker.metrics.shipped_families()))))
+        assert outcome_page(owner_metrics) == outcome_page(local_metrics)
     for task in waits:
         task.cancel()
     for link in remote.worker_links:
@@ -293,3 +352,39 @@ async def test_the_worker_hashes_prompts_with_the_owners_prefix_geometry() -> No
     assert second.payload.prefix_hashes == (block_chars, max_blocks, expected)
     at_owner = next(r for r in remote.owner.slots[0].requests.values() if r.request_id == "r2")
     assert at_owner.payload.prefix_hashes == (block_chars, max_blocks, expected)
+
+
+async def test_a_request_cancelled_as_its_decision_crosses_is_recorded_once_by_the_owner() -> None:
+    metrics = request_metrics()
+    remote = await remote_stack(1, lambda: 5.0, metrics)
+    (worker,) = remote.workers
+    request = make_request(1, "a", "", "p", 5.0)
+    worker.offer(request)
+    worker.withdraw(request)  # the CANCEL leaves in the ARRIVE's frame, before the DECISION
+
+    await settled(lambda: remote.owner_decided != [] and remote.core.in_flight == 0)
+    await asyncio.sleep(0.01)  # the DECISION reaches the worker, which knows the request no more
+    assert worker.metrics is not None
+    metrics.merge().add(0, orjson.loads(orjson.dumps(take(worker.metrics.shipped_families()))))
+
+    assert [d[:2] for d in remote.owner_decided] == [("r1", "dispatched")]
+    assert sum(metrics.request_total.values.values()) == 1
+    assert remote.owner.slots[0].recorded == {}
+
+
+async def test_a_worker_told_a_decision_it_did_not_take_does_not_cancel_it() -> None:
+    metrics = request_metrics()
+    remote = await remote_stack(1, lambda: 5.0, metrics)
+    (worker,) = remote.workers
+    remote.admission.core.close()  # every arrival is rejected now
+    request = make_request(1, "a", "", "p", 5.0)
+    worker.offer(request)
+    await settled(lambda: request.outcome is not None)
+
+    worker.withdraw(request)  # the stream ends after its rejection
+    await asyncio.sleep(0.01)
+    assert worker.metrics is not None
+    metrics.merge().add(0, orjson.loads(orjson.dumps(take(worker.metrics.shipped_families()))))
+
+    assert sum(metrics.request_total.values.values()) == 1
+    assert remote.owner.slots[0].requests == {}

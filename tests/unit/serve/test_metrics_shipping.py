@@ -9,6 +9,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epp.flowcontrol.flow import FlowKey
 from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.series import OTHER
@@ -116,3 +117,19 @@ def test_shipped_client_chosen_labels_are_capped_as_the_owners_own():
         ("m", "m", "tenant-1", "0"),
         ("m", "m", OTHER, "0"),
     }
+
+
+def test_a_collected_flows_queue_durations_shipped_by_a_worker_leave_the_owners_page():
+    owner = RequestMetrics("pool")
+    merge = owner.merge()
+    worker = RequestMetrics("pool")
+    worker.flows_here = False
+    flow = ("tenant", "5", "Dispatched", "pool", "m", "m")
+    other_flow = ("tenant", "0", "Dispatched", "pool", "m", "m")
+    worker.queue_duration.observe(flow, 0.25)
+    worker.queue_duration.observe(other_flow, 0.5)
+    merge.add(0, shipped(take(worker.shipped_families())))
+
+    owner.on_flows_collected([FlowKey("tenant", 5)])
+
+    assert set(owner.queue_duration.values) == {other_flow}
