@@ -32,6 +32,7 @@ from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.shipping import take
 from epp.serve.owner import Owner, WorkerSlot
 from epp.serve.worker import RemoteAdmission
+from tests.support.series import shown
 
 CONFIG = """
 apiVersion: llm-d.ai/v1alpha1
@@ -197,15 +198,7 @@ def test_a_trace_shows_the_same_outcome_series_on_the_owners_page_as_in_process(
 
 def outcome_page(metrics: RequestMetrics) -> dict:
     """The outcome and stream series (those a worker ships) and the queue gauges, as shown."""
-    shown = {}
-    for family in [*metrics.shipped_families(), metrics.queue_size, metrics.queue_bytes]:
-        for key, value in family.values.items():
-            if hasattr(value, "counts"):
-                if value.count:
-                    shown[family.spec.name, key] = (value.counts, round(value.total, 6))
-            elif value:
-                shown[family.spec.name, key] = round(value, 6)
-    return shown
+    return shown([*metrics.shipped_families(), metrics.queue_size, metrics.queue_bytes])
 
 
 async def run_both(trace, with_metrics: bool = False) -> None:

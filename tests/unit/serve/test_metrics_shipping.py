@@ -14,6 +14,7 @@ from epp.serve.metrics.catalogue import P
 from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.series import OTHER
 from epp.serve.metrics.shipping import take
+from tests.support.series import shown
 
 LABELS = [("m", "m", "a", "0"), ("m", "n", "b", "5"), ("", "", "", "")]
 update = st.tuples(
@@ -37,15 +38,7 @@ def apply(metrics: RequestMetrics, kind: str, labels: tuple[str, ...], value: fl
 
 
 def page(metrics: RequestMetrics) -> dict:
-    shown = {}
-    for family in metrics.stream_families():
-        for key, value in family.values.items():
-            if hasattr(value, "counts"):
-                if value.count:
-                    shown[family.spec.name, key] = (value.counts, round(value.total, 6))
-            elif value:
-                shown[family.spec.name, key] = round(value, 6)
-    return shown
+    return shown(metrics.stream_families())
 
 
 def shipped(rows):
