@@ -48,6 +48,12 @@ class TokenizerSettings:
     max_concurrency: int = 64
     """Tokenizations in flight at once (past it a request takes the estimate)."""
 
+    @property
+    def keeps_prefix_store(self) -> bool:
+        """Whether the backend encodes only what its prefix store does not
+        hold (`epp.serve.token_store`): the local one, which has offsets."""
+        return self.backend is TokenizerBackend.LOCAL
+
 
 def token_producer(parameters: Mapping[str, Any]) -> TokenizerSettings:
     chosen = [key for key in ("vllm", "udsTokenizerConfig", "local") if parameters[key] is not None]

@@ -210,9 +210,7 @@ class PrefixCacheScorer:
             matched,
             len(hashes),
             self.block_chars_of(request) // CHARS_PER_TOKEN,
-            # tokens may be the prompt's leading part (the token producer's
-            # prefix store); input_tokens then counts the whole prompt
-            request.input_tokens or (len(tokens) if tokens else 0),
+            len(tokens) if tokens else request.input_tokens,
         )
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:

@@ -11,10 +11,10 @@ Backends (`epp.config.precise.TokenizerSettings`):
 - `local`: the Hugging Face `tokenizers` library on the model directory's
   `tokenizer.json`, on the prompt text (no chat template): on the event loop
   up to `INLINE_CHARS`, beyond in a small thread pool (`tokenizers` releases
-  the GIL while it encodes). A prompt whose text mostly repeats one it
+  the GIL while it encodes). A prompt whose text begins as one it
   tokenized before takes that one's tokens from its prefix store
-  (`epp.serve.token_store`) instead: a shared system prompt or a
-  conversation's earlier turns are tokenized once.
+  (`epp.serve.token_store`) and encodes only the rest: a shared system
+  prompt or a conversation's earlier turns are tokenized once.
 - `estimate`: nothing; tokens stay estimated (characters / 4).
 
 Whatever happens, the request goes on: a backend slower than its timeout
@@ -41,7 +41,7 @@ import orjson
 
 from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.scheduling.request import InferenceRequest
-from epp.serve.token_store import PrefixTokenStore
+from epp.serve.token_store import Found, PrefixTokenStore
 
 log = logging.getLogger(__name__)
 
@@ -185,15 +185,12 @@ class UdsSidecar:
         await self._session.close()
 
 
-class PromptTokens(list[int]):
-    """The tokens of a prompt's leading part (the prefix store's), and how
-    many the whole prompt is estimated to have (`whole`)."""
-
-    __slots__ = ("whole",)
-
-    def __init__(self, tokens: list[int], whole: int) -> None:
-        super().__init__(tokens)
-        self.whole = whole
+RESYNC_TOKENS = 8
+RESYNC_TRIES = 4
+"""A prompt found in the prefix store is encoded again from RESYNC_TOKENS
+tokens before the end of what was found, and spliced where the two
+encodings agree; where they do not agree at once (the cut fell inside a
+pre-token), from one token earlier, RESYNC_TRIES times, then whole."""
 
 
 class LocalTokenizer:
@@ -223,26 +220,61 @@ class LocalTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_with_ends(text)[0]
 
-    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
-        """The token ids of `text` and where each ends in it (characters)."""
-        # encode_batch releases the GIL while it encodes (for the threads);
-        # on the loop's thread it costs what encode does.
-        encoding = self._tokenizer.encode_batch([text], add_special_tokens=True)[0]
+    def encode_with_ends(
+        self, text: str, special: bool = True, release: bool = False
+    ) -> tuple[list[int], list[int]]:
+        """The token ids of `text` (with the special tokens the tokenizer
+        adds, unless `special` is false) and where each ends in it;
+        `release`: let go of the GIL while encoding (in a worker thread:
+        `encode_batch` does, `encode` does not and is 10% faster)."""
+        tokenizer = self._tokenizer
+        encoding = (
+            tokenizer.encode_batch([text], add_special_tokens=special)[0]
+            if release
+            else tokenizer.encode(text, add_special_tokens=special)
+        )
         return encoding.ids, [end for _, end in encoding.offsets]
+
+    async def _encoded(self, text: str, special: bool = True) -> tuple[list[int], list[int]]:
+        if len(text) <= self.inline_chars:
+            return self.encode_with_ends(text, special)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.encode_with_ends, text, special, True)
 
     async def tokens(self, request: InferenceRequest) -> list[int]:
         text = request.prompt
         found = self.store.find(text)
-        if found is not None:
-            tokens = found.tokens
-            return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
-        if len(text) <= self.inline_chars:
-            tokens, ends = self.encode_with_ends(text)
-        else:
-            loop = asyncio.get_running_loop()
-            tokens, ends = await loop.run_in_executor(self._pool, self.encode_with_ends, text)
+        encoded = await self._extended(text, found) if found is not None else None
+        if encoded is None:
+            encoded = await self._encoded(text)
+        tokens, ends = encoded
         self.store.add(text, tokens, ends)
         return tokens
+
+    async def _extended(self, text: str, found: Found) -> tuple[list[int], list[int]] | None:
+        """`found`'s tokens, then the rest of `text` encoded from a token
+        end a few tokens back, spliced where the two encodings agree (None:
+        they did not)."""
+        tokens, ends = found.tokens, found.ends
+        for back in range(RESYNC_TOKENS, RESYNC_TOKENS + RESYNC_TRIES):
+            cut = len(tokens) - back
+            if cut < 1:
+                return None
+            start = ends[cut - 1]
+            tail, tail_ends = await self._encoded(text[start:], special=False)
+            agree = 0
+            for token, end in zip(tail, tail_ends, strict=False):
+                at = cut + agree
+                if at == len(tokens) or token != tokens[at] or end + start != ends[at]:
+                    break
+                agree += 1
+            if agree:
+                keep = cut + agree
+                return (
+                    tokens[:keep] + tail[agree:],
+                    ends[:keep] + [end + start for end in tail_ends[agree:]],
+                )
+        return None
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -312,7 +344,7 @@ class TokenProducer:
             if self._observe is not None:
                 self._observe(time.perf_counter() - started)
         request.token_ids = tokens
-        request.input_tokens = tokens.whole if isinstance(tokens, PromptTokens) else len(tokens)
+        request.input_tokens = len(tokens)
         self.stats.tokenized += 1
         keys = self._keys
         if keys is not None and tokens:

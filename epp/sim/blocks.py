@@ -18,9 +18,15 @@ meet (a prompt has fewer than 2^24 blocks).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from itertools import chain
+from typing import Any
+
+from epp.serve.token_store import BLOCK_CHARS, CAPACITY
 
 BLOCK_BITS = 24
+CHARS_PER_TOKEN = 4
 
 
 def _base(owner: int) -> int:
@@ -48,3 +54,38 @@ def block_keys(
         return tuple(range(own, own + count))
     first = _base(3 * group + 1)
     return tuple(chain(range(first, first + shared), range(own + shared, own + count)))
+
+
+class TokenStoreModel:
+    """The token producer's prefix store (`epp.serve.token_store`) over
+    simulated prompts: their blocks of BLOCK_CHARS characters (at
+    CHARS_PER_TOKEN) by content key, at most CAPACITY, the least recently
+    used leaving first. `held(request)`: whether the store holds the
+    prompt's first block (the producer then encodes only the rest); the
+    prompt's blocks are held from then on, as the live store adds every
+    prompt it tokenizes."""
+
+    __slots__ = ("_blocks", "_keys_of", "block_tokens", "capacity")
+
+    def __init__(
+        self,
+        keys_of: Callable[[Any, int], tuple[int, ...]],
+        block_tokens: int = BLOCK_CHARS // CHARS_PER_TOKEN,
+        capacity: int = CAPACITY,
+    ) -> None:
+        self._keys_of = keys_of
+        """A request's block keys at a block size (`Simulation.keys_of`)."""
+        self.block_tokens = block_tokens
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def held(self, request: Any) -> bool:
+        keys = self._keys_of(request, self.block_tokens)
+        blocks = self._blocks
+        held = bool(keys) and keys[0] in blocks
+        for key in keys:
+            blocks[key] = None
+            blocks.move_to_end(key)
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
+        return held

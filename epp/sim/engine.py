@@ -55,7 +55,7 @@ from types import MappingProxyType
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
-from epp.sim.blocks import block_keys
+from epp.sim.blocks import TokenStoreModel, block_keys
 from epp.sim.requests import (
     COMPLETED,
     EVICTED,
@@ -101,6 +101,7 @@ class Simulation:
         aggregated: bool = False,
         measure_idle: bool = False,
         tokenizes: bool = False,
+        token_store: bool = False,
     ) -> None:
         self.scenario = scenario
         pool = scenario.pool
@@ -143,6 +144,12 @@ class Simulation:
         """The path's own draws, so a change to it leaves the workload's alone."""
         self._token_producer = (pool.token_producer or None) if tokenizes else None
         """The policy's wait for each request's tokens before it sees it."""
+        self._token_store = (
+            TokenStoreModel(lambda request, size: self.keys_of(request, size))
+            if tokenizes and token_store
+            else None
+        )
+        """The token producer's prefix store, whose prompts wait `pool.token_store`."""
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
         self._progress = progress
@@ -527,7 +534,12 @@ class Simulation:
                 self.now = now = arrival_time
                 arrival_time = requests[next_index].arrival if next_index < count else inf
                 waiting_by_tenant[request.tenant] += 1
-                if self._token_producer is not None:
+                if self._token_store is not None:
+                    wait = (
+                        pool.token_store if self._token_store.held(request) else pool.token_producer
+                    )
+                    self._push(now + wait.draw(self._path_rng), OFFER, request)
+                elif self._token_producer is not None:
                     self._push(now + self._token_producer.draw(self._path_rng), OFFER, request)
                 else:
                     policy.arrive(request, now)

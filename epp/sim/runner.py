@@ -57,6 +57,12 @@ def tokenizes(config: EppConfig) -> bool:
     return settings is not None and settings.backend is not TokenizerBackend.ESTIMATE
 
 
+def keeps_prefix_store(config: EppConfig) -> bool:
+    """Whether `config`'s token-producer encodes only what its prefix store lacks."""
+    settings = config.tokenizer
+    return settings is not None and settings.keeps_prefix_store
+
+
 def simulate(
     scenario: Scenario,
     arrivals: list[Arrived],
@@ -110,6 +116,7 @@ def _simulate(
         aggregated=name in BASELINES,
         measure_idle=measure_idle,
         tokenizes=name not in BASELINES and tokenizes(config),
+        token_store=name not in BASELINES and keeps_prefix_store(config),
     )
     if name == "round-robin":
         policy = RoundRobinPolicy(sim)

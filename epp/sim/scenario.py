@@ -232,6 +232,10 @@ class Pool:
     """The EPP's wait for a request's tokens before it offers it to the core,
     for a configuration whose token-producer tokenizes (the render round
     trip, or the local tokenizer; `pool.token_producer_ms`); none by default."""
+    token_store: PathDelay = PathDelay()
+    """The wait instead when the token producer's prefix store holds the
+    prompt's first block (the local backend: only the rest is encoded;
+    `pool.token_store_ms`); none by default."""
 
     @property
     def servers(self) -> int:

@@ -60,6 +60,7 @@ POOL_KEYS = {
     "kv_event_lag_ms",
     "path_ms",
     "token_producer_ms",
+    "token_store_ms",
     *GROUP_KEYS,
 }
 TENANT_KEYS = {
@@ -169,6 +170,7 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         else reader.number(lag, "pool.kv_event_lag_ms", 0.0) / 1000.0,
         **_path(reader, raw.get("path_ms")),
         token_producer=_delay(reader, raw.get("token_producer_ms"), "pool.token_producer_ms"),
+        token_store=_delay(reader, raw.get("token_store_ms"), "pool.token_store_ms"),
     )
 
 

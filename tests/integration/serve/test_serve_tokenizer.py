@@ -211,9 +211,11 @@ async def test_the_local_backend_encodes_a_short_prompt_on_the_event_loop(tmp_pa
     threads = set()
     encode = local.encode_with_ends
 
-    def recording(text: str) -> tuple[list[int], list[int]]:
+    def recording(
+        text: str, special: bool = True, release: bool = False
+    ) -> tuple[list[int], list[int]]:
         threads.add(threading.get_ident())
-        return encode(text)
+        return encode(text, special, release)
 
     local.encode_with_ends = recording  # type: ignore[method-assign]
     tokens = await local.tokens(completion_request())
@@ -222,32 +224,65 @@ async def test_the_local_backend_encodes_a_short_prompt_on_the_event_loop(tmp_pa
     assert threads == {threading.get_ident()}
 
 
-async def test_a_prompt_repeating_one_tokenized_before_takes_its_tokens_without_an_encode(
-    tmp_path: Path,
-) -> None:
-    reference = write_tokenizer(tmp_path)
-    settings = TokenizerSettings(TokenizerBackend.LOCAL, model_dir=str(tmp_path))
-    local = LocalTokenizer(str(tmp_path))
+def recording_encodes(local: LocalTokenizer) -> list[str]:
+    """The texts `local` encodes from now on."""
     encoded: list[str] = []
     encode = local.encode_with_ends
 
-    def recording(text: str) -> tuple[list[int], list[int]]:
+    def recording(
+        text: str, special: bool = True, release: bool = False
+    ) -> tuple[list[int], list[int]]:
         encoded.append(text)
-        return encode(text)
+        return encode(text, special, release)
 
     local.encode_with_ends = recording  # type: ignore[method-assign]
-    tokens = TokenProducer(settings, local)
+    return encoded
+
+
+async def test_a_prompt_that_begins_as_one_tokenized_before_encodes_only_past_it(
+    tmp_path: Path,
+) -> None:
+    reference = write_tokenizer(tmp_path)
+    local = LocalTokenizer(str(tmp_path))
+    encoded = recording_encodes(local)
     system = "once upon a time there was " * 60  # 1,620 characters, 360 tokens
-    first = InferenceRequest("m", "m", prompt=system + "hello")
-    second = InferenceRequest("m", "m", prompt=system + "hello there was a time")
-    await tokens.tokenize(first)
-    await tokens.tokenize(second)
-    await tokens.close()
-    assert encoded == [first.prompt]
-    held = len(system) // 256 * 256  # the whole blocks of text the first prompt left
-    assert second.token_ids == reference.encode(system[:held]).ids[: len(second.token_ids or ())]
-    assert len(second.token_ids or ()) >= len(reference.encode(system[:held]).ids) - 1
-    assert second.input_tokens == pytest.approx(len(reference.encode(second.prompt).ids), rel=0.1)
+    first = system + "hello"
+    second = system + "hello there was a time"
+    tokens = [await local.tokens(InferenceRequest("m", "m", prompt=p)) for p in (first, second)]
+    await local.close()
+    assert tokens == [reference.encode(first).ids, reference.encode(second).ids]
+    assert encoded[0] == first
+    assert len(encoded) == 2 and len(encoded[1]) < 200  # the second: its tail, from 8 back
+
+
+@pytest.mark.parametrize("turns", [4])
+async def test_a_conversations_turns_spliced_from_the_store_are_the_whole_prompts_tokens(
+    tmp_path: Path, turns: int
+) -> None:
+    import random
+
+    from epp.demo.tokenizer_file import train
+
+    rng = random.Random(28)
+
+    def words(count: int) -> str:
+        return " ".join(
+            rng.choice(["lorem", "ipsum", "dolor", "sit", "amet,"]) for _ in range(count)
+        )
+
+    prompts = [words(400)]
+    for _ in range(turns - 1):
+        prompts.append(prompts[-1] + "\nuser: " + words(rng.randint(20, 200)))
+    train(tmp_path, prompts)
+    whole = LocalTokenizer(str(tmp_path), store=None)
+    local = LocalTokenizer(str(tmp_path))
+    encoded = recording_encodes(local)
+    for prompt in prompts:
+        spliced = await local.tokens(InferenceRequest("m", "m", prompt=prompt))
+        assert spliced == whole.encode(prompt)
+    await local.close()
+    await whole.close()
+    assert sum(map(len, encoded)) < 1.5 * len(prompts[-1])  # not every turn whole
 
 
 def test_a_model_directory_without_tokenizer_json_is_refused_at_start(tmp_path: Path) -> None:

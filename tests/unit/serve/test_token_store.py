@@ -1,5 +1,5 @@
 """The token producer's prefix store: a prompt's tokens found again by its
-text, block by block, when they cover enough of it."""
+text, block by block."""
 
 from epp.serve.token_store import PrefixTokenStore
 
@@ -14,26 +14,26 @@ def tokenized(text: str, width: int = 2) -> tuple[list[int], list[int]]:
     return tokens, ends
 
 
-def test_a_prompt_that_mostly_repeats_one_held_gets_the_tokens_of_its_held_blocks():
-    store = PrefixTokenStore(BLOCK, min_overlap=0.8)
+def test_a_prompt_that_begins_as_one_held_gets_the_tokens_of_its_held_blocks():
+    store = PrefixTokenStore(BLOCK)
     seen = "abcdefgh" * 10
     store.add(seen, *tokenized(seen))
-    found = store.find(seen + "tail")  # 80 of 84 characters held
+    found = store.find(seen + "tail and more")
     assert found is not None
     assert found.chars == 80
-    assert found.tokens == tokenized(seen)[0]
+    assert (found.tokens, found.ends) == tokenized(seen)
 
 
-def test_a_prompt_covered_less_than_the_overlap_is_not_found():
-    store = PrefixTokenStore(BLOCK, min_overlap=0.8)
+def test_a_prompt_whose_first_block_is_not_held_is_not_found():
+    store = PrefixTokenStore(BLOCK)
     seen = "abcdefgh" * 4
     store.add(seen, *tokenized(seen))
-    assert store.find(seen + "x" * 9) is None  # 32 of 41
-    assert store.find(seen + "x" * 8) is not None  # 32 of 40
+    assert store.find("x" + seen) is None
+    assert store.find(seen[:7]) is None  # no whole block
 
 
 def test_blocks_are_chained_so_a_change_early_in_the_text_matches_nothing_after_it():
-    store = PrefixTokenStore(BLOCK, min_overlap=0.0)
+    store = PrefixTokenStore(BLOCK)
     seen = "".join(chr(ord("a") + i) * BLOCK for i in range(6))
     store.add(seen, *tokenized(seen))
     changed = seen[:BLOCK] + "z" * BLOCK + seen[2 * BLOCK :]
@@ -42,17 +42,17 @@ def test_blocks_are_chained_so_a_change_early_in_the_text_matches_nothing_after_
 
 
 def test_a_token_that_straddles_a_blocks_end_belongs_to_the_next_block():
-    store = PrefixTokenStore(BLOCK, min_overlap=0.0)
+    store = PrefixTokenStore(BLOCK)
     seen = "abcdefghijklmnop"
     tokens, ends = tokenized(seen, width=3)  # ends 3, 6, 9 (straddles 8), 12, 15, 16
     store.add(seen, tokens, ends)
     found = store.find(seen[:BLOCK] + "XXXXXXXX")
     assert found is not None
-    assert found.tokens == tokens[:2]  # the tokens ending within the first block
+    assert (found.tokens, found.ends) == (tokens[:2], [3, 6])
 
 
 def test_the_store_holds_at_most_its_capacity_the_least_recently_used_leaving():
-    store = PrefixTokenStore(BLOCK, capacity=4, min_overlap=1.0)
+    store = PrefixTokenStore(BLOCK, capacity=4)
     first, second = "a" * 2 * BLOCK, "b" * 2 * BLOCK
     store.add(first, *tokenized(first))
     store.add(second, *tokenized(second))

@@ -9,7 +9,7 @@ import pytest
 
 from epp.config.loader import EppConfig, load_config
 from epp.sim.engine import Simulation
-from epp.sim.runner import tokenizes
+from epp.sim.runner import keeps_prefix_store, tokenizes
 from epp.sim.scenario_file import ScenarioError, parse_scenario
 from epp.sim.workload import Arrived
 from tests.unit.sim.test_sim_gateway_path import PREFILL_S, STEP_S, Direct, document
@@ -56,3 +56,39 @@ def test_a_p90_below_the_median_is_an_error_naming_its_field():
     raw["pool"]["token_producer_ms"] = {"median": 5, "p90": 2}
     with pytest.raises(ScenarioError, match=r"pool\.token_producer_ms\.p90"):
         parse_scenario(raw)
+
+
+def run_with_store(arrivals):
+    raw = document(0)
+    raw["pool"]["token_producer_ms"] = {"median": 40}
+    raw["pool"]["token_store_ms"] = {"median": 4}
+    raw["tenants"][0]["prefix"] = {"group": "system", "tokens": 64}
+    sim = Simulation(
+        parse_scenario(raw), arrivals, lambda _: (1.0, 1.0), tokenizes=True, token_store=True
+    )
+    policy = Recording(sim)
+    sim.run(policy)
+    return policy
+
+
+def test_a_prompt_whose_first_block_the_token_store_holds_waits_the_stores_wait():
+    # the prefix store's blocks are 64 tokens: both prompts begin with the
+    # tenant's 64-token system prompt; the first one tokenized puts it there
+    policy = run_with_store([Arrived(0.5, 0, 100, 5), Arrived(1.5, 0, 100, 5)])
+    assert [at for kind, _, at in policy.told if kind == "arrive"] == [
+        pytest.approx(0.54),
+        pytest.approx(1.504),
+    ]
+
+
+def test_a_prompt_shorter_than_a_store_block_waits_the_whole_encode():
+    policy = run_with_store([Arrived(0.5, 0, 40, 5), Arrived(1.5, 0, 40, 5)])
+    assert [at for kind, _, at in policy.told if kind == "arrive"] == [
+        pytest.approx(0.54),
+        pytest.approx(1.54),
+    ]
+
+
+def test_the_local_backend_keeps_a_prefix_store_and_the_render_backend_does_not():
+    assert keeps_prefix_store(load_config(ROOT / "config" / "epp" / "precise-prefix-local.yaml"))
+    assert not keeps_prefix_store(load_config(ROOT / "config" / "epp" / "precise-prefix.yaml"))
