@@ -298,14 +298,14 @@ def run_policy(scenario: Scenario, arrivals: list, name: str, top: str | None) -
         p99 = latency_stats(mine, slos)["ttft_p99_s"]
         reference = latency_stats(alone.requests, slos)["ttft_p99_s"]
         isolation = p99 / reference if p99 and reference else None
-    idle = sim.idle_capacity_s or [0.0]
+    idle = sim.idle.seconds if sim.idle is not None else [0.0]
     return Run(
         isolation=isolation,
         tokens_per_s=tokens_in_window(scenario, sim.requests),
         queue=max(s.max_waiting_seen for s in sim.servers),
         span_tokens_per_s=stats["tokens_per_s"],
         idle_s=sum(idle),
-        idle_run_s=max(sim.idle_longest_s, default=0.0),
+        idle_run_s=max(sim.idle.longest_s, default=0.0) if sim.idle is not None else 0.0,
         settled_s=limit_settling(sim).get("limit_settled_s"),
     )
 

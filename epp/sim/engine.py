@@ -68,6 +68,7 @@ from epp.sim.requests import (
     requests_of,
     tenant_prefixes,
 )
+from epp.sim.samples import IdleCapacity, Samples
 from epp.sim.scenario import Scenario, ServerEvent
 from epp.sim.server_model import ModelServer, ServerRequest
 from epp.sim.workload import Arrived
@@ -159,23 +160,9 @@ class Simulation:
         self._output_weight = [weight for _, weight in self._weights]
         self.waiting_by_tenant = [0] * tenants
         self.service_by_tenant = [0.0] * tenants
-        self.sample_times: list[float] = []
-        self.waiting_samples: list[list[int]] = []
-        self.service_samples: list[list[float]] = []
-        self.queued_samples: list[dict[int, int]] = []
-        self.limit_samples: list[dict[str, int]] = []
-        self.idle_capacity_s: list[float] | None = [0.0] * pool.servers if measure_idle else None
-        """Per server, the seconds it could have run one more request (see
-        `_measure_idle`) while the policy held requests queued; None: not
-        measured."""
-        self.idle_longest_s = [0.0] * pool.servers
-        """Per server, the longest such stretch."""
-        self._idle_run = [0.0] * pool.servers
-        self._typical_tokens = (
-            sum(r.prompt_tokens + r.output_tokens for r in self.requests) / len(self.requests)
-            if self.requests
-            else 0.0
-        )
+        self.samples = Samples()
+        self.idle = IdleCapacity(pool.servers, self.requests) if measure_idle else None
+        """None: not measured."""
 
     # -- what policies read -------------------------------------------------
 
@@ -500,8 +487,9 @@ class Simulation:
                         sampled = [server.metrics(when) for server in servers]
                         self._push(when + lag, PUBLISH, sampled)
                         self._push(when + pool.scrape_interval_s, SCRAPE, None)
-                        if self.idle_capacity_s is not None:
-                            self._measure_idle()
+                        if self.idle is not None:
+                            queued = any(policy.queued_by_priority().values())
+                            self.idle.measure(servers, self.up, queued, pool.scrape_interval_s)
                 elif kind == PUBLISH:
                     self.store.set_all_metrics(self.addresses, data)  # type: ignore[arg-type]
                     policy.pool_changed(when)
@@ -511,7 +499,7 @@ class Simulation:
                     self.timer_at = inf
                     policy.timer(when)
                 elif kind == SAMPLE:
-                    self._sample(when)
+                    self.samples.take(when, waiting_by_tenant, service, policy)
                     if when < scenario.duration_s:
                         self._push(min(when + sample_every, scenario.duration_s), SAMPLE, None)
                     elif self._busy():
@@ -557,32 +545,6 @@ class Simulation:
         return any(server.next_event_time() != inf for server in self.servers) or any(
             self.policy.queued_by_priority().values()
         )
-
-    def _sample(self, when: float) -> None:
-        self.sample_times.append(when)
-        self.waiting_samples.append(list(self.waiting_by_tenant))
-        self.service_samples.append(list(self.service_by_tenant))
-        self.queued_samples.append(self.policy.queued_by_priority())
-        self.limit_samples.append(self.policy.limits())
-
-    def _measure_idle(self) -> None:
-        """Work conservation, sampled at each scrape: while the policy holds
-        requests queued, a live server with nothing waiting that could
-        admit a request of the workload's mean size (a batch slot and its
-        KV blocks free) idles capacity for the scrape interval."""
-        idle = self.idle_capacity_s
-        runs = self._idle_run
-        interval = self.scenario.pool.scrape_interval_s
-        queued = any(self.policy.queued_by_priority().values())
-        tokens = self._typical_tokens
-        for index, server in enumerate(self.servers):
-            if queued and self.up[index] and server.could_admit(tokens):
-                idle[index] += interval
-                runs[index] += interval
-                if runs[index] > self.idle_longest_s[index]:
-                    self.idle_longest_s[index] = runs[index]
-            else:
-                runs[index] = 0.0
 
     def _pool_event(self, event: ServerEvent, now: float) -> None:
         index = event.server

@@ -84,7 +84,7 @@ def figures(run: ScenarioRun) -> dict[str, Figure]:
     members = {
         o.name: {i for i, t in enumerate(scenario.tenants) if t.objective == o.name} for o in tiers
     }
-    end = max(max(sim.sample_times, default=0.0) for sim in run.runs.values())
+    end = max(max(sim.samples.times, default=0.0) for sim in run.runs.values())
     styles = {name: POLICY_STYLES[i % len(POLICY_STYLES)] for i, name in enumerate(run.runs)}
     colours = {name: f"C{i}" for i, name in enumerate(run.runs)}
     made: dict[str, Figure] = {}
@@ -128,9 +128,9 @@ def figures(run: ScenarioRun) -> dict[str, Figure]:
             sim = run.runs[name]
             axes = grid[row, column]
             chosen = [r for r in sim.requests if r.tenant in members[tier.name]]
-            counts = waiting_by_fate(chosen, sim.sample_times)
+            counts = waiting_by_fate(chosen, sim.samples.times)
             axes.stackplot(
-                sim.sample_times,
+                sim.samples.times,
                 counts,
                 colors=[colour for _, colour in FATES],
                 labels=[fate for fate, _ in FATES],
@@ -156,8 +156,8 @@ def figures(run: ScenarioRun) -> dict[str, Figure]:
         sim = run.runs[name]
         for i, tenant in enumerate(scenario.tenants):
             axes.plot(
-                sim.sample_times,
-                [sample[i] / 1e6 for sample in sim.service_samples],
+                sim.samples.times,
+                [sample[i] / 1e6 for sample in sim.samples.service],
                 label=tenant_label(tenant.name, tenant.objective),
             )
         axes.set_title(name, fontsize="medium")
@@ -169,7 +169,7 @@ def figures(run: ScenarioRun) -> dict[str, Figure]:
     figure.suptitle(f"{scenario.name}: service per tenant")
     made["service.png"] = figure
 
-    learned = {name: sim for name, sim in run.runs.items() if any(sim.limit_samples)}
+    learned = {name: sim for name, sim in run.runs.items() if any(sim.samples.limits)}
     if learned:
         figure, rows = plt.subplots(
             len(learned), 1, figsize=(8, 2.6 * len(learned) + 0.6), sharex=True, squeeze=False
@@ -187,8 +187,8 @@ def figures(run: ScenarioRun) -> dict[str, Figure]:
 def _limits(axes: Axes, sim: Simulation) -> None:
     for address, server in zip(sim.addresses, sim.names, strict=True):
         axes.plot(
-            sim.sample_times,
-            [sample.get(address, np.nan) for sample in sim.limit_samples],
+            sim.samples.times,
+            [sample.get(address, np.nan) for sample in sim.samples.limits],
             label=server,
         )
     axes.set_ylabel("learned limit\n(requests)")

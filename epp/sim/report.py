@@ -115,8 +115,8 @@ def jain(values: list[float]) -> float:
 
 
 def band_fairness(sim: Simulation, members: list[int], bound: float) -> dict[str, Any]:
-    waiting = sim.waiting_samples
-    service = sim.service_samples
+    waiting = sim.samples.waiting
+    service = sim.samples.service
     diffs: list[float] = []
     start = 0
     current: tuple[int, ...] = ()
@@ -152,7 +152,7 @@ def limit_settling(sim: Simulation) -> dict[str, Any]:
     duration = sim.scenario.duration_s
     samples = [
         (when, limits)
-        for when, limits in zip(sim.sample_times, sim.limit_samples, strict=True)
+        for when, limits in zip(sim.samples.times, sim.samples.limits, strict=True)
         if when <= duration and limits
     ]
     if not samples:
@@ -232,7 +232,7 @@ def policy_report(run: ScenarioRun, name: str) -> dict[str, Any]:
         "server_waiting_max": max(s.max_waiting_seen for s in servers),
         "server_waiting_limit": scenario.pool.params.max_waiting,
         "server_rejections": sum(s.rejected for s in servers),
-        "epp_queue_max": max((sum(q.values()) for q in sim.queued_samples), default=0),
+        "epp_queue_max": max((sum(q.values()) for q in sim.samples.queued), default=0),
         "unfinished_in_epp_queue": sum(
             1 for r in sim.requests if r.outcome == UNFINISHED and r.server < 0
         ),

@@ -71,7 +71,7 @@ def simulate(
     measure_idle: bool = False,
 ) -> Simulation:
     """One run of policy `name` over `arrivals` (`measure_idle`: with the
-    servers' idle capacity while the policy queues, `Simulation.idle_capacity_s`)."""
+    servers' idle capacity while the policy queues, `Simulation.idle`)."""
     with _cycle_collection_paused():
         return _simulate(scenario, arrivals, name, progress, measure_idle)
 

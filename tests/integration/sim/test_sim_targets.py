@@ -233,7 +233,7 @@ def test_adaptive_lowers_the_limit_of_a_server_that_slowed_without_queueing_with
     slowed = sim.addresses[1]  # three times slower from 40 s, its batch unchanged
     lowered = next(
         when
-        for when, limits in zip(sim.sample_times, sim.limit_samples, strict=True)
+        for when, limits in zip(sim.samples.times, sim.samples.limits, strict=True)
         if when >= 40.0 and limits.get(slowed, 32) < 0.6 * 32
     )
     assert lowered <= 40.0 + 10.0

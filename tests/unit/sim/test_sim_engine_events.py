@@ -78,7 +78,7 @@ def idle_capacity(tmp_path, policy: str, limit: int) -> tuple[float, float]:
     config.write_text(FIXED.replace("LIMIT", str(limit)))
     scenario = parse_scenario(yaml.safe_load(HELD_BACK.replace("CONFIG", str(config))), ROOT)
     sim = simulate(scenario, workload(scenario), policy, measure_idle=True)
-    return sim.idle_capacity_s[0], sim.idle_longest_s[0]
+    return sim.idle.seconds[0], sim.idle.longest_s[0]
 
 
 def test_a_server_held_below_its_batch_while_the_epp_queues_idles_capacity(tmp_path):

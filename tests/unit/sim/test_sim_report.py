@@ -95,8 +95,8 @@ def test_requests_shed_by_ttl_show_as_shed_not_as_a_queue_served(run):
     batch = [r for r in sim.requests if r.tenant == 1]
     expired = [r for r in batch if r.outcome == "rejected-ttl-expired"]
     assert expired
-    served, shed, _ = waiting_by_fate(batch, sim.sample_times)
-    for i, t in enumerate(sim.sample_times):
+    served, shed, _ = waiting_by_fate(batch, sim.samples.times)
+    for i, t in enumerate(sim.samples.times):
         assert shed[i] == sum(1 for r in expired if r.arrival <= t < r.finished_at)
         assert served[i] == sum(
             1 for r in batch if r.outcome == COMPLETED and r.arrival <= t < r.batched_at
