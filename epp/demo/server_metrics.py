@@ -105,20 +105,24 @@ class MetricsPages:
             )
         names = list(labels)
         self._labels = list(labels.values())
-        self._ttft = Histogram(
+
+        def series(kind: type[Counter | Histogram], name: str, about: str, **options: Any) -> Any:
+            """One of this server's series: in its registry, with its labels' values."""
+            made = kind(name, about, names, registry=self.registry, **options)
+            return made.labels(*self._labels)
+
+        self._ttft = series(
+            Histogram,
             f"{prefix}time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            names,
             buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(*self._labels)
-        self._e2e = Histogram(
+        )
+        self._e2e = series(
+            Histogram,
             f"{prefix}e2e_request_latency_seconds",
             "Histogram of end to end request latency in seconds.",
-            names,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        ).labels(*self._labels)
+        )
         # SGLang's tokenizer counts requests without a finish reason.
         self._by_reason = engine != "sglang"
         self._success = Counter(
@@ -129,35 +133,31 @@ class MetricsPages:
             [*names, "finished_reason"] if self._by_reason else names,
             registry=self.registry,
         )
-        self._prompt_tokens = Counter(
-            f"{prefix}prompt_tokens", "Number of prefill tokens processed.", names,
-            registry=self.registry,
-        ).labels(*self._labels)  # fmt: skip
-        self._generation_tokens = Counter(
-            f"{prefix}generation_tokens", "Number of generation tokens processed.", names,
-            registry=self.registry,
-        ).labels(*self._labels)  # fmt: skip
+        self._prompt_tokens = series(
+            Counter, f"{prefix}prompt_tokens", "Number of prefill tokens processed."
+        )
+        self._generation_tokens = series(
+            Counter, f"{prefix}generation_tokens", "Number of generation tokens processed."
+        )
 
         self._prefix_cache: tuple[Any, Any] | None = None
         if engine == "vllm":
-            queries = Counter(
-                "vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.",
-                names,
-                registry=self.registry,
-            ).labels(*self._labels)
-            hits = Counter(
-                "vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                names,
-                registry=self.registry,
-            ).labels(*self._labels)
-            self._prefix_cache = (queries, hits)
+            self._prefix_cache = (
+                series(
+                    Counter,
+                    "vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                ),
+                series(
+                    Counter,
+                    "vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                ),
+            )
 
-        self._remote_prefills = Counter(
-            "epp_sim_remote_prefills", "Prefills run for a remote decode.", names,
-            registry=self.registry,
-        ).labels(*self._labels)  # fmt: skip
+        self._remote_prefills = series(
+            Counter, "epp_sim_remote_prefills", "Prefills run for a remote decode."
+        )
 
     def remote_prefill(self) -> None:
         self._remote_prefills.inc()
