@@ -76,32 +76,22 @@ class AllBlocksCleared(_KVCacheEvent):
     pass
 
 
-class _MapBatch(msgspec.Struct, omit_defaults=True, gc=False):
-    ts: float
-    events: list[object]
-    data_parallel_rank: int | None = None
+# The map-encoded release's structs: the same fields, as maps tagged under "type".
 
 
-class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+class _MapBatch(_EventBatch, array_like=False):
     pass
 
 
-class MapBlockStored(_MapEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None = None
+class MapBlockStored(BlockStored, array_like=False, tag="BlockStored"):
+    pass
 
 
-class MapBlockRemoved(_MapEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
+class MapBlockRemoved(BlockRemoved, array_like=False, tag="BlockRemoved"):
+    pass
 
 
-class MapAllBlocksCleared(_MapEvent, tag="AllBlocksCleared"):
+class MapAllBlocksCleared(AllBlocksCleared, array_like=False, tag="AllBlocksCleared"):
     pass
 
 
