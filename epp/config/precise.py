@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from epp.config.plugin import ParameterError, Unsupported
@@ -59,41 +59,36 @@ def token_producer(parameters: Mapping[str, Any]) -> TokenizerSettings:
     chosen = [key for key in ("vllm", "udsTokenizerConfig", "local") if parameters[key] is not None]
     if len(chosen) > 1:
         raise ParameterError("", f"at most one backend may be set, got {', '.join(chosen)}")
-    model = parameters["modelName"]
-    concurrency = parameters["maxConcurrency"]
+    base = TokenizerSettings(
+        model_name=parameters["modelName"], max_concurrency=parameters["maxConcurrency"]
+    )
     if not chosen:
-        return TokenizerSettings(model_name=model, max_concurrency=concurrency)
+        return base
     if chosen[0] == "vllm":
         vllm = parameters["vllm"]
-        if not model:
+        if not base.model_name:
             raise ParameterError("modelName", "required with the vllm backend")
         url = vllm["url"].rstrip("/")
         if not url.startswith("http://"):
             raise ParameterError("vllm.url", f"must be a plain http:// URL, got {url!r}")
-        return TokenizerSettings(
-            TokenizerBackend.VLLM,
-            model,
-            url,
-            vllm["timeout"],
-            vllm["mmTimeout"],
-            max_concurrency=concurrency,
+        return replace(
+            base,
+            backend=TokenizerBackend.VLLM,
+            url=url,
+            timeout=vllm["timeout"],
+            mm_timeout=vllm["mmTimeout"],
         )
     if chosen[0] == "udsTokenizerConfig":
         uds = parameters["udsTokenizerConfig"]
-        return TokenizerSettings(
-            TokenizerBackend.UDS,
-            model,
+        return replace(
+            base,
+            backend=TokenizerBackend.UDS,
             timeout=uds["timeout"],
             socket_file=uds["socketFile"],
-            max_concurrency=concurrency,
         )
     local = parameters["local"]
-    return TokenizerSettings(
-        TokenizerBackend.LOCAL,
-        model,
-        timeout=local["timeout"],
-        model_dir=local["modelDir"],
-        max_concurrency=concurrency,
+    return replace(
+        base, backend=TokenizerBackend.LOCAL, timeout=local["timeout"], model_dir=local["modelDir"]
     )
 
 
