@@ -205,38 +205,14 @@ def metrics_fields(metrics: EndpointMetrics) -> Message:
 
 
 def metrics_from_fields(fields: Message) -> EndpointMetrics:
-    """The read `metrics_fields` describes."""
-    (
-        waiting,
-        running,
-        kv_usage,
-        lora_running,
-        lora_waiting,
-        lora_max,
-        block_size,
-        num_gpu_blocks,
-        updated_at,
-        failing,
-        itl_sum,
-        itl_count,
-        itl_bounds,
-        itl_buckets,
-    ) = fields
-    return EndpointMetrics(
-        waiting,
-        running,
-        kv_usage,
-        frozenset(lora_running),
-        frozenset(lora_waiting),
-        lora_max,
-        block_size,
-        num_gpu_blocks,
-        updated_at,
-        failing,
-        itl_sum,
-        itl_count,
-        tuple(itl_bounds),
-        tuple(itl_buckets),
+    """The read `metrics_fields` describes, its JSON arrays made sets and
+    tuples again (the field order is `EndpointMetrics`' own)."""
+    read = EndpointMetrics._make(fields)
+    return read._replace(
+        lora_running=frozenset(read.lora_running),
+        lora_waiting=frozenset(read.lora_waiting),
+        itl_bounds=tuple(read.itl_bounds),
+        itl_buckets=tuple(read.itl_buckets),
     )
 
 
