@@ -27,6 +27,11 @@ and a cut link do to the traffic.
   over runs of 20 ms samples with the same tenants backlogged (sent, not
   started), as `epp.sim.report.band_fairness` measures it, against the
   single-process bound (2 x the largest single-request charge).
+- fairness-kill: the same tenants through the two forwarding replicas'
+  Envoys, the decider killed (SIGKILL) halfway and started again on its
+  port `KILL_DOWN_S` later: the VTC gap over the whole run, before the
+  kill, and from the new decider's start on (its fairness counters start
+  afresh: docs/operations/replicas.md).
 
 The model servers answer at once (no hold) for the forwarding run, so the
 figure is the EPP path; 50 ms per request in the other two.
@@ -38,6 +43,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import signal
 import statistics
 import tempfile
@@ -47,7 +53,13 @@ from pathlib import Path
 import aiohttp
 
 from epp.sim.scenario_file import load_scenario
-from tests.support.replicas import LIMIT, complete, config_with_fairness, replicated_pool
+from tests.support.replicas import (
+    LIMIT,
+    complete,
+    config_with_fairness,
+    replicated_pool,
+    start_decider,
+)
 
 CLIENTS = 8
 
@@ -152,6 +164,7 @@ async def partition() -> dict:
 
 
 TENANT_CLIENTS = 8
+KILL_DOWN_S = 0.5
 SAMPLE_S = 0.02
 DECISIONS = "epp.serve.decider.decisions"
 UNEQUAL_TENANTS = Path(__file__).parent.parent / "config/scenarios/unequal-tenants.yaml"
@@ -201,9 +214,16 @@ def inversions(decided: list[tuple[str, int, float, float]]) -> int:
     return count
 
 
-def vtc_gap(records: list[dict], sent: list, sizes: dict[str, tuple[int, int]]) -> float:
+def vtc_gap(
+    records: list[dict],
+    sent: list,
+    sizes: dict[str, tuple[int, int]],
+    since: float = -math.inf,
+    until: float = math.inf,
+) -> float:
     """The largest service difference over runs of samples with the same
-    backlogged tenants (`epp.sim.report.band_fairness`)."""
+    backlogged tenants (`epp.sim.report.band_fairness`), counting only the
+    samples from `since` to `until` (a run begins again at `since`)."""
     tenants = sorted(sizes)
     started = {r["prompt"].rstrip("x"): r for r in records}
     events = []  # (time, tenant, service) and backlog (+1 sent, -1 started)
@@ -236,8 +256,13 @@ def vtc_gap(records: list[dict], sent: list, sizes: dict[str, tuple[int, int]]) 
         while b < len(backlog_events) and backlog_events[b][0] <= t:
             waiting[backlog_events[b][1]] += backlog_events[b][2]
             b += 1
+        if t < since:
+            t += SAMPLE_S
+            continue
+        if t > until:
+            break
         backlogged = tuple(name for name in tenants if waiting[name] > 0)
-        if backlogged != current:
+        if backlogged != current or not start:
             current, start = backlogged, dict(service)
         if len(current) >= 2:
             received = [service[name] - start[name] for name in current]
@@ -246,7 +271,13 @@ def vtc_gap(records: list[dict], sent: list, sizes: dict[str, tuple[int, int]]) 
     return gap
 
 
-async def fairness_run(seconds: float, spread: bool, policy: str) -> dict:
+async def fairness_run(
+    seconds: float, spread: bool, policy: str, kill_at: float | None = None
+) -> dict:
+    """With `kill_at`: through the two forwarding replicas only, and the
+    decider gets SIGKILL `kill_at` s in, started again on its port
+    `KILL_DOWN_S` later; the gap is also given before the kill and from
+    the new decider's start on."""
     sizes = tenant_sizes()
     with tempfile.TemporaryDirectory() as workdir:
         async with (
@@ -258,9 +289,13 @@ async def fairness_run(seconds: float, spread: bool, policy: str) -> dict:
             aiohttp.ClientSession() as session,
         ):  # fmt: skip
             urls = pool.urls if spread else pool.urls[:1]
+            if kill_at is not None:
+                urls = pool.urls[1:]
             sent: list = []
             statuses: list[int] = []
-            deadline = time.monotonic() + seconds
+            began = time.monotonic()
+            deadline = began + seconds
+            times: dict[str, float] = {}
 
             async def tenant_client(tenant: str, n: int) -> None:
                 k = 0
@@ -286,15 +321,41 @@ async def fairness_run(seconds: float, spread: bool, policy: str) -> dict:
                     )
                     k += 1
 
+            async def kill() -> None:
+                if kill_at is None:
+                    return
+                await asyncio.sleep(kill_at)
+                times["killed"] = time.monotonic()
+                pool.decider.process.send_signal(signal.SIGKILL)
+                await pool.decider.process.wait()
+                await asyncio.sleep(KILL_DOWN_S)
+                port = pool.decider.ports["decider"]
+                fresh = await start_decider(
+                    pool.workdir, pool.endpoints, port, f"--logger-levels={DECISIONS}=debug"
+                )
+                pool.later.append(fresh)
+                times["restarted"] = time.monotonic()
+
             await asyncio.gather(
                 chat_client(),
+                kill(),
                 *(tenant_client(t, n) for t in sizes for n in range(TENANT_CLIENTS)),
             )
-            decided = decision_lines(pool.decider.log())
+            deciders = [pool.decider, *pool.later]
+            decided = [line for epp in deciders for line in decision_lines(epp.log())]
             records = [r for server in pool.servers for r in server.received if "ended" in r]
             peaks = pool.peaks()
     largest = max(p + 2 * o for p, o in sizes.values())
+    across = {}
+    if kill_at is not None:
+        across = {
+            "killed_after_s": kill_at,
+            "restarted_after_s": round(times["restarted"] - times["killed"], 2),
+            "vtc_gap_before_kill": vtc_gap(records, sent, sizes, until=times["killed"]),
+            "vtc_gap_from_restart": vtc_gap(records, sent, sizes, since=times["restarted"]),
+        }
     return {
+        **across,
         "replicas_used": len(urls),
         "requests": len(statuses),
         "not_200": sum(1 for status in statuses if status != 200),
@@ -307,7 +368,12 @@ async def fairness_run(seconds: float, spread: bool, policy: str) -> dict:
     }
 
 
-async def fairness(seconds: float, policy: str) -> dict:
+async def fairness(seconds: float, policy: str, kill: bool = False) -> dict:
+    if kill:
+        return {
+            "policy": policy,
+            "decider_kill": await fairness_run(seconds, True, policy, seconds / 2),
+        }
     return {
         "policy": policy,
         "one_process": await fairness_run(seconds, False, policy),
@@ -321,6 +387,7 @@ async def run(requests: int, fairness_s: float, policy: str, only: str | None) -
         "kill": kill,
         "partition": partition,
         "fairness": lambda: fairness(fairness_s, policy),
+        "fairness-kill": lambda: fairness(fairness_s, policy, kill=True),
     }
     return {name: await case() for name, case in cases.items() if only in (None, name)}
 
@@ -338,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             "global-strict-fairness-policy",
         ),
     )
-    parser.add_argument("--only", choices=("forwarding", "kill", "partition", "fairness"))
+    parser.add_argument(
+        "--only", choices=("forwarding", "kill", "partition", "fairness", "fairness-kill")
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     report = asyncio.run(run(args.requests, args.fairness_s, args.fairness_policy, args.only))
@@ -366,17 +435,27 @@ def main(argv: list[str] | None = None) -> int:
             f"partition: {p['requests']} requests, {p['not_200']} not 200, rejoined "
             f"{p['rejoined_after_ms']:.0f} ms after the cut ended, peaks {p['peak_per_endpoint']}"
         )
-    for name, f in report.get("fairness", {}).items():
-        if name == "policy":
-            continue
-        print(
-            f"fairness ({report['fairness']['policy']}), {name}: {f['requests']} requests, "
-            f"{f['not_200']} not 200, "
-            f"{f['priority_inversions']} priority inversions in {f['decisions_logged']} decisions, "
-            f"peaks {f['peak_per_endpoint']} (limit {f['limit']}), VTC gap {f['vtc_gap']:.0f} "
-            f"(bound {f['vtc_bound']})"
-        )
+    for runs in (report.get("fairness", {}), report.get("fairness-kill", {})):
+        for name, f in runs.items():
+            if name != "policy":
+                print_fairness(runs["policy"], name, f)
     return 0
+
+
+def print_fairness(policy: str, name: str, f: dict) -> None:
+    print(
+        f"fairness ({policy}), {name}: {f['requests']} requests, "
+        f"{f['not_200']} not 200, "
+        f"{f['priority_inversions']} priority inversions in {f['decisions_logged']} decisions, "
+        f"peaks {f['peak_per_endpoint']} (limit {f['limit']}), VTC gap {f['vtc_gap']:.0f} "
+        f"(bound {f['vtc_bound']})"
+    )
+    if "vtc_gap_before_kill" in f:
+        print(
+            f"  decider killed at {f['killed_after_s']:.0f} s, serving again "
+            f"{f['restarted_after_s']:.2f} s later: VTC gap before the kill "
+            f"{f['vtc_gap_before_kill']:.0f}, from the restart {f['vtc_gap_from_restart']:.0f}"
+        )
 
 
 if __name__ == "__main__":

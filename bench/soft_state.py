@@ -22,7 +22,8 @@ queue (`vllm:num_requests_waiting`). Per run:
   of its value at the end of the run (the first sample of the new decider
   on which that holds for every sample after it); `settle_after_restart_s`
   the same from when the new decider serves (its start-up, which the load
-  on the machine stretches, left out);
+  on the machine stretches, left out); `back_after_restart_s` the same
+  against the limits just before the kill (what the old decider had learned);
 - the limits just before the kill, the new decider's first, and the last;
 - the top tier's TTFT (client side, streamed) and the servers' summed
   waiting queue in the window from the kill to the settle, in a fixed
@@ -110,13 +111,18 @@ async def sample(
             await asyncio.wait_for(stop.wait(), SAMPLE_S)
 
 
-def settled_at(limits: list[tuple[float, dict[str, float]]], since: float) -> float | None:
+def settled_at(
+    limits: list[tuple[float, dict[str, float]]],
+    since: float,
+    final: dict[str, float] | None = None,
+) -> float | None:
     """The first sample time at or after `since` from which every endpoint's
-    limit stays within `WITHIN` of its last value (None: it never does)."""
+    limit stays within `WITHIN` of `final` (by default its last value; None:
+    it never does)."""
     samples = [(t, seen) for t, seen in limits if t >= since]
     if not samples or not samples[-1][1]:
         return None
-    final = samples[-1][1]
+    final = final or samples[-1][1]
     settled = None
     for t, seen in reversed(samples):
         if all(abs(seen.get(e, 0.0) - v) <= WITHIN * v for e, v in final.items()):
@@ -246,6 +252,7 @@ async def one_run(
             json.dumps({"killed": killed, "restarted": restarted, **asdict(timeline)})
         )
     settled = settled_at(timeline.limits, restarted)
+    back = settled_at(timeline.limits, restarted, before)
     settle_end = settled if settled is not None else timeline.limits[-1][0]
     first = next((seen for t, seen in timeline.limits if t >= restarted and seen), {})
     return {
@@ -255,6 +262,7 @@ async def one_run(
         "restarted_after_s": round(restarted - killed, 2),
         "settle_s": None if settled is None else round(settled - killed, 2),
         "settle_after_restart_s": None if settled is None else round(settled - restarted, 2),
+        "back_after_restart_s": None if back is None else round(back - restarted, 2),
         "limits_before": before,
         "limits_first": first,
         "limits_last": timeline.limits[-1][1],
@@ -302,6 +310,7 @@ def summary(runs: list[dict]) -> dict:
             "unsettled": sum(1 for r in mine if r["settle_s"] is None),
             "settle_s": spread(values("settle_s")),
             "settle_after_restart_s": spread(values("settle_after_restart_s")),
+            "back_after_restart_s": spread(values("back_after_restart_s")),
             "restarted_after_s": spread(values("restarted_after_s")),
             "ttft_top_p90_window": spread(values("ttft_top", "window", "p90")),
             "ttft_top_p90_before": spread(values("ttft_top", "before", "p90")),
