@@ -14,7 +14,7 @@ with a `refusal` instead of a factory.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -148,7 +148,10 @@ class PluginType:
         """The configured plugin; Unsupported or ParameterError otherwise."""
         if self.factory is None:
             raise Unsupported(self.name, self.refusal or "")
-        return self.factory(parameters)
+        built = self.factory(parameters)
+        if isinstance(built, Configured) and not built.type:
+            return replace(built, type=self.name)
+        return built
 
 
 def read_parameters(
@@ -242,13 +245,10 @@ MULTICLUSTER_UNSUPPORTED = "cluster-scoped (multi-cluster) EPPs are not supporte
 """The refusal of every plugin type that works across clusters."""
 
 
-def configured(plugin_type: str) -> Factory:
-    """The factory that returns `Configured(plugin_type, parameters)`."""
-
-    def factory(parameters: Parameters) -> Configured:
-        return Configured(plugin_type, dict(parameters))
-
-    return factory
+def configured(parameters: Parameters) -> Configured:
+    """The factory of a type without a typed configuration of its own; the
+    type's name is its entry's, which `PluginType.build` fills in."""
+    return Configured("", dict(parameters))
 
 
 @dataclass(slots=True, frozen=True)

@@ -65,7 +65,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "endpoint-notification-source",
         Kind.DATA_SOURCE,
         "tells extractors when pods are added or removed",
-        factory=configured("endpoint-notification-source"),
+        factory=configured,
     ),
     PluginType(
         "k8s-notification-source",
@@ -113,7 +113,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "models-data-extractor",
         Kind.EXTRACTOR,
         "keeps each pod's model list from a models-data-source",
-        factory=configured("models-data-extractor"),
+        factory=configured,
     ),
     PluginType(
         "dcgm-data-source",

@@ -110,13 +110,13 @@ ENTRIES: tuple[PluginType, ...] = (
         "global-strict-fairness-policy",
         Kind.FAIRNESS,
         "the best head request of the band goes first, whatever its flow",
-        factory=configured("global-strict-fairness-policy"),
+        factory=configured,
     ),
     PluginType(
         "round-robin-fairness-policy",
         Kind.FAIRNESS,
         "flows take turns, one request each",
-        factory=configured("round-robin-fairness-policy"),
+        factory=configured,
     ),
     PluginType(
         "vtc-fairness-policy",
@@ -127,7 +127,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("inputTokenWeight", T.FLOAT, _BAND.input_weight, "charge per input token", 0),
             Param("outputTokenWeight", T.FLOAT, _BAND.output_weight, "charge per output token", 0),
         ),
-        factory=configured("vtc-fairness-policy"),
+        factory=configured,
     ),
     PluginType(
         "program-aware-fairness",
@@ -168,26 +168,26 @@ ENTRIES: tuple[PluginType, ...] = (
                 "evictionSweepSeconds", T.FLOAT, _LAS.eviction_sweep, "sweep period", 0, None, True
             ),
         ),
-        factory=configured("program-aware-fairness"),
+        factory=configured,
     ),
     # -- ordering (inside a flow) ---------------------------------------------
     PluginType(
         "fcfs-ordering-policy",
         Kind.ORDERING,
         "first come, first served",
-        factory=configured("fcfs-ordering-policy"),
+        factory=configured,
     ),
     PluginType(
         "edf-ordering-policy",
         Kind.ORDERING,
         "earliest deadline (arrival + TTL) first",
-        factory=configured("edf-ordering-policy"),
+        factory=configured,
     ),
     PluginType(
         "slo-deadline-ordering-policy",
         Kind.ORDERING,
         "earliest TTFT deadline (arrival + x-llm-d-slo-ttft-ms) first",
-        factory=configured("slo-deadline-ordering-policy"),
+        factory=configured,
     ),
     # -- saturation detectors -------------------------------------------------
     PluginType(
@@ -273,7 +273,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "strict-band-selection-policy",
         Kind.BAND_SELECTION,
         "bands are offered a dispatch from the highest priority down (the default)",
-        factory=configured("strict-band-selection-policy"),
+        factory=configured,
         source="llm-d-router PR #2920 (pkg/epp/framework/plugins/flowcontrol/bandselection)",
     ),
     # -- usage limits (a ceiling on saturation per priority) --------------------

@@ -9,11 +9,11 @@ from typing import Any
 
 from epp.config.catalog import ALPHA, T, made
 from epp.config.plugin import (
-    Configured,
     Kind,
     Param,
     ParameterError,
     PluginType,
+    configured,
 )
 from epp.scheduling import profiles
 from epp.scheduling.spec import PluginSpec
@@ -162,7 +162,7 @@ ENTRIES: tuple[PluginType, ...] = (
         "deprecated: the disagg profile handler writes x-prefiller-host-port and "
         "x-encoder-hosts-ports itself",
         (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=lambda p: Configured("disagg-headers-handler", dict(p)),
+        factory=configured,
         deprecated_for="disagg-profile-handler",
     ),
     PluginType(
@@ -170,7 +170,7 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.REQUEST_CONTROL,
         "deprecated name of disagg-headers-handler",
         (Param("prefillProfile", T.STRING, "prefill"), Param("encodeProfile", T.STRING, "encode")),
-        factory=lambda p: Configured("prefill-header-handler", dict(p)),
+        factory=configured,
         deprecated_for="disagg-profile-handler",
     ),
 )

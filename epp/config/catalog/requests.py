@@ -153,7 +153,7 @@ def _inflight_load(parameters: Mapping[str, Any]) -> Configured:
             else "syncCrossReplicaState",
             "not supported: epp counts requests in flight per endpoint (its concurrency gate)",
         )
-    return Configured("inflight-load-producer", dict(parameters))
+    return configured(parameters)
 
 
 def _session_id_producer(parameters: Mapping[str, Any]) -> PluginSpec:
@@ -229,7 +229,7 @@ ENTRIES: tuple[PluginType, ...] = (
             Param("lruCapacityPerServer", T.INT, 31_250, "block hashes kept per pod", 1),
             Param("blockSize", T.INT, 0, "deprecated: block size in characters", 0),
         ),
-        factory=configured("approx-prefix-cache-producer"),
+        factory=configured,
     ),
     PluginType(
         "token-producer",
@@ -368,7 +368,7 @@ ENTRIES: tuple[PluginType, ...] = (
         Kind.REQUEST_CONTROL,
         "answers GET /v1/models itself: the union of the pods' model lists (503 until one "
         "has reported); creates a models-data-source when none is declared",
-        factory=configured("models-responder"),
+        factory=configured,
         stability=ALPHA,
         source="pkg/epp/framework/plugins/requestcontrol/responder/models (after PR #2308)",
     ),

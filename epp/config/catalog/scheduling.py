@@ -273,7 +273,7 @@ ENTRIES: tuple[PluginType, ...] = (
                 "kvCacheUtilThreshold", T.FLOAT, SATURATION.kv_cache, "KV-cache usage per pod", 0, 1
             ),
         ),
-        factory=configured("saturation-filter"),
+        factory=configured,
     ),
     PluginType(
         "session-affinity-filter",

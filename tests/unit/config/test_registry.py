@@ -11,7 +11,15 @@ import pytest
 from epp.api.units import parse_duration
 from epp.cli import docgen, main
 from epp.config.loader import ConfigError, parse_config
-from epp.config.plugin import Kind, Param, ParamType, PluginType, Unsupported, configured
+from epp.config.plugin import (
+    Configured,
+    Kind,
+    Param,
+    ParamType,
+    PluginType,
+    Unsupported,
+    configured,
+)
 from epp.config.registry import REGISTRY, Registry, markdown_table
 
 ROOT = Path(__file__).parents[3]
@@ -26,9 +34,14 @@ def test_the_docs_plugin_catalogue_is_the_registry() -> None:
 
 
 def test_a_type_is_registered_once() -> None:
-    entry = PluginType("x", Kind.SCORER, "x", factory=configured("x"))
+    entry = PluginType("x", Kind.SCORER, "x", factory=configured)
     with pytest.raises(ValueError, match="registered twice"):
         Registry((entry, entry))
+
+
+def test_a_type_without_a_typed_configuration_builds_as_itself_with_its_parameters() -> None:
+    entry = PluginType("x-policy", Kind.ORDERING, "x", (Param("n", ParamType.INT, 2),), configured)
+    assert entry.build({"n": 3}) == Configured("x-policy", {"n": 3})
 
 
 def test_an_entry_has_a_factory_or_a_refusal() -> None:
