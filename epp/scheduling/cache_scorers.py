@@ -153,7 +153,7 @@ class PrefixCacheScorer:
         self._last = (request, matched or NO_MATCHES, hashes)
         if not matched:
             return NO_SCORES
-        scale = 1.0 / len(hashes)
+        scale = 1.0 / self.prompt_blocks(request, hashes)
         weight = self.match_length_weight
         if weight == 0.0:
             return {address: count * scale for address, count in matched.items()}
@@ -163,6 +163,10 @@ class PrefixCacheScorer:
             address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
             for address, count in matched.items()
         }
+
+    def prompt_blocks(self, request: InferenceRequest, hashes: Sequence[int]) -> int:
+        """The blocks of the prompt a score is the share of."""
+        return len(hashes)
 
     def index_entries(self) -> int:
         """Blocks the index holds, over every endpoint."""
@@ -210,7 +214,8 @@ class PrefixCacheScorer:
             matched,
             len(hashes),
             self.block_chars_of(request) // CHARS_PER_TOKEN,
-            len(tokens) if tokens else request.input_tokens,
+            # the whole prompt's count: its tokens may be only its leading part
+            request.input_tokens or (len(tokens) if tokens else 0),
         )
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:
@@ -268,6 +273,13 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
 
     def block_chars_of(self, request: InferenceRequest) -> int:
         return self.block_chars
+
+    def prompt_blocks(self, request: InferenceRequest, hashes: Sequence[int]) -> int:
+        # The tokens may be the prompt's leading part (the token producer's
+        # prefix store), input_tokens its whole: a score is the share of
+        # the whole prompt cached, as with every token keyed.
+        whole = min(self.max_blocks, request.input_tokens // self._config.hasher.block_size)
+        return max(len(hashes), whole)
 
     def share_index(self, other: PrefixCacheScorer) -> None:
         """The precise index is the core's, already shared."""

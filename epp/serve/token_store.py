@@ -11,10 +11,12 @@ store (`pkg/tokenization/prefixstore/lru_store.go`):
   that straddles a block's end belongs to the next block), so the tokens of
   a run of leading blocks are the tokens of that text.
 - `find` walks a prompt's blocks to the first one not held and gives the
-  tokens of the run. The reference routes on them alone when they cover 80%
-  of the prompt; epp's local backend encodes the rest of the prompt from a
-  few tokens back and splices the two where they agree
-  (`epp.serve.tokenizer.LocalTokenizer`), so every block is keyed.
+  tokens of the run. When they cover MIN_OVERLAP of the prompt, the
+  producer routes on them alone, as the reference does (the tail's blocks,
+  a fifth of the prompt at most, go unkeyed); else epp's local backend
+  encodes the rest of the prompt from a few tokens back and splices the two
+  where they agree (`epp.serve.tokenizer.LocalTokenizer`), where the
+  reference encodes the whole prompt.
 - Bounded: at most `capacity` blocks, the least recently used leaving first.
 """
 
@@ -27,6 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 BLOCK_CHARS = 256
+MIN_OVERLAP = 0.8
+"""A prompt covered this far by the blocks found is routed on their tokens
+alone (the reference's `minPrefixOverlapRatio`)."""
 CAPACITY = 300_000
 """Blocks held: about 64 tokens a block of text, held as 4-byte ids with
 2-byte ends, 710 bytes a block with its entry (`bench/README.md`), so about

@@ -13,8 +13,10 @@ Backends (`epp.config.precise.TokenizerSettings`):
   up to `INLINE_CHARS`, beyond in a small thread pool (`tokenizers` releases
   the GIL while it encodes). A prompt whose text begins as one it
   tokenized before takes that one's tokens from its prefix store
-  (`epp.serve.token_store`) and encodes only the rest: a shared system
-  prompt or a conversation's earlier turns are tokenized once.
+  (`epp.serve.token_store`): covered for MIN_OVERLAP of its text, it is
+  routed on them alone (`PromptTokens`, the reference's rule), else only
+  the rest is encoded. A shared system prompt or a conversation's earlier
+  turns are tokenized once.
 - `estimate`: nothing; tokens stay estimated (characters / 4).
 
 Whatever happens, the request goes on: a backend slower than its timeout
@@ -41,7 +43,7 @@ import orjson
 
 from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.scheduling.request import InferenceRequest
-from epp.serve.token_store import Found, PrefixTokenStore
+from epp.serve.token_store import MIN_OVERLAP, Found, PrefixTokenStore
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +187,17 @@ class UdsSidecar:
         await self._session.close()
 
 
+class PromptTokens(list[int]):
+    """The tokens of a prompt's leading part (the prefix store's), and how
+    many the whole prompt is estimated to have (`whole`)."""
+
+    __slots__ = ("whole",)
+
+    def __init__(self, tokens: list[int], whole: int) -> None:
+        super().__init__(tokens)
+        self.whole = whole
+
+
 RESYNC_TOKENS = 8
 RESYNC_TRIES = 4
 """A prompt found in the prefix store is encoded again from RESYNC_TOKENS
@@ -244,6 +257,10 @@ class LocalTokenizer:
     async def tokens(self, request: InferenceRequest) -> list[int]:
         text = request.prompt
         found = self.store.find(text)
+        if found is not None and found.chars >= MIN_OVERLAP * len(text):
+            # as the reference: route on the tokens found, unencoded tail and all
+            tokens = found.tokens
+            return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
         encoded = await self._extended(text, found) if found is not None else None
         if encoded is None:
             encoded = await self._encoded(text)
@@ -344,7 +361,7 @@ class TokenProducer:
             if self._observe is not None:
                 self._observe(time.perf_counter() - started)
         request.token_ids = tokens
-        request.input_tokens = len(tokens)
+        request.input_tokens = tokens.whole if isinstance(tokens, PromptTokens) else len(tokens)
         self.stats.tokenized += 1
         keys = self._keys
         if keys is not None and tokens:

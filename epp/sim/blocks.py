@@ -23,7 +23,7 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
-from epp.serve.token_store import BLOCK_CHARS, CAPACITY
+from epp.serve.token_store import BLOCK_CHARS, CAPACITY, MIN_OVERLAP
 
 BLOCK_BITS = 24
 CHARS_PER_TOKEN = 4
@@ -60,10 +60,10 @@ class TokenStoreModel:
     """The token producer's prefix store (`epp.serve.token_store`) over
     simulated prompts: their blocks of BLOCK_CHARS characters (at
     CHARS_PER_TOKEN) by content key, at most CAPACITY, the least recently
-    used leaving first. `held(request)`: whether the store holds the
-    prompt's first block (the producer then encodes only the rest); the
-    prompt's blocks are held from then on, as the live store adds every
-    prompt it tokenizes."""
+    used leaving first. `covered(request)`: the share of the prompt's tokens
+    in its leading blocks held; below MIN_OVERLAP the producer encodes the
+    prompt (whole, or its tail when its first block was held) and the store
+    holds its blocks from then on, as the live one does."""
 
     __slots__ = ("_blocks", "_keys_of", "block_tokens", "capacity")
 
@@ -79,13 +79,19 @@ class TokenStoreModel:
         self.capacity = capacity
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
-    def held(self, request: Any) -> bool:
+    def covered(self, request: Any) -> float:
         keys = self._keys_of(request, self.block_tokens)
         blocks = self._blocks
-        held = bool(keys) and keys[0] in blocks
+        held = 0
         for key in keys:
-            blocks[key] = None
+            if key not in blocks:
+                break
             blocks.move_to_end(key)
-        while len(blocks) > self.capacity:
-            blocks.popitem(last=False)
-        return held
+            held += 1
+        share = held * self.block_tokens / request.prompt_tokens if request.prompt_tokens else 0.0
+        if share < MIN_OVERLAP:
+            for key in keys[held:]:
+                blocks[key] = None
+            while len(blocks) > self.capacity:
+                blocks.popitem(last=False)
+        return share

@@ -107,6 +107,17 @@ def test_a_placed_request_carries_what_the_index_predicted_for_its_endpoint() ->
     assert request.prefix_match.cached_tokens == 96
 
 
+def test_a_prompt_known_by_its_leading_tokens_scores_the_share_of_the_whole_prompt_held() -> None:
+    # the token producer's prefix store may give a prompt's leading tokens
+    # only, with input_tokens counting the whole prompt
+    core = core_for(precise_config(), Pool(endpoint(1), endpoint(2)))
+    core.kv_events("10.0.0.2:8000", [BlockStored(keys(TOKENS)[:4])])
+    scorer = next(s for _, s in core.scheduler.scorers if isinstance(s, PrecisePrefixCacheScorer))
+    leading = InferenceRequest("m", "m", token_ids=TOKENS[:80], input_tokens=len(TOKENS))
+    whole = InferenceRequest("m", "m", token_ids=TOKENS, input_tokens=len(TOKENS))
+    assert scorer.sparse_scores(leading) == scorer.sparse_scores(whole) == {"10.0.0.2:8000": 0.5}
+
+
 def test_the_approximate_index_predicts_the_blocks_it_sent_the_endpoint_before() -> None:
     core = core_for(EppConfig(), Pool(endpoint(1), endpoint(2)))
     prompt = "p" * 64 * 5 + "tail"

@@ -58,35 +58,35 @@ def test_a_p90_below_the_median_is_an_error_naming_its_field():
         parse_scenario(raw)
 
 
-def run_with_store(arrivals):
+def run_with_store(arrivals, prefix_tokens=64):
     raw = document(0)
     raw["pool"]["token_producer_ms"] = {"median": 40}
-    raw["pool"]["token_store_ms"] = {"median": 4}
-    raw["tenants"][0]["prefix"] = {"group": "system", "tokens": 64}
+    raw["pool"]["token_tail_ms"] = {"median": 10}
+    raw["pool"]["token_store_ms"] = {"median": 1}
+    raw["tenants"][0]["prefix"] = {"group": "system", "tokens": prefix_tokens}
     sim = Simulation(
         parse_scenario(raw), arrivals, lambda _: (1.0, 1.0), tokenizes=True, token_store=True
     )
     policy = Recording(sim)
     sim.run(policy)
-    return policy
+    return [at for kind, _, at in policy.told if kind == "arrive"]
 
 
-def test_a_prompt_whose_first_block_the_token_store_holds_waits_the_stores_wait():
-    # the prefix store's blocks are 64 tokens: both prompts begin with the
-    # tenant's 64-token system prompt; the first one tokenized puts it there
-    policy = run_with_store([Arrived(0.5, 0, 100, 5), Arrived(1.5, 0, 100, 5)])
-    assert [at for kind, _, at in policy.told if kind == "arrive"] == [
-        pytest.approx(0.54),
-        pytest.approx(1.504),
-    ]
+def test_a_prompt_the_token_store_covers_waits_the_stores_wait():
+    # the store's blocks are 64 tokens: the second prompt's first 128 tokens
+    # (the tenant's system prompt) are held, 80% of it
+    offered = run_with_store([Arrived(0.5, 0, 150, 5), Arrived(1.5, 0, 160, 5)], 128)
+    assert offered == [pytest.approx(0.54), pytest.approx(1.501)]
+
+
+def test_a_prompt_whose_first_block_the_token_store_holds_waits_for_its_tail():
+    offered = run_with_store([Arrived(0.5, 0, 100, 5), Arrived(1.5, 0, 100, 5)])
+    assert offered == [pytest.approx(0.54), pytest.approx(1.51)]
 
 
 def test_a_prompt_shorter_than_a_store_block_waits_the_whole_encode():
-    policy = run_with_store([Arrived(0.5, 0, 40, 5), Arrived(1.5, 0, 40, 5)])
-    assert [at for kind, _, at in policy.told if kind == "arrive"] == [
-        pytest.approx(0.54),
-        pytest.approx(1.54),
-    ]
+    offered = run_with_store([Arrived(0.5, 0, 40, 5), Arrived(1.5, 0, 40, 5)])
+    assert offered == [pytest.approx(0.54), pytest.approx(1.54)]
 
 
 def test_the_local_backend_keeps_a_prefix_store_and_the_render_backend_does_not():
