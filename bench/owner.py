@@ -11,7 +11,10 @@ headers and a 1 KB completion body, hashed as a worker hashes it), and
 once all of them are decided sends their COMPLETEs (a 1-token response
 each) and the next `--concurrency` arrivals in one frame: every run
 batches alike, so the owner's CPU per request does not move with how
-busy the machine is. So every
+busy the machine is. `--gap-ms G` holds each round's frame back G ms
+after the round was decided, so the owner sleeps between frames as at a
+fixed rate (`--concurrency 1 --gap-ms 5`: a request each 5 ms, as
+bench.workers' 200/s). So every
 request costs the owner what it costs behind a real worker (frame decode,
 the rebuild, the priority, screen, offer, the pick, the metrics hooks,
 the decision's frame, the completion), and nothing of the protocol work.
@@ -68,12 +71,13 @@ HEADERS = {
 """What Envoy's ext_proc filter sends for bench.extproc_e2e's requests."""
 
 
-def worker_main(fd: int, concurrency: int, total: int) -> None:
-    """The scripted worker: `concurrency` requests open until `total` were sent."""
-    asyncio.run(_worker(fd, concurrency, total))
+def worker_main(fd: int, concurrency: int, total: int, gap: float) -> None:
+    """The scripted worker: `concurrency` requests open until `total` were
+    sent, each round's frame `gap` seconds after the round was decided."""
+    asyncio.run(_worker(fd, concurrency, total, gap))
 
 
-async def _worker(fd: int, concurrency: int, total: int) -> None:
+async def _worker(fd: int, concurrency: int, total: int, gap: float) -> None:
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     geometry: list[tuple[int, int] | None] = [None]
@@ -110,16 +114,22 @@ async def _worker(fd: int, concurrency: int, total: int) -> None:
             elif kind == wire.DECISION:
                 decided.append(message[1])
         if len(decided) == concurrency:
-            # A whole round decided: its completions and the next round's
-            # arrivals in one frame, so every run batches alike.
-            for rid in decided:
-                link.send([wire.COMPLETE, rid, 256, 1, None])
-            decided.clear()
-            if sent[0] < total:
-                for _ in range(concurrency):
-                    arrive()
-            elif not done.done():
-                done.set_result(None)
+            if gap:
+                loop.call_later(gap, next_round)
+            else:
+                next_round()
+
+    def next_round() -> None:
+        # A whole round decided: its completions and the next round's
+        # arrivals in one frame, so every run batches alike.
+        for rid in decided:
+            link.send([wire.COMPLETE, rid, 256, 1, None])
+        decided.clear()
+        if sent[0] < total:
+            for _ in range(concurrency):
+                arrive()
+        elif not done.done():
+            done.set_result(None)
 
     link = wire.Link(on_messages, lambda: done.done() or done.set_result(None))
     sock = socket.socket(fileno=fd)
@@ -170,7 +180,7 @@ async def measure(args: argparse.Namespace) -> dict:
     child = os.fork()
     if child == 0:
         mine.close()
-        worker_main(theirs.detach(), args.concurrency, total)
+        worker_main(theirs.detach(), args.concurrency, total, args.gap_ms / 1000)
         os._exit(0)
     theirs.close()
     owner.publish_endpoints([e.address for e in parts.store.snapshot().endpoints])
@@ -206,6 +216,8 @@ async def measure(args: argparse.Namespace) -> dict:
         "owner_cpu_us_per_request": round(cpu / count * 1e6, 1),
         "pick_us": round(pick_s / max(pick_count, 1) * 1e6, 1),
         "requests_per_s": round(count / wall, 1),
+        "concurrency": args.concurrency,
+        "gap_ms": args.gap_ms,
         "load_average": os.getloadavg()[0],
     }
 
@@ -217,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--gap-ms", type=float, default=0.0, help="idle time before each round's frame"
+    )
     parser.add_argument("--fresh", action="store_true", help="fresh metrics, changing")
     parser.add_argument("--reads", type=float, default=640.0, help="changed reads per second")
     parser.add_argument("--seed", type=int, default=1)
