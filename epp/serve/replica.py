@@ -13,7 +13,11 @@ Degraded mode. After `DEGRADE_AFTER_S` without a frame from a decider the
 replica admits on its own: each endpoint takes requests from it while it
 runs fewer than its share there (`share(limit, replicas)`, of the limit
 the decider last told it, else as its own configuration gives it), highest
-priority first, then oldest; the rest wait. The decider keeps those shares aside while the
+priority first; within a band whose fairness policy is VTC, the flow
+charged the fewest tokens here since degraded mode began (as VTC charges,
+with the band's weights: prompt tokens at admission, output tokens at
+completion; a flow that begins to wait is lifted to the least charge of
+those already waiting), then oldest; the rest wait. The decider keeps those shares aside while the
 replica is away, so nothing overshoots. When a decider answers again, the
 replica reports what it runs and decides nothing more on its own.
 """
@@ -26,9 +30,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from math import inf
 
 import grpc
 
+from epp.flowcontrol.config import BandConfig, Fairness
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.serve import wire
@@ -61,7 +67,8 @@ class ReplicaAdmission(RemoteAdmission):
     """See the module docstring. `decider` is the decider's HOST:PORT, or
     gives it at each attempt to reach it (cluster mode: from the Lease;
     None: not known yet); `endpoints` gives the pool's addresses now,
-    `limit_of` an endpoint's in-flight limit (None: none)."""
+    `limit_of` an endpoint's in-flight limit (None: none), `band_of` the
+    configuration of a priority's band (None: oldest first in every band)."""
 
     def __init__(
         self,
@@ -72,6 +79,7 @@ class ReplicaAdmission(RemoteAdmission):
         limit_of: LimitOf,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        band_of: Callable[[int], BandConfig] | None = None,
     ) -> None:
         super().__init__(None, seed)
         self.replica_id = replica_id
@@ -96,6 +104,12 @@ class ReplicaAdmission(RemoteAdmission):
         """The epoch of the decider that told them."""
         self._running: Counter[str] = Counter()
         """This replica's dispatched requests on each endpoint, however decided."""
+        self._band_of = band_of
+        self._charged: dict[tuple[int, str], float] = {}
+        """While degraded: the tokens each flow (band, fairness id) of a VTC
+        band was charged here since degraded mode began."""
+        self._backlogged: set[tuple[int, str]] = set()
+        """The flows with requests waiting here at the last admission pass."""
         self._last_heard = clock()
         self._call: grpc.aio.StreamStreamCall | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -240,6 +254,8 @@ class ReplicaAdmission(RemoteAdmission):
 
     def _degrade(self, silent: float) -> None:
         self.degraded = True
+        self._charged = {}
+        self._backlogged = set()
         log.warning(
             "epp replica %s runs degraded: no decider answered for %.1f s; admitting "
             "within its share (1/%d) of each endpoint's limit",
@@ -251,10 +267,42 @@ class ReplicaAdmission(RemoteAdmission):
 
     def _admit_waiting(self) -> None:
         waiting = [r for r in self._requests.values() if r.outcome is None]
-        waiting.sort(key=lambda r: (-r.priority, r.arrival))
+        charged = self._charged
+        # As VTC lifts a flow that becomes backlogged to the least charge of
+        # the flows that were already, so that it gets no credit for the
+        # time it waited for nothing.
+        backlogged = {(r.priority, r.fairness_id) for r in waiting}
+        least: dict[int, float] = {}
+        for flow in backlogged & self._backlogged:
+            if charged.get(flow, 0.0) < least.get(flow[0], inf):
+                least[flow[0]] = charged.get(flow, 0.0)
+        for flow in backlogged - self._backlogged:
+            if flow[0] in least and charged.get(flow, 0.0) < least[flow[0]]:
+                charged[flow] = least[flow[0]]
+        waiting.sort(
+            key=lambda r: (-r.priority, charged.get((r.priority, r.fairness_id), 0.0), r.arrival)
+        )
         for request in waiting:
             if self._admit_here(request) is None:
-                return
+                break
+        self._backlogged = {(r.priority, r.fairness_id) for r in waiting if r.outcome is None}
+
+    def _weights(self, priority: int) -> tuple[float, float] | None:
+        """The input and output token weights of the band's VTC policy (None: not VTC)."""
+        band = self._band_of(priority) if self._band_of is not None else None
+        if band is None or band.fairness is not Fairness.VTC:
+            return None
+        return band.input_weight, band.output_weight
+
+    def _charge(self, request: FlowRequest, input_tokens: int, output_tokens: int) -> None:
+        weights = self._weights(request.priority)
+        if weights is not None:
+            flow = (request.priority, request.fairness_id)
+            self._charged[flow] = (
+                self._charged.get(flow, 0.0)
+                + weights[0] * input_tokens
+                + weights[1] * output_tokens
+            )
 
     def _admit_here(self, request: FlowRequest) -> Outcome | None:
         """Dispatch `request` to the least busy endpoint where this replica
@@ -275,6 +323,7 @@ class ReplicaAdmission(RemoteAdmission):
         if best is None:
             return None
         self.degraded_admissions += 1
+        self._charge(request, request.input_tokens, 0)
         self._decided(
             self._rid_of[request],
             [Outcome.DISPATCHED.value, best, None, (), None, None, request.priority],
@@ -300,6 +349,8 @@ class ReplicaAdmission(RemoteAdmission):
         if self._running[endpoint] <= 0:
             del self._running[endpoint]
         if self.degraded:
+            output_tokens = fields[1]
+            self._charge(request, 0, output_tokens if isinstance(output_tokens, int) else 0)
             self._admit_waiting()
 
     def on_lost(self) -> None:

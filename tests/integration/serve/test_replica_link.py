@@ -14,8 +14,9 @@ import grpc
 import orjson
 import pytest
 
+from epp.flowcontrol.config import BandConfig
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.request import InferenceRequest
 from epp.serve import wire
 from epp.serve.inputs import StartupError
@@ -39,6 +40,7 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.asyncio
 
 ENDPOINT = "10.0.0.1:8000"
+PAYLOAD = InferenceRequest(model="m", target_model="m", prompt="p")
 
 
 def free_port() -> int:
@@ -277,3 +279,25 @@ async def test_a_decider_does_not_start_from_limits_it_told_itself() -> None:
     async with told_by(0, replicas=2) as decider:
         assert decider.decider is not None and not decider.decider.seeded
         assert decider.core.limits().get(ENDPOINT, 4) != 12
+
+
+async def test_a_degraded_replica_admits_the_flow_charged_fewest_tokens_first_under_vtc() -> None:
+    replica = ReplicaAdmission(
+        "r1", f"127.0.0.1:{free_port()}", 3, lambda: [ENDPOINT], lambda _: 3,
+        band_of=lambda priority: BandConfig(priority),  # VTC, 1 x input, 2 x output tokens
+    )  # fmt: skip
+    replica.start()
+    try:
+        await asyncio.sleep(DEGRADE_AFTER_S + 0.2)
+        assert replica.degraded
+        big, big_again, small = (
+            FlowRequest(f"req-{n}", tenant, 0, float(n), input_tokens=tokens, payload=PAYLOAD)
+            for n, tenant, tokens in ((1, "big", 2000), (2, "big", 2000), (3, "small", 100))
+        )
+        assert replica.offer(big) is Outcome.DISPATCHED  # the share of 1
+        assert replica.offer(big_again) is None and replica.offer(small) is None
+        replica.complete(big, Usage(2000, 300))
+        assert small.outcome is Outcome.DISPATCHED  # before the older request of `big`
+        assert big_again.outcome is None
+    finally:
+        await replica.stop()
