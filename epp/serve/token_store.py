@@ -11,12 +11,13 @@ store (`pkg/tokenization/prefixstore/lru_store.go`):
   that straddles a block's end belongs to the next block), so the tokens of
   a run of leading blocks are the tokens of that text.
 - `find` walks a prompt's blocks to the first one not held and gives the
-  tokens of the run. When they cover MIN_OVERLAP of the prompt, the
-  producer routes on them alone, as the reference does (the tail's blocks,
-  a fifth of the prompt at most, go unkeyed); else epp's local backend
-  encodes the rest of the prompt from a few tokens back and splices the two
-  where they agree (`epp.serve.tokenizer.LocalTokenizer`), where the
-  reference encodes the whole prompt.
+  tokens of the run, which the producer routes on (the tail's blocks go
+  unkeyed: the new part of a conversation's turn, or a request's own text
+  after a shared prompt). The reference does so when they cover
+  MIN_OVERLAP of the prompt and else encodes it whole first; epp's local
+  backend encodes the rest after routing, from a few tokens back, splices
+  the two where they agree (`epp.serve.tokenizer.LocalTokenizer`) and adds
+  the prompt, so a conversation's next turn finds this one.
 - Bounded: at most `capacity` blocks, the least recently used leaving first.
 """
 
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 
 BLOCK_CHARS = 256
 MIN_OVERLAP = 0.8
-"""A prompt covered this far by the blocks found is routed on their tokens
-alone (the reference's `minPrefixOverlapRatio`)."""
+"""A prompt covered this far by the blocks found is not encoded at all (the
+reference's `minPrefixOverlapRatio`); covered less, its rest is encoded
+after it is routed."""
 CAPACITY = 300_000
 """Blocks held: about 64 tokens a block of text, held as 4-byte ids with
 2-byte ends, 710 bytes a block with its entry (`bench/README.md`), so about

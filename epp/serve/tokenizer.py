@@ -13,10 +13,11 @@ Backends (`epp.config.precise.TokenizerSettings`):
   up to `INLINE_CHARS`, beyond in a small thread pool (`tokenizers` releases
   the GIL while it encodes). A prompt whose text begins as one it
   tokenized before takes that one's tokens from its prefix store
-  (`epp.serve.token_store`): covered for MIN_OVERLAP of its text, it is
-  routed on them alone (`PromptTokens`, the reference's rule), else only
-  the rest is encoded. A shared system prompt or a conversation's earlier
-  turns are tokenized once.
+  (`epp.serve.token_store`) and is routed on them alone (`PromptTokens`;
+  the reference does so when they cover MIN_OVERLAP of it); covered less,
+  its rest is encoded after it is routed, off its path, for the next
+  prompt that begins as it. A shared system prompt or a conversation's
+  earlier turns are tokenized once.
 - `estimate`: nothing; tokens stay estimated (characters / 4).
 
 Whatever happens, the request goes on: a backend slower than its timeout
@@ -198,6 +199,10 @@ class PromptTokens(list[int]):
         self.whole = whole
 
 
+MAX_LEARNING = 4
+"""Prompts encoded off their requests' path at once; past it a prompt is
+routed on the store's tokens and not learned."""
+
 RESYNC_TOKENS = 8
 RESYNC_TRIES = 4
 """A prompt found in the prefix store is encoded again from RESYNC_TOKENS
@@ -229,6 +234,8 @@ class LocalTokenizer:
         )
         self.inline_chars = inline_chars
         self.store = store if store is not None else PrefixTokenStore()
+        self._learning: set[asyncio.Task[None]] = set()
+        """Prompts routed on the store's tokens whose rest is being encoded."""
 
     def encode(self, text: str) -> list[int]:
         return self.encode_with_ends(text)[0]
@@ -257,16 +264,28 @@ class LocalTokenizer:
     async def tokens(self, request: InferenceRequest) -> list[int]:
         text = request.prompt
         found = self.store.find(text)
-        if found is not None and found.chars >= MIN_OVERLAP * len(text):
-            # as the reference: route on the tokens found, unencoded tail and all
-            tokens = found.tokens
-            return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
-        encoded = await self._extended(text, found) if found is not None else None
-        if encoded is None:
-            encoded = await self._encoded(text)
-        tokens, ends = encoded
-        self.store.add(text, tokens, ends)
-        return tokens
+        if found is None:
+            tokens, ends = await self._encoded(text)
+            self.store.add(text, tokens, ends)
+            return tokens
+        if found.chars < MIN_OVERLAP * len(text) and len(self._learning) < MAX_LEARNING:
+            # The rest is encoded off the request's path, so that the next
+            # prompt beginning as this one (the conversation's next turn)
+            # finds it covered.
+            task = asyncio.get_running_loop().create_task(self._learn(text, found))
+            self._learning.add(task)
+            task.add_done_callback(self._learning.discard)
+        tokens = found.tokens
+        return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
+
+    async def _learn(self, text: str, found: Found) -> None:
+        encoded = await self._extended(text, found) or await self._encoded(text)
+        self.store.add(text, *encoded)
+
+    async def learned(self) -> None:
+        """Until the prompts being encoded off their requests' path are in the store."""
+        while self._learning:
+            await asyncio.gather(*self._learning)
 
     async def _extended(self, text: str, found: Found) -> tuple[list[int], list[int]] | None:
         """`found`'s tokens, then the rest of `text` encoded from a token
@@ -294,6 +313,8 @@ class LocalTokenizer:
         return None
 
     async def close(self) -> None:
+        for task in self._learning:
+            task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

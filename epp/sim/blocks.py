@@ -61,9 +61,9 @@ class TokenStoreModel:
     simulated prompts: their blocks of BLOCK_CHARS characters (at
     CHARS_PER_TOKEN) by content key, at most CAPACITY, the least recently
     used leaving first. `covered(request)`: the share of the prompt's tokens
-    in its leading blocks held; below MIN_OVERLAP the producer encodes the
-    prompt (whole, or its tail when its first block was held) and the store
-    holds its blocks from then on, as the live one does."""
+    in its leading blocks held (0: the producer encodes it before routing,
+    else after, off the request's path); below MIN_OVERLAP the store holds
+    its blocks from then on, as the live one does once it is encoded."""
 
     __slots__ = ("_blocks", "_keys_of", "block_tokens", "capacity")
 

@@ -55,7 +55,6 @@ from types import MappingProxyType
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.store import EndpointStore
-from epp.serve.token_store import MIN_OVERLAP
 from epp.sim.blocks import TokenStoreModel, block_keys
 from epp.sim.requests import (
     COMPLETED,
@@ -151,8 +150,8 @@ class Simulation:
             if tokenizes and token_store
             else None
         )
-        """The token producer's prefix store: a prompt it covers waits
-        `pool.token_store`, one whose first block it holds `pool.token_tail`."""
+        """The token producer's prefix store: a prompt whose first block it
+        holds waits `pool.token_store`."""
         self.store = EndpointStore(self._live_specs())
         self.policy: Policy | None = None
         self._progress = progress
@@ -525,14 +524,8 @@ class Simulation:
                 arrival_time = requests[next_index].arrival if next_index < count else inf
                 waiting_by_tenant[request.tenant] += 1
                 if self._token_store is not None:
-                    covered = self._token_store.covered(request)
-                    wait = (
-                        pool.token_store
-                        if covered >= MIN_OVERLAP
-                        else pool.token_tail
-                        if covered
-                        else pool.token_producer
-                    )
+                    held = self._token_store.covered(request) > 0
+                    wait = pool.token_store if held else pool.token_producer
                     self._push(now + wait.draw(self._path_rng), OFFER, request)
                 elif self._token_producer is not None:
                     self._push(now + self._token_producer.draw(self._path_rng), OFFER, request)

@@ -233,12 +233,9 @@ class Pool:
     for a configuration whose token-producer tokenizes (the render round
     trip, or the local tokenizer; `pool.token_producer_ms`); none by default."""
     token_store: PathDelay = PathDelay()
-    """The wait instead when the token producer's prefix store covers the
-    prompt (MIN_OVERLAP of it: the local backend routes on the tokens held,
-    nothing is encoded; `pool.token_store_ms`); none by default."""
-    token_tail: PathDelay = PathDelay()
-    """The wait when the prefix store holds the prompt's first block but
-    covers less (only the rest is encoded; `pool.token_tail_ms`); none by
+    """The wait instead when the token producer's prefix store holds the
+    prompt's first block (the local backend routes on the tokens it holds
+    and encodes the rest, if any, after; `pool.token_store_ms`); none by
     default."""
 
     @property

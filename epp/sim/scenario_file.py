@@ -61,7 +61,6 @@ POOL_KEYS = {
     "path_ms",
     "token_producer_ms",
     "token_store_ms",
-    "token_tail_ms",
     *GROUP_KEYS,
 }
 TENANT_KEYS = {
@@ -172,7 +171,6 @@ def _pool(reader: _Reader, value: Any) -> Pool:
         **_path(reader, raw.get("path_ms")),
         token_producer=_delay(reader, raw.get("token_producer_ms"), "pool.token_producer_ms"),
         token_store=_delay(reader, raw.get("token_store_ms"), "pool.token_store_ms"),
-        token_tail=_delay(reader, raw.get("token_tail_ms"), "pool.token_tail_ms"),
     )
 
 

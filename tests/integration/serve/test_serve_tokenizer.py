@@ -260,7 +260,7 @@ async def test_a_prompt_mostly_tokenized_before_is_routed_on_those_tokens_withou
     assert second.input_tokens == pytest.approx(len(reference.encode(second.prompt).ids), rel=0.1)
 
 
-async def test_a_prompt_that_begins_as_one_tokenized_before_encodes_only_past_it(
+async def test_a_prompt_partly_tokenized_before_is_routed_at_once_and_its_rest_encoded_after(
     tmp_path: Path,
 ) -> None:
     reference = write_tokenizer(tmp_path)
@@ -269,14 +269,21 @@ async def test_a_prompt_that_begins_as_one_tokenized_before_encodes_only_past_it
     system = "once upon a time there was " * 60  # 1,620 characters, 360 tokens
     first = system + "hello"
     second = system + "hello there was a time" * 30  # 1,536 of 2,285 characters held
-    tokens = [await local.tokens(InferenceRequest("m", "m", prompt=p)) for p in (first, second)]
+    assert (
+        await local.tokens(InferenceRequest("m", "m", prompt=first)) == reference.encode(first).ids
+    )
+    routed = await local.tokens(InferenceRequest("m", "m", prompt=second))
+    assert encoded == [first]  # routed on the store's tokens, nothing encoded yet
+    assert routed == reference.encode(second).ids[: len(routed)] and len(routed) > 300
+    await local.learned()
+    assert len(encoded) == 2 and len(encoded[1]) < 800  # then its tail, from 8 tokens back
+    found = local.store.find(second)
     await local.close()
-    assert tokens == [reference.encode(first).ids, reference.encode(second).ids]
-    assert encoded[0] == first
-    assert len(encoded) == 2 and len(encoded[1]) < 800  # the second: its tail, from 8 back
+    assert found is not None and found.chars == len(second) // 256 * 256  # every block
+    assert found.tokens == reference.encode(second).ids[: len(found.tokens)]
 
 
-async def test_a_conversations_turns_spliced_from_the_store_are_the_whole_prompts_tokens(
+async def test_a_conversations_turns_spliced_into_the_store_are_the_whole_prompts_tokens(
     tmp_path: Path,
 ) -> None:
     import random
@@ -291,15 +298,19 @@ async def test_a_conversations_turns_spliced_from_the_store_are_the_whole_prompt
         )
 
     prompts = [words(400)]
-    for _ in range(3):  # each turn adds over a fifth: its tail is encoded and spliced
+    for _ in range(3):  # each turn adds over a fifth: its rest is encoded after it is routed
         prompts.append(prompts[-1] + "\nuser: " + words(len(prompts[-1]) // 12))
     train(tmp_path, prompts)
     whole = LocalTokenizer(str(tmp_path))
     local = LocalTokenizer(str(tmp_path))
     encoded = recording_encodes(local)
     for prompt in prompts:
-        spliced = await local.tokens(InferenceRequest("m", "m", prompt=prompt))
-        assert spliced == whole.encode(prompt)
+        routed = await local.tokens(InferenceRequest("m", "m", prompt=prompt))
+        assert routed == whole.encode(prompt)[: len(routed)]
+        await local.learned()
+        found = local.store.find(prompt)
+        assert found is not None and found.chars == len(prompt) // 256 * 256  # every block
+        assert found.tokens == whole.encode(prompt)[: len(found.tokens)]
     await local.close()
     await whole.close()
     assert len(encoded) == 4
