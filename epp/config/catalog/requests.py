@@ -19,12 +19,23 @@ from epp.config.plugin import (
     PluginType,
     configured,
 )
-from epp.config.precise import precise_producer, token_producer
+from epp.config.precise import (
+    KVEventsSettings,
+    TokenizerSettings,
+    precise_producer,
+    token_producer,
+)
 from epp.extproc import parsers
 from epp.scheduling import sessions
 from epp.scheduling.admitters import NEVER_STALE, ProbabilisticAdmitter
-from epp.scheduling.kvblocks import HashAlgorithm
+from epp.scheduling.kvblocks import HashAlgorithm, PreciseConfig
 from epp.scheduling.spec import PluginSpec
+
+_TOKENIZER = TokenizerSettings()
+_TOKENIZER_TIMEOUT = Param("timeout", T.DURATION, _TOKENIZER.timeout)
+"""Every tokenizer backend's: how long a request waits for its tokens."""
+_KV_EVENTS = KVEventsSettings()
+_PRECISE = PreciseConfig()
 
 TOKEN_PRODUCER_PARAMETERS = (
     Param("modelName", T.STRING, "", "model whose tokenizer the vllm backend uses"),
@@ -34,9 +45,9 @@ TOKEN_PRODUCER_PARAMETERS = (
         None,
         "the vLLM /render backend",
         fields=(
-            Param("url", T.STRING, "http://localhost:8000"),
-            Param("timeout", T.DURATION, 5.0),
-            Param("mmTimeout", T.DURATION, 30.0),
+            Param("url", T.STRING, _TOKENIZER.url),
+            _TOKENIZER_TIMEOUT,
+            Param("mmTimeout", T.DURATION, _TOKENIZER.mm_timeout),
         ),
         nullable=True,
     ),
@@ -48,7 +59,7 @@ TOKEN_PRODUCER_PARAMETERS = (
         "deprecated tokenizer sidecar on a Unix socket",
         fields=(
             Param("socketFile", T.STRING, "/tmp/tokenizer/tokenizer-uds.socket"),
-            Param("timeout", T.DURATION, 5.0),
+            _TOKENIZER_TIMEOUT,
         ),
         nullable=True,
     ),
@@ -59,11 +70,17 @@ TOKEN_PRODUCER_PARAMETERS = (
         "epp's own: a Hugging Face tokenizer.json from a model directory, in process",
         fields=(
             Param("modelDir", T.STRING, "", required=True),
-            Param("timeout", T.DURATION, 5.0),
+            _TOKENIZER_TIMEOUT,
         ),
         nullable=True,
     ),
-    Param("maxConcurrency", T.INT, 64, "epp's own: tokenizations in flight at once", 1),
+    Param(
+        "maxConcurrency",
+        T.INT,
+        _TOKENIZER.max_concurrency,
+        "epp's own: tokenizations in flight at once",
+        1,
+    ),
 )
 
 PRECISE_PRODUCER_PARAMETERS = (
@@ -102,8 +119,14 @@ PRECISE_PRODUCER_PARAMETERS = (
                         T.OBJECT,
                         None,
                         fields=(
-                            Param("size", T.INT, 100_000_000, "block keys kept", 1),
-                            Param("podCacheSize", T.INT, 10, "endpoints kept per key", 1),
+                            Param("size", T.INT, _PRECISE.index_size, "block keys kept", 1),
+                            Param(
+                                "podCacheSize",
+                                T.INT,
+                                _PRECISE.pods_per_key,
+                                "endpoints kept per key",
+                                1,
+                            ),
                         ),
                     ),
                     Param("redisConfig", T.ANY, None, "a shared index in Redis (refused)"),
@@ -123,10 +146,10 @@ PRECISE_PRODUCER_PARAMETERS = (
         "where the KV-cache events come from",
         fields=(
             Param("zmqEndpoint", T.STRING, "", "a SUB socket to bind, servers connect to it"),
-            Param("topicFilter", T.STRING, "kv@"),
+            Param("topicFilter", T.STRING, _KV_EVENTS.topic_filter),
             Param("concurrency", T.INT, 4, "event workers (epp applies events on its loop)", 1),
             Param("engineType", T.STRING, "vllm", choices=("vllm", "sglang")),
-            Param("discoverPods", T.BOOL, True, "a subscriber per endpoint"),
+            Param("discoverPods", T.BOOL, _KV_EVENTS.discover_pods, "a subscriber per endpoint"),
             Param(
                 "podDiscoveryConfig",
                 T.OBJECT,
@@ -134,7 +157,14 @@ PRECISE_PRODUCER_PARAMETERS = (
                 fields=(
                     Param("podLabelSelector", T.STRING, ""),
                     Param("podNamespace", T.STRING, ""),
-                    Param("socketPort", T.INT, 5557, "the servers' KV-events PUB port", 1, 65535),
+                    Param(
+                        "socketPort",
+                        T.INT,
+                        _KV_EVENTS.socket_port,
+                        "the servers' KV-events PUB port",
+                        1,
+                        65535,
+                    ),
                     Param("replaySocketPort", T.INT, 0, "their replay ROUTER port (0: none)"),
                 ),
             ),

@@ -56,3 +56,18 @@ def test_without_a_backend_the_estimate_keeps_the_model_and_concurrency():
     assert tokenizer({"modelName": "m", "maxConcurrency": 7}) == TokenizerSettings(
         model_name="m", max_concurrency=7
     )
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields", "expected"),
+    [
+        ("vllm", {}, TokenizerSettings(TokenizerBackend.VLLM, "m")),
+        (
+            "local",
+            {"modelDir": "/d"},
+            TokenizerSettings(TokenizerBackend.LOCAL, "m", model_dir="/d"),
+        ),
+    ],
+)
+def test_a_backends_absent_fields_are_the_settings_defaults(backend, fields, expected):
+    assert tokenizer({"modelName": "m", backend: fields}) == expected
