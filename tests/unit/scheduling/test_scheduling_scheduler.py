@@ -11,7 +11,13 @@ from epp.scheduling.endpoint import Endpoint, EndpointMetrics, PoolSnapshot
 from epp.scheduling.filters import decode_filter
 from epp.scheduling.pickers import max_score_picker
 from epp.scheduling.request import InferenceRequest
-from epp.scheduling.scheduler import Scheduler, add_named, with_column
+from epp.scheduling.scheduler import (
+    Scheduler,
+    add_named,
+    pair_sum,
+    pair_with_column,
+    with_column,
+)
 from epp.scheduling.scorers import kv_cache_scorer, queue_scorer
 from epp.scheduling.spec import PluginSpec
 
@@ -242,3 +248,19 @@ def test_a_sparse_column_added_whole_gives_the_totals_of_adding_it_name_by_name(
     by_name = list(totals)
     add_named(by_name, weight, named, {address: i for i, address in enumerate(ADDRESSES)})
     assert with_column(totals, weight, named, ADDRESSES) == by_name
+
+
+@given(
+    first=st.lists(st.floats(0, 1), min_size=8, max_size=8),
+    second=st.lists(st.floats(0, 1), min_size=8, max_size=8),
+    weights=st.tuples(st.floats(-5, 5), st.floats(-5, 5), st.floats(-5, 5)),
+    named=st.dictionaries(
+        st.sampled_from([*ADDRESSES, "10.9.9.9:8000"]), st.floats(0, 1), max_size=9
+    ),
+)
+def test_a_pair_and_a_column_summed_in_one_pass_give_the_totals_to_the_last_bit(
+    first, second, weights, named
+):
+    w1, w2, weight = weights
+    in_two = with_column(pair_sum(w1, first, w2, second), weight, named, ADDRESSES)
+    assert pair_with_column(w1, first, w2, second, weight, named, ADDRESSES) == in_two
