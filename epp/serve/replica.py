@@ -16,8 +16,9 @@ the decider last told it, else as its own configuration gives it), highest
 priority first; within a band whose fairness policy is VTC, the flow
 charged the fewest tokens here since degraded mode began (as VTC charges,
 with the band's weights: prompt tokens at admission, output tokens at
-completion; a flow that begins to wait is lifted to the least charge of
-those already waiting), then oldest; the rest wait. The decider keeps those shares aside while the
+completion, and what it ran here when degraded mode began as if admitted
+then; a flow that begins to wait is lifted to the least charge of those
+already waiting), then oldest; the rest wait. The decider keeps those shares aside while the
 replica is away, so nothing overshoots. When a decider answers again, the
 replica reports what it runs and decides nothing more on its own.
 """
@@ -256,6 +257,12 @@ class ReplicaAdmission(RemoteAdmission):
         self.degraded = True
         self._charged = {}
         self._backlogged = set()
+        # What each flow runs here now is charged as its dispatch was, so
+        # that the flows do not start level: level, the oldest waiting
+        # request goes first, under VTC the largest tenant's.
+        for request in self._requests.values():
+            if request.state is State.DISPATCHED:
+                self._charge(request, request.input_tokens, 0)
         log.warning(
             "epp replica %s runs degraded: no decider answered for %.1f s; admitting "
             "within its share (1/%d) of each endpoint's limit",

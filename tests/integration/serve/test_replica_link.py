@@ -281,17 +281,29 @@ async def test_a_decider_does_not_start_from_limits_it_told_itself() -> None:
         assert decider.core.limits().get(ENDPOINT, 4) != 12
 
 
-async def test_a_degraded_replica_admits_the_flow_charged_fewest_tokens_first_under_vtc() -> None:
+def vtc_replica(port: int, limit: int = 3) -> ReplicaAdmission:
+    """A replica of 3 on the one endpoint, its bands VTC (1 x input, 2 x output tokens)."""
     replica = ReplicaAdmission(
-        "r1", f"127.0.0.1:{free_port()}", 3, lambda: [ENDPOINT], lambda _: 3,
-        band_of=lambda priority: BandConfig(priority),  # VTC, 1 x input, 2 x output tokens
+        "r1", f"127.0.0.1:{port}", 3, lambda: [ENDPOINT], lambda _: limit,
+        band_of=lambda priority: BandConfig(priority),
     )  # fmt: skip
     replica.start()
+    return replica
+
+
+def tenant_request(number: int, tenant: str, tokens: int) -> FlowRequest:
+    return FlowRequest(
+        f"req-{number}", tenant, 0, float(number), input_tokens=tokens, payload=PAYLOAD
+    )
+
+
+async def test_a_degraded_replica_admits_the_flow_charged_fewest_tokens_first_under_vtc() -> None:
+    replica = vtc_replica(free_port())
     try:
         await asyncio.sleep(DEGRADE_AFTER_S + 0.2)
         assert replica.degraded
         big, big_again, small = (
-            FlowRequest(f"req-{n}", tenant, 0, float(n), input_tokens=tokens, payload=PAYLOAD)
+            tenant_request(n, tenant, tokens)
             for n, tenant, tokens in ((1, "big", 2000), (2, "big", 2000), (3, "small", 100))
         )
         assert replica.offer(big) is Outcome.DISPATCHED  # the share of 1
@@ -299,5 +311,31 @@ async def test_a_degraded_replica_admits_the_flow_charged_fewest_tokens_first_un
         replica.complete(big, Usage(2000, 300))
         assert small.outcome is Outcome.DISPATCHED  # before the older request of `big`
         assert big_again.outcome is None
+    finally:
+        await replica.stop()
+
+
+async def test_a_replica_that_begins_to_run_degraded_charges_what_each_flow_runs_there() -> None:
+    port = free_port()
+    decider = ScriptedDecider()
+    await decider.start(port)
+    replica = vtc_replica(port, limit=6)  # a share of 2
+    try:
+        decider.say(1, [JOINED])
+        await eventually(lambda: replica.joined)
+        running = tenant_request(1, "big", 2000)
+        replica.offer(running)
+        await eventually(lambda: wire.ARRIVE in decider.kinds())
+        rid = next(m[1] for m in decider.received if m[0] == wire.ARRIVE)
+        decider.say(
+            1, [wire.DECISION, rid, Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 0]
+        )
+        await eventually(lambda: running.state is State.DISPATCHED)
+        big, small = tenant_request(2, "big", 2000), tenant_request(3, "small", 100)
+        assert replica.offer(big) is None and replica.offer(small) is None
+        await decider.server.stop(0)
+        await eventually(lambda: replica.degraded, DEGRADE_AFTER_S + 1.0)
+        assert small.outcome is Outcome.DISPATCHED  # room for one: `big` is charged 2000 already
+        assert big.outcome is None
     finally:
         await replica.stop()
