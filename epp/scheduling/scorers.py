@@ -23,7 +23,9 @@ class Scorer(Protocol):
     def score(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         """One score in [0, 1] per endpoint, in the same order. The caller
         does not modify the list and reads it before telling the scorer of
-        a pick, so a scorer may return the same list again and update it."""
+        a pick, so a scorer may return the same list again and update it
+        (the scheduler may read it again after the pick, to follow such an
+        update)."""
         ...
 
     def picked(self, request: InferenceRequest, endpoint: Endpoint) -> None:

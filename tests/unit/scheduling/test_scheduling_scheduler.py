@@ -264,3 +264,44 @@ def test_a_pair_and_a_column_summed_in_one_pass_give_the_totals_to_the_last_bit(
     w1, w2, weight = weights
     in_two = with_column(pair_sum(w1, first, w2, second), weight, named, ADDRESSES)
     assert pair_with_column(w1, first, w2, second, weight, named, ADDRESSES) == in_two
+
+
+class MovingScorer:
+    """Scores 1 for one endpoint and 0 for the others; a pick moves the 1
+    to the next endpoint, in the list it returned."""
+
+    def __init__(self) -> None:
+        self._of = None
+        self._scores: list[float] = []
+
+    def score(self, request, endpoints):
+        if endpoints is not self._of:
+            self._of = endpoints
+            self._scores = [1.0] + [0.0] * (len(endpoints) - 1)
+        return self._scores
+
+    def picked(self, request, endpoint) -> None:
+        scores = self._scores
+        top = scores.index(1.0)
+        scores[top] = 0.0
+        scores[(top + 1) % len(scores)] = 1.0
+
+    def forget(self, address: str) -> None:
+        pass
+
+
+def test_a_pick_that_changes_another_endpoints_score_is_followed():
+    config = SchedulingConfig(
+        profiles=(
+            ProfileConfig(
+                scorers=(
+                    ScorerConfig(PluginSpec("moving", lambda context: MovingScorer())),
+                    ScorerConfig(PluginSpec("kv", kv_cache_scorer)),
+                )
+            ),
+        )
+    )
+    pool = pool_of(*(endpoint(index, kv_usage=0.5) for index in range(1, 5)))
+    placer = scheduler(pool, config=config)
+    placed = [placer.place(flow_request(request_id=str(n))) for n in range(6)]
+    assert placed == [f"10.0.0.{index}:8000" for index in (1, 2, 3, 4, 1, 2)]
