@@ -201,7 +201,7 @@ class EppParts:
                 self._addresses,
                 limit_of,
                 self._rng.randrange(1 << 63),
-                band_of=lambda priority: self.config.flow_control.band(priority),
+                flow_control=lambda: self.config.flow_control,
             )
         self.admission = AdmissionController(
             self.core,

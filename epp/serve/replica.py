@@ -13,12 +13,12 @@ Degraded mode. After `DEGRADE_AFTER_S` without a frame from a decider the
 replica admits on its own: each endpoint takes requests from it while it
 runs fewer than its share there (`share(limit, replicas)`, of the limit
 the decider last told it, else as its own configuration gives it), highest
-priority first; within a band whose fairness policy is VTC, the flow
-charged the fewest tokens here since degraded mode began (as VTC charges,
-with the band's weights: prompt tokens at admission, output tokens at
-completion, and what it ran here when degraded mode began as if admitted
-then; a flow that begins to wait is lifted to the least charge of those
-already waiting), then oldest; the rest wait. The decider keeps those shares aside while the
+priority first; within a band whose fairness policy is VTC, the flow with
+the smallest counter, then oldest; the rest wait. A replica keeps VTC's
+counters for its own traffic all the time, however decided (prompt tokens
+at dispatch, output tokens at completion, the band's weights; a flow that
+sends is lifted to the counter of the flow last dispatched), so degraded
+mode goes on from the share each flow had through it. The decider keeps those shares aside while the
 replica is away, so nothing overshoots. When a decider answers again, the
 replica reports what it runs and decides nothing more on its own.
 """
@@ -31,11 +31,10 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from math import inf
 
 import grpc
 
-from epp.flowcontrol.config import BandConfig, Fairness
+from epp.flowcontrol.config import Fairness, FlowControlConfig
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State
 from epp.serve import wire
@@ -63,13 +62,18 @@ log = logging.getLogger("epp.serve.replica")
 
 LimitOf = Callable[[str], int | None]
 
+PRUNE_AT = 1024
+"""Flows counted (`ReplicaAdmission._charged`) past which those with
+nothing here are forgotten (then again past twice what is left, plus this)."""
+
 
 class ReplicaAdmission(RemoteAdmission):
     """See the module docstring. `decider` is the decider's HOST:PORT, or
     gives it at each attempt to reach it (cluster mode: from the Lease;
     None: not known yet); `endpoints` gives the pool's addresses now,
-    `limit_of` an endpoint's in-flight limit (None: none), `band_of` the
-    configuration of a priority's band (None: oldest first in every band)."""
+    `limit_of` an endpoint's in-flight limit (None: none), `flow_control`
+    the flow-control configuration now, whose bands' fairness policies
+    degraded mode follows (None: oldest first in every band)."""
 
     def __init__(
         self,
@@ -80,7 +84,7 @@ class ReplicaAdmission(RemoteAdmission):
         limit_of: LimitOf,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
-        band_of: Callable[[int], BandConfig] | None = None,
+        flow_control: Callable[[], FlowControlConfig] | None = None,
     ) -> None:
         super().__init__(None, seed)
         self.replica_id = replica_id
@@ -105,12 +109,18 @@ class ReplicaAdmission(RemoteAdmission):
         """The epoch of the decider that told them."""
         self._running: Counter[str] = Counter()
         """This replica's dispatched requests on each endpoint, however decided."""
-        self._band_of = band_of
+        self._flow_control = flow_control
+        self._weights_of: dict[int, tuple[float, float] | None] = {}
+        """Each band's VTC weights (`_weights`) under `_weights_from`."""
+        self._weights_from: FlowControlConfig | None = None
         self._charged: dict[tuple[int, str], float] = {}
-        """While degraded: the tokens each flow (band, fairness id) of a VTC
-        band was charged here since degraded mode began."""
-        self._backlogged: set[tuple[int, str]] = set()
-        """The flows with requests waiting here at the last admission pass."""
+        """VTC's counter of each flow (band, fairness id) of a VTC band, for
+        what it sent through this replica, however decided: what degraded
+        mode orders a band's waiting requests by."""
+        self._floor: dict[int, float] = {}
+        """Each band's counter of the flow last dispatched here, before its
+        charge (VTC's floor): a flow that sends is lifted to it."""
+        self._prune_at = PRUNE_AT
         self._last_heard = clock()
         self._call: grpc.aio.StreamStreamCall | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -135,6 +145,7 @@ class ReplicaAdmission(RemoteAdmission):
         rid = next(self._rids)
         self._requests[rid] = request
         self._rid_of[request] = rid
+        self._lift(request)
         if self.degraded:
             return self._admit_here(request)
         return None  # sent when a decider joins, or admitted here once degraded
@@ -255,14 +266,6 @@ class ReplicaAdmission(RemoteAdmission):
 
     def _degrade(self, silent: float) -> None:
         self.degraded = True
-        self._charged = {}
-        self._backlogged = set()
-        # What each flow runs here now is charged as its dispatch was, so
-        # that the flows do not start level: level, the oldest waiting
-        # request goes first, under VTC the largest tenant's.
-        for request in self._requests.values():
-            if request.state is State.DISPATCHED:
-                self._charge(request, request.input_tokens, 0)
         log.warning(
             "epp replica %s runs degraded: no decider answered for %.1f s; admitting "
             "within its share (1/%d) of each endpoint's limit",
@@ -274,42 +277,59 @@ class ReplicaAdmission(RemoteAdmission):
 
     def _admit_waiting(self) -> None:
         waiting = [r for r in self._requests.values() if r.outcome is None]
-        charged = self._charged
-        # As VTC lifts a flow that becomes backlogged to the least charge of
-        # the flows that were already, so that it gets no credit for the
-        # time it waited for nothing.
-        backlogged = {(r.priority, r.fairness_id) for r in waiting}
-        least: dict[int, float] = {}
-        for flow in backlogged & self._backlogged:
-            if charged.get(flow, 0.0) < least.get(flow[0], inf):
-                least[flow[0]] = charged.get(flow, 0.0)
-        for flow in backlogged - self._backlogged:
-            if flow[0] in least and charged.get(flow, 0.0) < least[flow[0]]:
-                charged[flow] = least[flow[0]]
-        waiting.sort(
-            key=lambda r: (-r.priority, charged.get((r.priority, r.fairness_id), 0.0), r.arrival)
-        )
+        waiting.sort(key=lambda r: (-r.priority, self._counter(r), r.arrival))
         for request in waiting:
             if self._admit_here(request) is None:
-                break
-        self._backlogged = {(r.priority, r.fairness_id) for r in waiting if r.outcome is None}
+                return
 
     def _weights(self, priority: int) -> tuple[float, float] | None:
         """The input and output token weights of the band's VTC policy (None: not VTC)."""
-        band = self._band_of(priority) if self._band_of is not None else None
-        if band is None or band.fairness is not Fairness.VTC:
+        if self._flow_control is None:
             return None
-        return band.input_weight, band.output_weight
+        config = self._flow_control()
+        if config is not self._weights_from:  # reloaded
+            self._weights_from = config
+            self._weights_of = {}
+        try:
+            return self._weights_of[priority]
+        except KeyError:
+            band = config.band(priority)
+            weights = (
+                (band.input_weight, band.output_weight) if band.fairness is Fairness.VTC else None
+            )
+            self._weights_of[priority] = weights
+            return weights
+
+    def _counter(self, request: FlowRequest) -> float:
+        """The counter of `request`'s flow; one not counted (new, or
+        forgotten) is at its band's floor."""
+        priority = request.priority
+        return self._charged.get((priority, request.fairness_id), self._floor.get(priority, 0.0))
+
+    def _lift(self, request: FlowRequest) -> None:
+        """As VTC lifts a flow that begins to send to the floor, so that it
+        gets no credit for the time it sent nothing."""
+        flow = (request.priority, request.fairness_id)
+        counter = self._charged.get(flow)
+        if counter is not None and counter < self._floor.get(request.priority, 0.0):
+            del self._charged[flow]  # at the floor
 
     def _charge(self, request: FlowRequest, input_tokens: int, output_tokens: int) -> None:
         weights = self._weights(request.priority)
-        if weights is not None:
-            flow = (request.priority, request.fairness_id)
-            self._charged[flow] = (
-                self._charged.get(flow, 0.0)
-                + weights[0] * input_tokens
-                + weights[1] * output_tokens
-            )
+        if weights is None:
+            return
+        flow = (request.priority, request.fairness_id)
+        charged = self._charged
+        counter = self._counter(request)
+        if input_tokens:
+            self._floor[request.priority] = counter
+        charged[flow] = counter + weights[0] * input_tokens + weights[1] * output_tokens
+        if len(charged) > self._prune_at:
+            # Forgotten, a flow with nothing here starts again at the floor
+            # when it sends (as VTC forgets an idle flow after a while).
+            active = {(r.priority, r.fairness_id) for r in self._requests.values()}
+            self._charged = {k: c for k, c in charged.items() if k in active}
+            self._prune_at = PRUNE_AT + 2 * len(self._charged)
 
     def _admit_here(self, request: FlowRequest) -> Outcome | None:
         """Dispatch `request` to the least busy endpoint where this replica
@@ -330,7 +350,6 @@ class ReplicaAdmission(RemoteAdmission):
         if best is None:
             return None
         self.degraded_admissions += 1
-        self._charge(request, request.input_tokens, 0)
         self._decided(
             self._rid_of[request],
             [Outcome.DISPATCHED.value, best, None, (), None, None, request.priority],
@@ -346,6 +365,7 @@ class ReplicaAdmission(RemoteAdmission):
         super()._decided(rid, fields)
         if request.state is State.DISPATCHED and request.endpoint is not None:
             self._running[request.endpoint] += 1
+            self._charge(request, request.input_tokens, 0)
 
     def _complete(self, request: FlowRequest, fields: list[object]) -> None:
         if request.state is not State.DISPATCHED:
@@ -355,9 +375,10 @@ class ReplicaAdmission(RemoteAdmission):
         self._running[endpoint] -= 1
         if self._running[endpoint] <= 0:
             del self._running[endpoint]
+        output_tokens = fields[1]
+        if isinstance(output_tokens, int) and output_tokens:
+            self._charge(request, 0, output_tokens)
         if self.degraded:
-            output_tokens = fields[1]
-            self._charge(request, 0, output_tokens if isinstance(output_tokens, int) else 0)
             self._admit_waiting()
 
     def on_lost(self) -> None:

@@ -14,7 +14,7 @@ import grpc
 import orjson
 import pytest
 
-from epp.flowcontrol.config import BandConfig
+from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.request import InferenceRequest
@@ -285,7 +285,7 @@ def vtc_replica(port: int, limit: int = 3) -> ReplicaAdmission:
     """A replica of 3 on the one endpoint, its bands VTC (1 x input, 2 x output tokens)."""
     replica = ReplicaAdmission(
         "r1", f"127.0.0.1:{port}", 3, lambda: [ENDPOINT], lambda _: limit,
-        band_of=lambda priority: BandConfig(priority),
+        flow_control=lambda config=FlowControlConfig(): config,  # every band VTC
     )  # fmt: skip
     replica.start()
     return replica
@@ -315,7 +315,7 @@ async def test_a_degraded_replica_admits_the_flow_charged_fewest_tokens_first_un
         await replica.stop()
 
 
-async def test_a_replica_that_begins_to_run_degraded_charges_what_each_flow_runs_there() -> None:
+async def test_a_degraded_replica_goes_on_from_what_each_flow_sent_through_it_joined() -> None:
     port = free_port()
     decider = ScriptedDecider()
     await decider.start(port)
