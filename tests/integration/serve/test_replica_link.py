@@ -283,9 +283,10 @@ async def test_a_decider_does_not_start_from_limits_it_told_itself() -> None:
 
 def vtc_replica(port: int, limit: int = 3) -> ReplicaAdmission:
     """A replica of 3 on the one endpoint, its bands VTC (1 x input, 2 x output tokens)."""
+    config = FlowControlConfig()  # every band VTC
     replica = ReplicaAdmission(
         "r1", f"127.0.0.1:{port}", 3, lambda: [ENDPOINT], lambda _: limit,
-        flow_control=lambda config=FlowControlConfig(): config,  # every band VTC
+        flow_control=lambda: config,
     )  # fmt: skip
     replica.start()
     return replica
