@@ -108,6 +108,33 @@ def external_key(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & KEY_MASK
 
 
+class DigestMemo:
+    """Block digests computed before, by (parent digest, block tokens, extra
+    keys): a prompt that repeats one hashed before (a shared system prompt,
+    a conversation's earlier turns) costs a dict lookup a block instead of
+    a serialization and a digest (about 8x less). The key is the digest's
+    whole input, so a hit is exact under any hash seed or algorithm. At most
+    `capacity` entries (about 800 bytes each); past it the memo starts over."""
+
+    __slots__ = ("_digests", "capacity")
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        self.capacity = capacity
+        self._digests: dict[tuple[bytes, tuple[int, ...], Any], bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def get(self, key: tuple[bytes, tuple[int, ...], Any]) -> bytes | None:
+        return self._digests.get(key)
+
+    def put(self, key: tuple[bytes, tuple[int, ...], Any], digest: bytes) -> None:
+        digests = self._digests
+        if len(digests) >= self.capacity:
+            digests.clear()
+        digests[key] = digest
+
+
 @dataclass(slots=True, frozen=True)
 class BlockHasher:
     """Tokens to vLLM block keys for one server configuration."""
@@ -128,8 +155,10 @@ class BlockHasher:
         max_blocks: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        memo: DigestMemo | None = None,
     ) -> list[bytes]:
-        """The full digests of the full blocks of `tokens`, in order."""
+        """The full digests of the full blocks of `tokens`, in order (those
+        `memo` holds taken from it, the others put in it)."""
         size = self.block_size
         count = len(tokens) // size
         if max_blocks is not None:
@@ -146,7 +175,15 @@ class BlockHasher:
             start = index * size
             block = tuple(tokens[start : start + size])
             extra = extra_first if index == 0 else extra_rest
-            parent = digest(serialize((parent, block, extra)))
+            if memo is None:
+                parent = digest(serialize((parent, block, extra)))
+            else:
+                key = (parent, block, extra)
+                known = memo.get(key)
+                if known is None:
+                    known = digest(serialize(key))
+                    memo.put(key, known)
+                parent = known
             out.append(parent)
         return out
 
@@ -156,9 +193,11 @@ class BlockHasher:
         max_blocks: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        memo: DigestMemo | None = None,
     ) -> tuple[int, ...]:
         """The 64-bit keys of the full blocks of `tokens` (what events carry)."""
-        return tuple(map(external_key, self.digests(tokens, max_blocks, lora_name, cache_salt)))
+        digests = self.digests(tokens, max_blocks, lora_name, cache_salt, memo)
+        return tuple(map(external_key, digests))
 
 
 # -- events (decoded by the shell from the servers' msgpack batches) ---------
@@ -453,9 +492,11 @@ class PreciseConfig:
     pods_per_key: int = 10
     speculative_ttl: float | None = None
 
-    def keys_of(self, tokens: Sequence[int], cache_salt: str | None = None) -> tuple[int, ...]:
+    def keys_of(
+        self, tokens: Sequence[int], cache_salt: str | None = None, memo: DigestMemo | None = None
+    ) -> tuple[int, ...]:
         """The block keys a prompt of `tokens` is looked up by."""
-        return self.hasher.keys(tokens, self.max_blocks, None, cache_salt) if tokens else ()
+        return self.hasher.keys(tokens, self.max_blocks, None, cache_salt, memo) if tokens else ()
 
     def index(self, clock: Callable[[], float]) -> KVBlockIndex:
         return KVBlockIndex(self.index_size, self.pods_per_key, self.speculative_ttl, clock)

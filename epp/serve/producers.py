@@ -17,6 +17,7 @@ from epp.config.loader import EppConfig
 from epp.datalayer.models import ModelLists, ModelsScraper
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.core import Core
+from epp.scheduling.kvblocks import DigestMemo
 from epp.serve.inputs import StartupError, fetched_as
 from epp.serve.metrics import PluginDurations
 
@@ -91,10 +92,11 @@ async def start_token_producer(
         raise StartupError("token-producer: a tokenizing backend does not run with --workers")
     name = next(n for n, t in config.plugins if t in ("token-producer", "tokenizer"))
     tally = durations.family.tally(("DataProducer", "token-producer", name))
+    memo = DigestMemo()
 
     def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
         precise = current().scheduling.precise
-        return precise.keys_of(tokens, salt) if precise is not None else None
+        return precise.keys_of(tokens, salt, memo) if precise is not None else None
 
     producer = TokenProducer(settings, backend, tally.add, keys=keys)
     stack.push_async_callback(producer.close)

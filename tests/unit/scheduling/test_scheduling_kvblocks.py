@@ -207,3 +207,30 @@ def test_without_speculation_recording_a_pick_stores_nothing() -> None:
     index = KVBlockIndex()
     index.record("a", (1, 2))
     assert index.matches((1, 2)) == {}
+
+
+def test_block_keys_taken_from_the_digest_memo_are_the_ones_computed() -> None:
+    from epp.scheduling.kvblocks import DigestMemo
+
+    hasher = BlockHasher(16, "42")
+    tokens = list(range(500, 500 + 16 * 5))
+    memo = DigestMemo()
+    first = hasher.keys(tokens, memo=memo, cache_salt="s")
+    assert len(memo) == 5
+    assert (
+        hasher.keys(tokens, memo=memo, cache_salt="s")
+        == first
+        == hasher.keys(tokens, cache_salt="s")
+    )
+    assert len(memo) == 5  # the second prompt was all found
+    longer = hasher.keys([*tokens, *range(16)], memo=memo, cache_salt="s")
+    assert longer[:5] == first and len(memo) == 6
+    assert hasher.keys(tokens, memo=memo) == hasher.keys(tokens)  # another salt: other inputs
+
+
+def test_the_digest_memo_starts_over_past_its_capacity() -> None:
+    from epp.scheduling.kvblocks import DigestMemo
+
+    memo = DigestMemo(capacity=4)
+    BlockHasher(16).keys(list(range(16 * 6)), memo=memo)
+    assert len(memo) == 2  # cleared at the fifth block, then blocks 5 and 6
