@@ -223,7 +223,8 @@ class PrefixCacheScorer:
         # snapshot: the hashes of that scoring are its own (bench.instructions).
         scored = self._last
         hashes = scored[2] if scored[0] is request else self.hashes(request)
-        self.note_match(request, endpoint, hashes)
+        if request.prefix_match is None:  # note_match's own test, a call spared
+            self.note_match(request, endpoint, hashes)
         capacity = None
         if self._pool is not None:
             blocks = endpoint.metrics.num_gpu_blocks

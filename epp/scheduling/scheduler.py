@@ -468,16 +468,16 @@ class ProfileRunner:
             totals = weighted_sum(columns, self._dense_weights, len(candidates))
         for weight, sparse_scores in self._sparse:
             scores = sparse_scores(request)
+            if not scores:  # no column to add (a prompt no endpoint holds)
+                continue
             dense = len(scores) * DENSE_SHARE >= len(candidates)
             if totals is None:
-                if scores and dense:
+                if dense:
                     # The default profile's shape: the pair and the column in one pass.
                     addresses = self._addresses(candidates)
                     totals = pair_with_column(w1, first, w2, second, weight, scores, addresses)
                     continue
                 totals = self._pair_sum(candidates, first, second)
-            if not scores:
-                continue
             if dense:
                 totals = with_column(totals, weight, scores, self._addresses(candidates))
             else:
