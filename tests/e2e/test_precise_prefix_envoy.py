@@ -287,3 +287,19 @@ async def test_the_kv_cache_alert_rules_read_series_the_epp_emits(tmp_path):
                 failures.setdefault(query.panel, set()).update(missing)
     assert not failures, failures
     assert len(checked) == 9
+
+
+async def test_the_no_hit_lru_sample_serves_through_envoy_spreading_what_nothing_matches(
+    tmp_path,
+):
+    # The sample names no token-producer, so no request carries the servers'
+    # tokens: the precise index, fed by the events, matches nothing (epp
+    # warns at load) and the no-hit-lru scorer spreads the requests.
+    sample = Sample("sim-epp-no-hit-lru.yaml", 5)
+    async with stack(tmp_path, sample) as (pool, _, _, gateway, session):
+        before = [server.model.admitted_total for server in pool]
+        for turn in range(1, 4):
+            for prefix in HOMES:
+                await complete(session, gateway, prompt(prefix, turn))
+        served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+        assert served == [2, 2, 2], served
