@@ -7,7 +7,7 @@ docs/operations/replicas.md.
 (`RemoteAdmission`) whose link is the stream to the decider, and which
 outlives it. What runs where is the replica's own state: when a decider
 (re)joins it, the replica reports every request it has running (HELD) and
-sends its undecided requests again.
+sends its undecided requests again, in the order degraded mode admits.
 
 Degraded mode. After `DEGRADE_AFTER_S` without a frame from a decider the
 replica admits on its own: each endpoint takes requests from it while it
@@ -255,6 +255,10 @@ class ReplicaAdmission(RemoteAdmission):
                 waiting.append((rid, request))
         link.send([TOLD, self.told_epoch, dict(self.told)])
         link.send([REPORTED])
+        # In the order degraded mode would admit them: a new decider's VTC
+        # counters all start level, and it takes level flows in the order
+        # they came, so the flows this replica served least go first there.
+        waiting.sort(key=lambda item: self._order(item[1]))
         for rid, request in waiting:
             link.send([wire.ARRIVE, rid, *wire.arrival_fields(request)])
 
@@ -277,7 +281,7 @@ class ReplicaAdmission(RemoteAdmission):
 
     def _admit_waiting(self) -> None:
         waiting = [r for r in self._requests.values() if r.outcome is None]
-        waiting.sort(key=lambda r: (-r.priority, self._counter(r), r.arrival))
+        waiting.sort(key=self._order)
         for request in waiting:
             if self._admit_here(request) is None:
                 return
@@ -299,6 +303,10 @@ class ReplicaAdmission(RemoteAdmission):
             )
             self._weights_of[priority] = weights
             return weights
+
+    def _order(self, request: FlowRequest) -> tuple[int, float, float]:
+        """Degraded mode's order: highest band, smallest counter, oldest."""
+        return -request.priority, self._counter(request), request.arrival
 
     def _counter(self, request: FlowRequest) -> float:
         """The counter of `request`'s flow; one not counted (new, or

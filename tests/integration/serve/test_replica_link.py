@@ -340,3 +340,23 @@ async def test_a_degraded_replica_goes_on_from_what_each_flow_sent_through_it_jo
         assert big.outcome is None
     finally:
         await replica.stop()
+
+
+async def test_a_joining_replica_resends_what_waits_least_served_flow_first() -> None:
+    port = free_port()
+    replica = vtc_replica(port)
+    try:
+        await eventually(lambda: replica.degraded, DEGRADE_AFTER_S + 1.0)
+        assert replica.offer(tenant_request(1, "big", 2000)) is Outcome.DISPATCHED  # charged
+        assert replica.offer(tenant_request(2, "big", 2000)) is None
+        assert replica.offer(tenant_request(3, "small", 100)) is None
+        decider = ScriptedDecider()
+        await decider.start(port)
+        await eventually(lambda: HELLO in decider.kinds(), 3.0)
+        decider.say(1, [JOINED])
+        await eventually(lambda: decider.kinds().count(wire.ARRIVE) == 2)
+        resent = [m[2] for m in decider.received if m[0] == wire.ARRIVE]
+        assert resent == ["req-3", "req-2"]  # a new decider's level counters take them in turn
+        await decider.server.stop(0)
+    finally:
+        await replica.stop()
