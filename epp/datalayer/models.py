@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -69,10 +70,13 @@ def read_model_list(body: bytes) -> tuple[dict[str, Any], ...]:
 class ModelLists:
     """The last model list of each endpoint, and the union the responder answers."""
 
-    __slots__ = ("_answer", "_lists", "_names", "_store", "_version")
+    __slots__ = ("_answer", "_lists", "_names", "_store", "_version", "on_change")
 
     def __init__(self, store: EndpointStore) -> None:
         self._store = store
+        self.on_change: Callable[[], None] | None = None
+        """Called when a list changed or was dropped (under `--workers` the
+        owner then sends the workers the new answer)."""
         self._lists: dict[str, tuple[dict[str, Any], ...]] = {}
         self._answer: bytes | None = None
         self._version: tuple[int, int] | None = None
@@ -83,13 +87,21 @@ class ModelLists:
         if self._lists.get(address) != models:
             self._lists[address] = models
             self._names += 1
+            self._changed()
 
     def forget_missing(self) -> None:
         """Drop the lists of endpoints no longer in the pool."""
         current = set(self._store.addresses())
-        for address in [address for address in self._lists if address not in current]:
+        gone = [address for address in self._lists if address not in current]
+        for address in gone:
             del self._lists[address]
             self._names += 1
+        if gone:
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def answer(self) -> bytes | None:
         """The `GET /v1/models` answer body, or None while no endpoint of the

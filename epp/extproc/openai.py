@@ -26,9 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.request import FlowRequest
 
 CHARS_PER_TOKEN = 4
 
@@ -172,6 +175,14 @@ def engine_priority(priority: int, labels: Mapping[str, str]) -> int:
     in the reference (llm-d-router PR #2265)."""
     engine = labels.get(VLLM_ENGINE_LABELS[0]) or labels.get(VLLM_ENGINE_LABELS[1]) or ""
     return -priority if engine.lower() == "vllm" else priority
+
+
+def engine_priority_on(
+    labels_of: Callable[[str], Mapping[str, str]],
+) -> Callable[[FlowRequest], int]:
+    """The forwarded body's priority of a dispatched request: its priority
+    by `engine_priority` on the labels `labels_of` gives its endpoint."""
+    return lambda request: engine_priority(request.priority, labels_of(request.endpoint or ""))
 
 
 def with_priority(document: dict[str, Any], priority: int) -> bytes:

@@ -62,7 +62,7 @@ from epp.extproc.events import (
     Release,
 )
 from epp.extproc.messages import ProcessingRequest
-from epp.extproc.openai import Api, BadRequest, engine_priority, with_priority
+from epp.extproc.openai import Api, BadRequest, with_priority
 from epp.extproc.parsers import DEFAULT_PARSERS, ParserSet, parser_set
 from epp.extproc.usage import ModelNameRestorer, SseUsageReader, Usage, usage_from_json
 from epp.flowcontrol.outcome import Outcome
@@ -119,12 +119,14 @@ class StreamSettings:
     """Set (`models-responder`): the union of the endpoints' model lists, which
     answers `GET /v1/models` here (200), or None while no endpoint has
     reported one (503); None: such a request goes to an endpoint."""
-    priority_in_body: Callable[[str], Mapping[str, str]] | None = None
-    """Set (`requestHandler.propagatePriority`): the labels of an endpoint by
-    address, and the objective's priority goes into the forwarded body's
-    `priority` in its engine's convention (`openai.engine_priority`),
-    replacing the client's own; None (the default, as the reference's): the
-    body's `priority` goes upstream as the client sent it."""
+    priority_in_body: Callable[[FlowRequest], int | None] | None = None
+    """Set (`requestHandler.propagatePriority`): the `priority` a dispatched
+    request's forwarded body carries, replacing the client's own: its
+    objective's priority in its endpoint's engine convention
+    (`openai.engine_priority_on`; under `--workers`, as the owner's DECISION
+    said, None when the owner no longer propagates it); None (the default,
+    as the reference's): the body's `priority` goes upstream as the client
+    sent it."""
 
 
 MODELS_PATH = "/v1/models"
@@ -419,10 +421,11 @@ class ExtProcStream:
         body = self._upstream_body
         self._upstream_body = b""
         self._upstream_status: int | None = None
-        labels_of = self._settings.priority_in_body
-        if labels_of is not None and self._document is not None:
-            labels = labels_of(request.endpoint or "")
-            body = with_priority(self._document, engine_priority(request.priority, labels))
+        priority_in_body = self._settings.priority_in_body
+        if priority_in_body is not None and self._document is not None:
+            priority = priority_in_body(request)
+            if priority is not None:
+                body = with_priority(self._document, priority)
             self._document = None
         set_headers = [(h.CONTENT_LENGTH, str(len(body)))]
         if h.REQUEST_ID not in self.headers:

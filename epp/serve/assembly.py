@@ -33,6 +33,7 @@ from epp.config.datalayer import FileDiscovery
 from epp.config.loader import EppConfig
 from epp.datalayer.models import ModelLists
 from epp.datalayer.store import EndpointStore
+from epp.extproc.openai import engine_priority_on
 from epp.extproc.parsers import parser_set
 from epp.extproc.server import ExtProcService
 from epp.extproc.stream import StreamSettings
@@ -219,6 +220,10 @@ class EppParts:
             self.core.on_evict = owner.evict
             self.health.on_change.append(owner.publish_health)
             self.store.on_membership_change(lambda: owner.publish_endpoints(self._addresses()))
+            if self.config.models is not None:
+                lists = self.model_lists
+                lists.on_change = lambda: owner.publish_models(lists.answer())
+                self.store.on_membership_change(lists.on_change)
             self.metrics.watch_workers(owner.counts)
         if self.decider is not None:
             replicas = self.decider.owner
@@ -234,9 +239,11 @@ class EppParts:
             parsers=parser_set(self.config.parsers),
             any_endpoint=self.any_endpoint,
             chunk_gaps=self.metrics.chunk_gaps,
-            priority_in_body=self.endpoint_labels if self.config.propagate_priority else None,
+            priority_in_body=self._priority_in_body(self.config),
             models=self.model_lists.answer if self.config.models is not None else None,
         )
+        if self.owner is not None:
+            self.owner.priority_in_body = self.settings.priority_in_body
         self.service = ExtProcService(
             self.replica or self.admission,
             self.priority_of,
@@ -266,6 +273,8 @@ class EppParts:
             self._self_signed,
             self._scrape_settings,
             self.metrics.pool_name,
+            models_responder=self.config.models is not None,
+            propagate_priority=self.config.propagate_priority,
         )
 
     def _ext_proc_limits(self) -> TransportLimits:
@@ -321,9 +330,11 @@ class EppParts:
             self.settings = replace(
                 self.settings,
                 parsers=parser_set(new.parsers),
-                priority_in_body=self.endpoint_labels if new.propagate_priority else None,
+                priority_in_body=self._priority_in_body(new),
             )
             self.service.settings = self.settings
+            if self.owner is not None:
+                self.owner.priority_in_body = self.settings.priority_in_body
         self.config = new
         self.admission.reload(
             new.flow_control,
@@ -333,6 +344,10 @@ class EppParts:
         )
         if rescheduled:
             self.metrics.watch_scheduling(new.scheduling.handler)
+
+    def _priority_in_body(self, config: EppConfig) -> Callable[[FlowRequest], int] | None:
+        """The forwarded body's priority when the configuration propagates it."""
+        return engine_priority_on(self.endpoint_labels) if config.propagate_priority else None
 
     def endpoint_labels(self, address: str) -> Mapping[str, str]:
         """The labels of the endpoint at `address` (none when it left)."""

@@ -146,6 +146,9 @@ class Owner:
         outcomes: Outcomes | None = None,
     ) -> None:
         self.admission: AdmissionController | None = None
+        self.priority_in_body: Callable[[FlowRequest], int | None] | None = None
+        """Set (`requestHandler.propagatePriority`): each dispatched
+        request's forwarded body priority, sent with its DECISION."""
         self.scrapes: ScrapeShares | None = None
         """Set before `start` when the workers read the model servers' metrics."""
         self.slots = [WorkerSlot(index) for index in range(workers)]
@@ -160,6 +163,8 @@ class Owner:
         self._origin: dict[FlowRequest, tuple[WorkerSlot, int]] = {}
         self._health: dict[str, int] = {}
         self._endpoints: list[str] = []
+        self._models: bytes | None = None
+        """The models-responder's answer the workers were last sent."""
         self._geometry: tuple[int, int] | None = None
         self._scheduler: Scheduler | None = None
         self._scorer: PrefixCacheScorer | None = None
@@ -185,7 +190,7 @@ class Owner:
         slot, rid = origin
         if slot.link is None:
             return False
-        decision = [wire.DECISION, rid, *wire.decision_fields(request)]
+        decision = [wire.DECISION, rid, *wire.decision_fields(request, self.priority_in_body)]
         outcomes = self._outcomes
         fields = outcomes.outcome_fields(request, now) if outcomes is not None else None
         if fields is None:
@@ -214,6 +219,18 @@ class Owner:
             if slot.link is not None:
                 slot.link.send([wire.ENDPOINTS, addresses])
         self._assign_scrapes()
+
+    def publish_models(self, answer: bytes | None) -> None:
+        """The models-responder's answer now: sent to the workers when it changed."""
+        if answer == self._models:
+            return
+        self._models = answer
+        for slot in self.slots:
+            if slot.link is not None:
+                slot.link.send(self._models_message())
+
+    def _models_message(self) -> wire.Message:
+        return [wire.MODELS, self._models.decode() if self._models is not None else None]
 
     def _assign_scrapes(self) -> None:
         if self.scrapes is not None:
@@ -324,7 +341,7 @@ class Owner:
             admission.offer(request)  # the decision goes out through `decided`
         except Exception:
             log.exception("admission failed for request %s", request.request_id)
-            failed = [None, None, None, None, None, None, request.priority]
+            failed = [None, None, None, None, None, None, request.priority, None]
             slot.link.send([wire.DECISION, rid, *failed])
 
     def _forget(self, slot: WorkerSlot, rid: int) -> None:
@@ -432,6 +449,8 @@ class Owner:
             link.send([wire.READY, service, status])
         if self._endpoints:
             link.send([wire.ENDPOINTS, self._endpoints])
+        if self._models is not None:
+            link.send(self._models_message())
         if self._geometry is not None:
             link.send([wire.GEOMETRY, *self._geometry])
         return link

@@ -360,7 +360,7 @@ class ReplicaAdmission(RemoteAdmission):
         self.degraded_admissions += 1
         self._decided(
             self._rid_of[request],
-            [Outcome.DISPATCHED.value, best, None, (), None, None, request.priority],
+            [Outcome.DISPATCHED.value, best, None, (), None, None, request.priority, None],
         )
         return request.outcome
 

@@ -29,9 +29,10 @@ Owner -> worker:
 
     DECISION     rid, outcome value (null: admission failed), endpoint,
                  destination, fallbacks, routing, response headers, priority,
-                 and when the worker records the outcome series, their
-                 fields (`RequestMetrics.outcome_fields`); a CANCEL that
-                 crossed such a DECISION has the owner record them
+                 the forwarded body's priority (null unless propagated), and
+                 when the worker records the outcome series, their fields
+                 (`RequestMetrics.outcome_fields`); a CANCEL that crossed
+                 such a DECISION has the owner record them
     DENIED       rid, the admitter's reason, priority
     EVICT        rid
     ENDPOINTS    the pool's addresses (requests without a body go to one)
@@ -42,6 +43,8 @@ Owner -> worker:
     SCRAPE       the endpoints whose metrics this worker reads, as
                  [name, address, labels, id] each (all of its share)
     PULL         a number: send SERIES now (the owner's page is being read)
+    MODELS       the models-responder's `GET /v1/models` answer (JSON text;
+                 null while no endpoint reported its list), when it changed
 
 Times are `time.monotonic()` seconds, one clock for every process of a host.
 """
@@ -80,6 +83,7 @@ GEOMETRY = 16
 SCRAPE = 17
 TRANSPORT = 18  # worker -> owner
 PULL = 19  # owner -> worker
+MODELS = 20  # owner -> worker
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -162,14 +166,17 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
     )
 
 
-def decision_fields(request: FlowRequest) -> Message:
+def decision_fields(
+    request: FlowRequest, priority_in_body: Callable[[FlowRequest], int | None] | None = None
+) -> Message:
     """What the scheduler wrote on a decided request that its reply needs,
-    and the priority its metrics are labelled with."""
+    the priority its metrics are labelled with, and, with `priority_in_body`
+    (`requestHandler.propagatePriority`), its forwarded body's priority."""
     outcome = request.outcome
     payload: InferenceRequest | None = request.payload
     if payload is None or outcome is None or not outcome.is_dispatched:
         value = outcome.value if outcome is not None else None
-        return [value, None, None, None, None, None, request.priority]
+        return [value, None, None, None, None, None, request.priority, None]
     return [
         outcome.value,
         request.endpoint,
@@ -178,6 +185,7 @@ def decision_fields(request: FlowRequest) -> Message:
         payload.routing,
         payload.response_headers,
         request.priority,
+        priority_in_body(request) if priority_in_body is not None else None,
     ]
 
 

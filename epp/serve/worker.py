@@ -85,6 +85,10 @@ class WorkerSpec:
     """How to read the model servers' metrics (None: the pool has no metrics source)."""
     pool_name: str = ""
     """The pool's name on the outcome series this worker records."""
+    models_responder: bool = False
+    """Whether `GET /v1/models` is answered here, with the owner's last MODELS."""
+    propagate_priority: bool = False
+    """Whether forwarded bodies carry the priority each DECISION gives."""
 
 
 class RemoteAdmission:
@@ -112,10 +116,14 @@ class RemoteAdmission:
         self._rid_of: dict[FlowRequest, int] = {}
         self._waiters: dict[FlowRequest, asyncio.Future[Outcome | Exception]] = {}
         self._early: dict[FlowRequest, Exception] = {}
+        """A failure or denial that came before `wait` was called."""
         self._gaps: dict[FlowRequest, Tally] = {}
         """Each streaming request's gaps between chunks, until its COMPLETE."""
-        """A failure or denial that came before `wait` was called."""
+        self._body_priority: dict[FlowRequest, int] = {}
+        """The forwarded body's priority of each dispatched request, until forwarded."""
         self._endpoints: list[str] = []
+        self._models: bytes | None = None
+        """The models-responder's answer as the owner last sent it."""
         self._geometry: tuple[int, int] | None = None
         """The owner's prefix scorer's (block characters, blocks per prompt)."""
         self._rng = Random(seed)
@@ -214,6 +222,15 @@ class RemoteAdmission:
         if rows or pull is not None:
             self._send([wire.SERIES, pull, rows])
 
+    def priority_in_body(self, request: FlowRequest) -> int | None:
+        """The forwarded body's priority its DECISION gave `request` (read
+        once; None: the owner does not propagate it, the body goes as sent)."""
+        return self._body_priority.pop(request, None)
+
+    def models(self) -> bytes | None:
+        """The `GET /v1/models` answer (None: no endpoint reported its list yet)."""
+        return self._models
+
     def any_endpoint(self) -> str | None:
         """A random endpoint of the pool as the owner last told it."""
         return self._rng.choice(self._endpoints) if self._endpoints else None
@@ -240,6 +257,8 @@ class RemoteAdmission:
                 self._endpoints = message[1]
             elif kind == wire.SCRAPE and self.on_scrape is not None:
                 self.on_scrape(message[1])
+            elif kind == wire.MODELS:
+                self._models = message[1].encode() if message[1] is not None else None
             elif kind == wire.GEOMETRY:
                 self._geometry = (message[1], message[2]) if message[1] else None
             elif kind == wire.READY and self.health is not None:
@@ -265,9 +284,17 @@ class RemoteAdmission:
         request = self._requests.get(rid)
         if request is None:
             return  # withdrawn meanwhile: the owner had its CANCEL
-        value, endpoint, destination, fallbacks, routing, response_headers, priority, *record = (
-            fields
-        )
+        (
+            value,
+            endpoint,
+            destination,
+            fallbacks,
+            routing,
+            response_headers,
+            priority,
+            body_priority,
+            *record,
+        ) = fields
         request.priority = priority
         if value is None:
             self._settle(rid, AdmissionFailed(f"request {request.request_id}"))
@@ -281,6 +308,8 @@ class RemoteAdmission:
             payload.fallbacks = tuple(fallbacks)
             payload.routing = routing
             payload.response_headers = response_headers
+            if body_priority is not None:
+                self._body_priority[request] = body_priority
         else:
             request.state = State.DROPPED
         request.outcome = outcome
@@ -322,6 +351,7 @@ class RemoteAdmission:
 
     def _forget(self, request: FlowRequest) -> int | None:
         self._gaps.pop(request, None)
+        self._body_priority.pop(request, None)
         rid = self._rid_of.pop(request, None)
         if rid is not None:
             del self._requests[rid]
@@ -381,6 +411,8 @@ async def run(spec: WorkerSpec) -> int:
         parsers=parser_set(spec.parsers),
         any_endpoint=admission.any_endpoint,
         chunk_gaps=admission.chunk_gaps,
+        models=admission.models if spec.models_responder else None,
+        priority_in_body=admission.priority_in_body if spec.propagate_priority else None,
     )
     service = WorkerService(
         admission,

@@ -118,7 +118,7 @@ async def test_a_replica_refuses_a_decision_from_an_older_epoch_than_it_has_seen
         assert replica.offer(waiting) is None
         await eventually(lambda: wire.ARRIVE in decider.kinds())
         rid = next(m[1] for m in decider.received if m[0] == wire.ARRIVE)
-        dispatched = [Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 1]
+        dispatched = [Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 1, None]
         decider.say(9, [wire.DECISION, rid, *dispatched])
         await eventually(lambda: replica.frames_refused == 1)
         assert waiting.outcome is None
@@ -329,7 +329,8 @@ async def test_a_degraded_replica_goes_on_from_what_each_flow_sent_through_it_jo
         await eventually(lambda: wire.ARRIVE in decider.kinds())
         rid = next(m[1] for m in decider.received if m[0] == wire.ARRIVE)
         decider.say(
-            1, [wire.DECISION, rid, Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 0]
+            1,
+            [wire.DECISION, rid, Outcome.DISPATCHED.value, ENDPOINT, None, (), None, None, 0, None],
         )
         await eventually(lambda: running.state is State.DISPATCHED)
         big, small = tenant_request(2, "big", 2000), tenant_request(3, "small", 100)

@@ -241,8 +241,10 @@ def test_a_reload_turns_priority_propagation_on_and_off(server, files):
     on = CONFIG.format(max_requests=10) + "requestHandler: {propagatePriority: true}\n"
     write(config, on)
     server.watcher.check()
-    labels_of = server.service.settings.priority_in_body
-    assert labels_of is not None and labels_of("10.0.0.1:8000") == {}
+    priority_in_body = server.service.settings.priority_in_body
+    request = FlowRequest("r", "f", 5, 0.0)
+    request.endpoint = "10.0.0.1:8000"  # unlabelled: the priority as it is
+    assert priority_in_body is not None and priority_in_body(request) == 5
     write(config, CONFIG.format(max_requests=10))
     server.watcher.check()
     assert server.service.settings.priority_in_body is None

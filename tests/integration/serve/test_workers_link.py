@@ -381,3 +381,36 @@ async def test_a_worker_told_a_decision_it_did_not_take_does_not_cancel_it() -> 
 
     assert sum(metrics.request_total.values.values()) == 1
     assert remote.owner.slots[0].requests == {}
+
+
+async def test_a_worker_forwards_the_body_priority_its_owner_decided() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    remote.owner.priority_in_body = lambda request: -request.priority
+    (worker,) = remote.workers
+    request = make_request(1, "a", "high", "p", 5.0)
+    worker.offer(request)
+    await settled(lambda: request.state is State.DISPATCHED)
+
+    assert worker.priority_in_body(request) == -PRIORITIES["high"]
+
+
+async def test_a_worker_answers_the_model_list_its_owner_last_published() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    assert worker.models() is None
+    remote.owner.publish_models(b'{"object":"list","data":[{"id":"base"}]}')
+    await settled(lambda: worker.models() is not None)
+    assert orjson.loads(worker.models()) == {"object": "list", "data": [{"id": "base"}]}
+
+    remote.owner.publish_models(None)  # every endpoint left
+    await settled(lambda: worker.models() is None)
+
+
+async def test_a_worker_forwards_the_body_as_sent_once_its_owner_stops_propagating() -> None:
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    request = make_request(1, "a", "high", "p", 5.0)
+    worker.offer(request)
+    await settled(lambda: request.state is State.DISPATCHED)
+
+    assert worker.priority_in_body(request) is None

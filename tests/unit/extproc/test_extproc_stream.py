@@ -19,6 +19,7 @@ from extproc_wire import (
 from epp.api.address import format_address
 from epp.extproc.events import AdmissionNeeded, FirstToken, Rejected, Release
 from epp.extproc.messages import CHUNK_BYTES, ProcessingResponse
+from epp.extproc.openai import engine_priority_on
 from epp.extproc.stream import ExtProcStream, Phase, StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import Usage
@@ -184,7 +185,7 @@ VLLM = {"llm-d.ai/engine-type": "vllm"}
 
 def test_priority_goes_into_the_body_negated_for_a_vllm_endpoint():
     labels = {"10.0.0.1:8000": VLLM}
-    events = dispatch(machine(priority=7, priority_in_body=labels.__getitem__))
+    events = dispatch(machine(priority=7, priority_in_body=engine_priority_on(labels.__getitem__)))
     assert forwarded_body(events)["priority"] == -7
 
 
@@ -194,20 +195,22 @@ def test_priority_goes_into_the_body_negated_for_a_vllm_endpoint():
     ids=["sglang", "unlabelled"],
 )
 def test_priority_goes_into_the_body_as_it_is_for_another_or_no_engine(labels):
-    events = dispatch(machine(priority=7, priority_in_body=lambda address: labels))
+    priority_in_body = engine_priority_on(lambda address: labels)
+    events = dispatch(machine(priority=7, priority_in_body=priority_in_body))
     assert forwarded_body(events)["priority"] == 7
 
 
 def test_the_legacy_engine_label_names_vllm_too():
     legacy = {"inference.networking.k8s.io/engine-type": "VLLM"}
-    events = dispatch(machine(priority=2, priority_in_body=lambda address: legacy))
+    priority_in_body = engine_priority_on(lambda address: legacy)
+    events = dispatch(machine(priority=2, priority_in_body=priority_in_body))
     assert forwarded_body(events)["priority"] == -2
 
 
 def test_a_clients_own_priority_is_replaced_and_content_length_follows():
     body = json.dumps({"model": "m", "prompt": "p", "priority": -100}).encode()
     events = dispatch(
-        machine(priority=3, priority_in_body=lambda address: VLLM),
+        machine(priority=3, priority_in_body=engine_priority_on(lambda address: VLLM)),
         headers={":path": "/v1/completions"},
         body=body,
     )
@@ -222,9 +225,19 @@ def test_without_propagation_the_body_goes_upstream_unchanged():
     assert b"".join(streamed(reply)[0] for reply in events[1:]) == body
 
 
+def test_a_request_without_a_body_priority_goes_upstream_as_sent():
+    body = json.dumps({"model": "m", "prompt": "p", "priority": -100}).encode()
+    events = dispatch(
+        machine(priority=3, priority_in_body=lambda request: None),
+        headers={":path": "/v1/completions"},
+        body=body,
+    )
+    assert b"".join(streamed(reply)[0] for reply in events[1:]) == body
+
+
 def test_propagation_keeps_a_rewritten_model():
     events = dispatch(
-        machine(priority=1, priority_in_body=lambda address: VLLM),
+        machine(priority=1, priority_in_body=engine_priority_on(lambda address: VLLM)),
         headers={"x-llm-d-model-name-rewrite": "llama-lora"},
     )
     assert (forwarded_body(events)["model"], forwarded_body(events)["priority"]) == (
@@ -238,7 +251,7 @@ def test_an_anthropic_body_gets_no_priority_as_the_reference_has_no_rewriter_for
         {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     ).encode()
     events = dispatch(
-        machine(priority=4, priority_in_body=lambda address: VLLM),
+        machine(priority=4, priority_in_body=engine_priority_on(lambda address: VLLM)),
         headers={":path": "/v1/messages"},
         body=body,
     )
