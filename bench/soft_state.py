@@ -25,6 +25,8 @@ queue (`vllm:num_requests_waiting`). Per run:
   on the machine stretches, left out); `back_after_restart_s` the same
   against the limits just before the kill (what the old decider had learned);
 - the limits just before the kill, the new decider's first, and the last;
+- the most requests one server held (`server_peak`; its batch cap is 16,
+  and a probe may take one more), before the kill and after it;
 - the top tier's TTFT (client side, streamed) and the servers' summed
   waiting queue in the window from the kill to the settle, in a fixed
   window (`--window-s` after the kill, the same for both modes) and before
@@ -147,6 +149,11 @@ def ttft(requests: Sequence[LiveRequest], tenant: int, begin: float, end: float)
         "p90": round(values[min(len(values) - 1, int(0.9 * len(values)))], 3),
         "max": round(values[-1], 3),
     }
+
+
+def peak(timeline: Timeline, begin: float, end: float) -> float | None:
+    """The most requests one server held (running and waiting) in [begin, end)."""
+    return max((max(held) for t, held in timeline.held if begin <= t < end and held), default=None)
 
 
 def waiting(timeline: Timeline, begin: float, end: float) -> dict | None:
@@ -276,6 +283,10 @@ async def one_run(
             "settling": waiting(timeline, killed, settle_end),
             "window": waiting(timeline, killed, killed + window_s),
         },
+        "server_peak": {
+            "before": peak(timeline, killed - window_s, killed),
+            "window": peak(timeline, killed, killed + window_s),
+        },
         "completed": sum(1 for r in requests if r.outcome == "completed"),
         "requests": len(requests),
         "load_average": os.getloadavg()[0],
@@ -316,6 +327,7 @@ def summary(runs: list[dict]) -> dict:
             "ttft_top_p90_before": spread(values("ttft_top", "before", "p90")),
             "server_waiting_max_window": spread(values("server_waiting", "window", "max")),
             "server_waiting_mean_window": spread(values("server_waiting", "window", "mean")),
+            "server_peak_window": spread(values("server_peak", "window")),
         }
     return out
 
