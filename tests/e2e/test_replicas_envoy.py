@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.support.epp_process import refused_with_workers
 from tests.support.replicas import (
     LIMIT,
     Pool,
@@ -27,7 +28,7 @@ from tests.support.replicas import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.envoy]
+pytestmark = [pytest.mark.envoy, refused_with_workers("--decider/--decider-port")]
 
 
 def started(pool: Pool) -> list[str]:
