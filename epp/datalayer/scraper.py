@@ -14,11 +14,14 @@ page without any of the engine's series) marks the endpoint failing, hence
 stale, and keeps it in the pool; a page of the engine that lacks a load series reads as idle.
 Tasks follow the store's membership.
 
-After reads that changed what a gate or scorer would see (a value moved,
-an endpoint failed or recovered, or a read came after the previous one
-had turned stale), `on_change` is called once per event-loop iteration,
-however many endpoints changed in it: the live shell passes
-`AdmissionController.poke`.
+After every good read, and after a read that failed where the previous
+one had not, `on_change` is called once per event-loop iteration, however
+many endpoints were read in it: the live shell passes
+`AdmissionController.poke`. A read whose values did not move is news too:
+the adaptive gate counts what was sent to an endpoint after its last read
+as pending there, so each read's time alone may free room it held back
+(an instant server reads idle at every sample, and requests queued behind
+its pending budget would otherwise wait for an unrelated event).
 """
 
 from __future__ import annotations
@@ -136,10 +139,9 @@ class MetricsScraper:
     """Keeps the store's metrics fresh; see the module docstring.
 
     `clock` stamps each read, at the time it was asked for (the gate and
-    the scheduler must read the same clock). `staleness` is the age after
-    which a read counts as new news even when its values did not change.
-    With `on_read`, each read is handed to it (address, metrics or None,
-    the failure's reason) instead of the store, which then gives only
+    the scheduler must read the same clock). With `on_read`, each read is
+    handed to it (address, metrics or None, the failure's reason) instead
+    of the store, which then gives only
     membership and labels (a worker reading its share for the core owner,
     `epp.serve.scrapes`). Use as `async with MetricsScraper(...)`, or call
     `start()` and `stop()`.
@@ -152,7 +154,6 @@ class MetricsScraper:
         *,
         interval: float = 0.05,
         timeout: float = 1.0,
-        staleness: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
         source: MetricsSource | None = None,
         engines: EngineLookup | None = None,
@@ -165,7 +166,6 @@ class MetricsScraper:
         if source is not None and source.interval is not None:
             self.interval = source.interval
         self.timeout = timeout
-        self.staleness = staleness
         self._on_change = Coalesced(on_change) if on_change is not None else None
         self._clock = clock
         self.source = source if source is not None else MetricsSource()
@@ -238,7 +238,8 @@ class MetricsScraper:
         self.reads += 1
         if self._on_read is not None:
             self._on_read(address, metrics, None)
-        elif record_read(self.store, address, metrics, self.staleness):
+        else:
+            record_read(self.store, address, metrics)
             self._changed()
 
     def _changed(self) -> None:
@@ -246,24 +247,16 @@ class MetricsScraper:
             self._on_change()
 
 
-def record_read(
-    store: EndpointStore, address: str, metrics: EndpointMetrics, staleness: float
-) -> bool:
-    """Write one good read of `address` into `store`; whether the core should
-    look again: a value moved, the endpoint recovered, or the read came more
-    than `staleness` after the previous one (which had turned stale)."""
+def record_read(store: EndpointStore, address: str, metrics: EndpointMetrics) -> None:
+    """Write one good read of `address` into `store` (the core should then
+    look again, whatever its values: see the module docstring)."""
     endpoint = store.get(address)
     if endpoint is None:
-        return False
+        return
     previous = endpoint.metrics
-    changed = store.set_metrics(address, metrics)
+    store.set_metrics(address, metrics)
     if previous.failing:
         log.info("metrics of %s available again", address)
-    return changed or (
-        previous.updated_at is not None
-        and metrics.updated_at is not None
-        and metrics.updated_at - previous.updated_at > staleness
-    )
 
 
 def record_failure(store: EndpointStore, address: str, why: str) -> bool:

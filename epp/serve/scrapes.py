@@ -18,7 +18,8 @@ it failed, or when the last one sent is `staleness / 2` old (so the owner's
 copy never turns stale while reads succeed, with an idle pool's reads mostly
 not sent). The owner writes it into the store as the in-process scraper does
 (`epp.datalayer.scraper.record_read`), so the core sees the same snapshots,
-and pokes the admission controller once per frame that changed something.
+and pokes the admission controller once per frame with a read or a new
+failure in it.
 """
 
 from __future__ import annotations
@@ -59,11 +60,10 @@ class ScrapeShares:
     """The owner's side: who reads which endpoint, and the reads applied to
     the store (see the module docstring)."""
 
-    __slots__ = ("_readers", "_sent", "failures_by_reason", "reads", "staleness", "store")
+    __slots__ = ("_readers", "_sent", "failures_by_reason", "reads", "store")
 
-    def __init__(self, store: EndpointStore, staleness: float) -> None:
+    def __init__(self, store: EndpointStore) -> None:
         self.store = store
-        self.staleness = staleness
         self.reads = 0
         """Reads applied to the store."""
         self.failures_by_reason: collections.Counter[str] = collections.Counter()
@@ -102,7 +102,8 @@ class ScrapeShares:
         if message[0] == wire.METRICS:
             self.reads += 1
             metrics = wire.metrics_from_fields(message[2:])
-            return record_read(self.store, address, metrics, self.staleness)
+            record_read(self.store, address, metrics)
+            return True
         self.failures_by_reason[message[2]] += 1
         return record_failure(self.store, address, message[2])
 
@@ -122,7 +123,6 @@ class ScrapeShare:
             self.store,
             interval=settings.interval,
             timeout=settings.timeout,
-            staleness=settings.staleness,
             source=settings.source,
             engines=settings.engines,
             on_read=self._read,

@@ -98,14 +98,14 @@ class EppServer(EppParts):
         if scraping is None:
             log.warning("no metrics-data-source: model-server metrics are not read")
         elif self.owner is not None:
-            settings = self._scrape_settings = ScrapeSettings(
+            self._scrape_settings = ScrapeSettings(
                 scraping[0],
                 scraping[1],
                 options.refresh_metrics_interval,
                 SCRAPE_TIMEOUT,
                 self.config.scheduling.saturation.staleness,
             )
-            shares = self.owner.scrapes = ScrapeShares(self.store, settings.staleness)
+            shares = self.owner.scrapes = ScrapeShares(self.store)
             self.metrics.watch_scrapes(lambda: shares.failures_by_reason)
         else:
             scraper = MetricsScraper(
@@ -113,7 +113,6 @@ class EppServer(EppParts):
                 self.admission.poke,
                 interval=options.refresh_metrics_interval,
                 timeout=SCRAPE_TIMEOUT,
-                staleness=self.config.scheduling.saturation.staleness,
                 source=scraping[0],
                 engines=scraping[1],
             )

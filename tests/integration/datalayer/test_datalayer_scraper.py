@@ -219,18 +219,23 @@ async def test_announcements_in_one_loop_iteration_are_coalesced():
     assert calls == [1, 1]
 
 
-async def test_unchanged_reads_are_not_announced():
+async def test_a_read_is_announced_though_its_values_did_not_move():
+    # The adaptive gate learns from when a read was made (what was sent
+    # after it is pending), so a read of the same values may make room.
     calls = []
     async with metrics_server() as server:
         store = EndpointStore([spec(server)])
-        async with scraper(store, on_change=lambda: calls.append(1), staleness=10.0, timeout=2.0):
+        async with scraper(store, on_change=lambda: calls.append(1), timeout=2.0):
             await eventually(lambda: store.snapshot().endpoints[0].metrics.updated_at is not None)
-            for _ in range(3):  # three more reads, none of them news
+            for _ in range(3):  # three more reads of the same page
                 before = store.snapshot().endpoints[0].metrics.updated_at
                 await eventually(
                     lambda before=before: store.snapshot().endpoints[0].metrics.updated_at > before
                 )
-    assert calls == [1]
+            await asyncio.sleep(
+                0
+            )  # the announcement of the last read comes at the loop's next turn
+    assert len(calls) >= 4
 
 
 async def test_an_endpoint_added_later_is_scraped():
@@ -259,11 +264,3 @@ async def test_a_removed_endpoint_is_no_longer_scraped():
             assert scraping(address)
             store.remove(address)
             await eventually(lambda: not scraping(address))
-
-
-async def test_a_read_after_the_previous_turned_stale_is_announced():
-    calls = []
-    async with metrics_server() as server:
-        store = EndpointStore([spec(server)])
-        async with scraper(store, on_change=lambda: calls.append(1), staleness=0.0):
-            await eventually(lambda: len(calls) >= 3)

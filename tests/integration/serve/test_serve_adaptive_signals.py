@@ -10,6 +10,7 @@ import time
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from epp.datalayer.endpoints import EndpointSpec
 from epp.datalayer.engines import ENGINE_LABEL
@@ -22,6 +23,7 @@ from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.serve.server import EppServer
 from epp.sim.server_model import ServerParams
+from tests.support.http_server import http_server
 from tests.support.serving import loopback_options
 from tests.support.waiting import eventually
 
@@ -86,3 +88,39 @@ async def test_the_gate_reads_a_live_servers_inter_token_latency_from_its_scrape
     assert estimator.latency.mean_itl == pytest.approx(0.010)  # one request decoding: the bare step
     # Its median, from the buckets: within the step's bucket (vLLM's first, up to 10 ms).
     assert 0.0 < estimator.latency.itl <= 0.010
+
+
+IDLE_VLLM_PAGE = (
+    'vllm:num_requests_waiting{model_name="m"} 0.0\n'
+    'vllm:num_requests_running{model_name="m"} 0.0\n'
+    'vllm:kv_cache_usage_perc{model_name="m"} 0.0\n'
+)
+
+
+async def idle_page(_: web.Request) -> web.Response:
+    return web.Response(text=IDLE_VLLM_PAGE)
+
+
+async def test_a_request_held_for_the_pending_budget_goes_at_the_next_read_though_it_is_the_same():
+    # A server fast enough to read idle at every scrape (bench.extproc_e2e's
+    # stand-in): what the gate holds back behind the pending budget waits
+    # for the next read, which must poke the core although it reads the same.
+    async with http_server({"/metrics": idle_page}) as server:
+        address = f"127.0.0.1:{server.port}"
+        live = EppServer(loopback_options(endpoints=address))
+        store = live.store
+
+        def read_at() -> float | None:
+            return store.get(address).metrics.updated_at
+
+        async with MetricsScraper(store, live.admission.poke, interval=0.1, timeout=1.0):
+            await eventually(lambda: read_at() is not None)
+            first = read_at()
+            offered = [FlowRequest(f"r{i}", "f", 0, live.service.clock()) for i in range(2)]
+            # One not yet seen running is the endpoint's whole budget: the second waits.
+            assert [live.admission.offer(request) for request in offered] == [
+                Outcome.DISPATCHED,
+                None,
+            ]
+            await eventually(lambda: read_at() > first)  # idle, as the read before
+            await eventually(lambda: offered[1].state is State.DISPATCHED, timeout=0.5)
