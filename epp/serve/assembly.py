@@ -57,6 +57,7 @@ from epp.serve.metrics import (
 )
 from epp.serve.options import ServeOptions
 from epp.serve.owner import Owner
+from epp.serve.producers import token_producer_key
 from epp.serve.replica import ReplicaAdmission
 from epp.serve.replicas import endpoint_limit
 from epp.serve.scrapes import ScrapeSettings
@@ -177,7 +178,7 @@ class EppParts:
                 options.workers,
                 self._worker_spec,
                 self.priority_of,
-                self.metrics.merge(),
+                self.metrics.merge(self.plugin_durations.family),  # the token producer's
                 outcomes=self.metrics,
             )
             self.metrics.gather = owner.gather
@@ -275,6 +276,9 @@ class EppParts:
             self.metrics.pool_name,
             models_responder=self.config.models is not None,
             propagate_priority=self.config.propagate_priority,
+            tokenizer=self.config.tokenizer,
+            tokenizer_key=token_producer_key(self.config) if self.config.tokenizer else None,
+            precise=self.config.scheduling.precise,
         )
 
     def _ext_proc_limits(self) -> TransportLimits:

@@ -22,7 +22,9 @@ from epp.serve.inputs import StartupError, fetched_as
 from epp.serve.metrics import PluginDurations
 
 if TYPE_CHECKING:
+    from epp.config.precise import TokenizerSettings
     from epp.datalayer.kvevents import KVEventsSubscribers
+    from epp.scheduling.kvblocks import PreciseConfig
     from epp.serve.tokenizer import TokenProducer
 
 SCRAPE_TIMEOUT = 1.0
@@ -76,7 +78,8 @@ async def start_token_producer(
     current: Callable[[], EppConfig],
 ) -> TokenProducer | None:
     """The token producer, when a token-producer with a tokenizing backend
-    is configured; its block keys follow the configuration `current` gives."""
+    is configured; its block keys follow the configuration `current` gives.
+    With `workers` the workers tokenize (`worker_token_producer`): None here."""
     settings = config.tokenizer
     if settings is None:
         return None
@@ -89,9 +92,9 @@ async def start_token_producer(
     if backend is None:
         return None
     if workers:
-        raise StartupError("token-producer: a tokenizing backend does not run with --workers")
-    name = next(n for n, t in config.plugins if t in ("token-producer", "tokenizer"))
-    tally = durations.family.tally(("DataProducer", "token-producer", name))
+        await backend.close()  # it loads here: the workers, which tokenize, will too
+        return None
+    tally = durations.family.tally(token_producer_key(config))
     memo = DigestMemo()
 
     def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
@@ -101,3 +104,33 @@ async def start_token_producer(
     producer = TokenProducer(settings, backend, tally.add, keys=keys)
     stack.push_async_callback(producer.close)
     return producer
+
+
+def token_producer_key(config: EppConfig) -> tuple[str, str, str]:
+    """The token producer's labels on the plugin duration series."""
+    name = next(n for n, t in config.plugins if t in ("token-producer", "tokenizer"))
+    return ("DataProducer", "token-producer", name)
+
+
+def worker_token_producer(
+    settings: TokenizerSettings | None,
+    precise: PreciseConfig | None,
+    observe: Callable[[float], None] | None = None,
+) -> TokenProducer | None:
+    """A protocol worker's token producer (`--workers`): the owner checked at
+    start that its backend loads; its block keys are those of the precise
+    producer the owner's configuration had when the worker started; each
+    call's duration goes to `observe`."""
+    if settings is None:
+        return None
+    from epp.serve.tokenizer import TokenProducer, backend_for
+
+    backend = backend_for(settings)
+    if backend is None:
+        return None
+    memo = DigestMemo()
+
+    def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
+        return precise.keys_of(tokens, salt, memo) if precise is not None else None
+
+    return TokenProducer(settings, backend, observe, keys=keys)

@@ -100,7 +100,9 @@ class FrameError(Exception):
 def arrival_fields(request: FlowRequest) -> Message:
     """The scheduling inputs of a request the stream machine built, as the
     owner rebuilds it (`request_from_fields`). The priority is not among
-    them: the owner holds the objectives and resolves it from the headers."""
+    them: the owner holds the objectives and resolves it from the headers.
+    Of a tokenized prompt's tokens only their count and block keys (the
+    precise prefix cache's lookup) cross, not the token ids."""
     payload: InferenceRequest = request.payload
     return [
         request.request_id,
@@ -119,6 +121,7 @@ def arrival_fields(request: FlowRequest) -> Message:
         payload.multimodal,
         payload.headers,
         payload.prefix_hashes,
+        payload.kv_block_keys,
     ]
 
 
@@ -141,6 +144,7 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
         multimodal,
         headers,
         hashes,
+        kv_block_keys,
     ) = fields
     return FlowRequest(
         request_id=request_id,
@@ -162,6 +166,7 @@ def request_from_fields(fields: Message, priority: Callable[[dict[str, str]], in
             multimodal=multimodal,
             headers=headers,
             prefix_hashes=(hashes[0], hashes[1], tuple(hashes[2])) if hashes else None,
+            kv_block_keys=tuple(kv_block_keys) if kv_block_keys is not None else None,
         ),
     )
 

@@ -33,21 +33,24 @@ from dataclasses import dataclass
 from itertools import count
 from random import Random
 
+from epp.config.precise import TokenizerSettings
 from epp.extproc.events import FirstToken, PrefillDone, Rejected, Release
 from epp.extproc.parsers import Parser, parser_set
 from epp.extproc.server import PROCESS_METHOD, AdmissionDenied, ExtProcService
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol.outcome import Outcome
 from epp.flowcontrol.request import FlowRequest, State, Usage
+from epp.scheduling.kvblocks import PreciseConfig
 from epp.scheduling.prefix import block_hashes
 from epp.serve import wire
 from epp.serve.command import loop_factory, settle_heap
 from epp.serve.health import Health
 from epp.serve.metrics.catalogue import P, spec
-from epp.serve.metrics.recorder import RequestMetrics
+from epp.serve.metrics.recorder import PluginDurations, RequestMetrics
 from epp.serve.metrics.series import Tally
 from epp.serve.metrics.shipping import take
 from epp.serve.options import ServeOptions
+from epp.serve.producers import worker_token_producer
 from epp.serve.scrapes import ScrapeSettings, ScrapeShare
 from epp.transport import GrpcServer, TransportLimits
 
@@ -89,6 +92,12 @@ class WorkerSpec:
     """Whether `GET /v1/models` is answered here, with the owner's last MODELS."""
     propagate_priority: bool = False
     """Whether forwarded bodies carry the priority each DECISION gives."""
+    tokenizer: TokenizerSettings | None = None
+    """The token producer's settings (None: prompts are not tokenized here)."""
+    tokenizer_key: tuple[str, str, str] | None = None
+    """Its labels on the plugin duration series, which this worker ships."""
+    precise: PreciseConfig | None = None
+    """The precise prefix producer, whose block keys of a tokenized prompt cross."""
 
 
 class RemoteAdmission:
@@ -101,9 +110,12 @@ class RemoteAdmission:
         link: wire.Link | None = None,
         seed: int = 0,
         metrics: RequestMetrics | None = None,
+        durations: PluginDurations | None = None,
     ) -> None:
         self.link = link
         self.metrics = metrics
+        self.durations = durations
+        """The plugin calls timed here (the token producer's), shipped with `metrics`."""
         """Where this worker records its requests' stream-side series (`ship`
         sends them to the owner); None: the owner records none of them."""
         self.on_evict: Callable[[FlowRequest], None] | None = None
@@ -218,7 +230,10 @@ class RemoteAdmission:
         time: in answer to PULL `pull` always, otherwise when there is something."""
         if self.metrics is None:
             return
-        rows = take(self.metrics.shipped_families())
+        families = self.metrics.shipped_families()
+        if self.durations is not None:
+            families.append(self.durations.family)
+        rows = take(families)
         if rows or pull is not None:
             self._send([wire.SERIES, pull, rows])
 
@@ -397,7 +412,8 @@ async def run(spec: WorkerSpec) -> int:
     options = spec.options
     metrics = RequestMetrics(spec.pool_name)
     metrics.flows_here = False
-    admission = RemoteAdmission(seed=spec.seed, metrics=metrics)
+    durations = PluginDurations()
+    admission = RemoteAdmission(seed=spec.seed, metrics=metrics, durations=durations)
     link = wire.Link(admission.on_messages, admission.on_lost)
     admission.link = link
     health = admission.health = Health()
@@ -422,6 +438,15 @@ async def run(spec: WorkerSpec) -> int:
         on_response_processed=metrics.on_response_processed,
     )
     admission.on_evict = service.evict
+    key, family = spec.tokenizer_key, durations.family
+
+    def observe(seconds: float) -> None:
+        # looked up each time: a shipped family starts again from no series
+        family.tally(key).add(seconds)  # type: ignore[arg-type]
+
+    producer = worker_token_producer(spec.tokenizer, spec.precise, observe if key else None)
+    if producer is not None:
+        service.tokenize = producer.tokenize
     server = GrpcServer({PROCESS_METHOD: service.open, **health.routes()}, limits=spec.limits)
     ssl_context = None
     if options.secure_serving:
@@ -468,6 +493,8 @@ async def run(spec: WorkerSpec) -> int:
     if share is not None:
         await share.scraper.stop()
     await server.stop(FINAL_FLUSH_S)
+    if producer is not None:
+        await producer.close()
     handoff.close()
     log.info("epp worker %d stopped", spec.index)
     return 0

@@ -469,13 +469,14 @@ class RequestMetrics:
         if labels[0]:
             self.running.add(labels)
 
-    def merge(self) -> Merge:
-        """Adds the takes of protocol workers' `shipped_families` to this
+    def merge(self, *extra: Family) -> Merge:
+        """Adds the takes of protocol workers' `shipped_families` (and of
+        `extra`, families of this process the workers record too) to this
         process's, their labels capped as its own; a flow-control series
         is noted as its flow's, as this process's own are."""
         caps = {"model_name": self.model, "target_model_name": self.model}
         return Merge(
-            self.shipped_families(),
+            [*self.shipped_families(), *extra],
             {**caps, "fairness_id": self.fairness_id},
             self._merged,
         )
