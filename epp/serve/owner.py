@@ -50,6 +50,7 @@ from epp.serve.admission import AdmissionController
 from epp.serve.metrics.recorder import OutcomeFields
 from epp.serve.metrics.shipping import Merge
 from epp.serve.scrapes import ScrapeShares
+from epp.serve.tokenizer import TokenizerStats
 from epp.serve.worker import WorkerSpec
 
 log = logging.getLogger("epp.serve.owner")
@@ -149,6 +150,8 @@ class Owner:
         self.priority_in_body: Callable[[FlowRequest], int | None] | None = None
         """Set (`requestHandler.propagatePriority`): each dispatched
         request's forwarded body priority, sent with its DECISION."""
+        self.tokenizer = TokenizerStats()
+        """What the workers' token producers counted, summed (TOKENIZED)."""
         self.scrapes: ScrapeShares | None = None
         """Set before `start` when the workers read the model servers' metrics."""
         self.slots = [WorkerSlot(index) for index in range(workers)]
@@ -252,6 +255,10 @@ class Owner:
             if kind == wire.METRICS or kind == wire.SCRAPE_FAILED:
                 if scrapes is not None and scrapes.apply(slot.index, message):
                     looks = True
+                continue
+            if kind == wire.TOKENIZED:
+                self.tokenizer.tokenized += message[1]
+                self.tokenizer.fallbacks.update(message[2])
                 continue
             if kind == wire.TRANSPORT:
                 slot.open_connections, slot.trips = message[1], message[2]

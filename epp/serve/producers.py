@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from epp.config.datalayer import ModelsSourceSettings
 from epp.config.loader import EppConfig
+from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.datalayer.models import ModelLists, ModelsScraper
 from epp.datalayer.store import EndpointStore
 from epp.scheduling.core import Core
@@ -22,7 +23,6 @@ from epp.serve.inputs import StartupError, fetched_as
 from epp.serve.metrics import PluginDurations
 
 if TYPE_CHECKING:
-    from epp.config.precise import TokenizerSettings
     from epp.datalayer.kvevents import KVEventsSubscribers
     from epp.scheduling.kvblocks import PreciseConfig
     from epp.serve.tokenizer import TokenProducer
@@ -104,6 +104,12 @@ async def start_token_producer(
     producer = TokenProducer(settings, backend, tally.add, keys=keys)
     stack.push_async_callback(producer.close)
     return producer
+
+
+def tokenizes(config: EppConfig) -> bool:
+    """Whether a token-producer with a tokenizing backend is configured."""
+    settings = config.tokenizer
+    return settings is not None and settings.backend is not TokenizerBackend.ESTIMATE
 
 
 def token_producer_key(config: EppConfig) -> tuple[str, str, str]:

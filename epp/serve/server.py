@@ -60,6 +60,7 @@ from epp.serve.producers import (
     models_scraper,
     start_kv_events,
     start_token_producer,
+    tokenizes,
 )
 from epp.serve.replicas import advertised_host
 from epp.serve.scrapes import ScrapeSettings, ScrapeShares
@@ -143,6 +144,8 @@ class EppServer(EppParts):
             self.service.tokenize = producer.tokenize
             self.token_producer = producer
             self.metrics.watch_token_producer(producer.stats)
+        elif self.owner is not None and tokenizes(config):
+            self.metrics.watch_token_producer(self.owner.tokenizer)  # the workers'
         if config.models is not None:
             scraper = models_scraper(
                 self.store, self.model_lists, config.models, self.options.refresh_metrics_interval

@@ -24,6 +24,9 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     SCRAPE_FAILED address, the failure's reason (a read of its page failed)
     TRANSPORT    open connections, limit trips by name (cumulative for this
                  process), when either changed (looked at each second)
+    TOKENIZED    requests the token producer tokenized, and left with the
+                 estimate by reason, since the last TOKENIZED (sent before
+                 a SERIES, when any)
 
 Owner -> worker:
 
@@ -84,6 +87,7 @@ SCRAPE = 17
 TRANSPORT = 18  # worker -> owner
 PULL = 19  # owner -> worker
 MODELS = 20  # owner -> worker
+TOKENIZED = 21  # worker -> owner
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024

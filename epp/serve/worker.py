@@ -28,6 +28,7 @@ import pickle
 import signal
 import socket
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
@@ -52,6 +53,7 @@ from epp.serve.metrics.shipping import take
 from epp.serve.options import ServeOptions
 from epp.serve.producers import worker_token_producer
 from epp.serve.scrapes import ScrapeSettings, ScrapeShare
+from epp.serve.tokenizer import TokenizerStats
 from epp.transport import GrpcServer, TransportLimits
 
 log = logging.getLogger("epp.serve.worker")
@@ -116,6 +118,10 @@ class RemoteAdmission:
         self.metrics = metrics
         self.durations = durations
         """The plugin calls timed here (the token producer's), shipped with `metrics`."""
+        self.tokenizer: TokenizerStats | None = None
+        """The token producer's counts here, their growth shipped with `metrics`."""
+        self._tokenized: tuple[int, Counter[str]] = (0, Counter())
+        """The counts of `tokenizer` when last shipped."""
         """Where this worker records its requests' stream-side series (`ship`
         sends them to the owner); None: the owner records none of them."""
         self.on_evict: Callable[[FlowRequest], None] | None = None
@@ -230,6 +236,13 @@ class RemoteAdmission:
         time: in answer to PULL `pull` always, otherwise when there is something."""
         if self.metrics is None:
             return
+        stats = self.tokenizer
+        if stats is not None and (stats.tokenized, stats.fallbacks) != self._tokenized:
+            tokenized, fallbacks = self._tokenized
+            self._send(
+                [wire.TOKENIZED, stats.tokenized - tokenized, dict(stats.fallbacks - fallbacks)]
+            )
+            self._tokenized = (stats.tokenized, Counter(stats.fallbacks))
         families = self.metrics.shipped_families()
         if self.durations is not None:
             families.append(self.durations.family)
@@ -447,6 +460,7 @@ async def run(spec: WorkerSpec) -> int:
     producer = worker_token_producer(spec.tokenizer, spec.precise, observe if key else None)
     if producer is not None:
         service.tokenize = producer.tokenize
+        admission.tokenizer = producer.stats
     server = GrpcServer({PROCESS_METHOD: service.open, **health.routes()}, limits=spec.limits)
     ssl_context = None
     if options.secure_serving:

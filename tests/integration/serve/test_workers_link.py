@@ -31,6 +31,7 @@ from epp.serve.assembly import decided_then
 from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.shipping import take
 from epp.serve.owner import Owner, WorkerSlot
+from epp.serve.tokenizer import TokenizerStats
 from epp.serve.worker import RemoteAdmission
 from tests.support.series import shown
 
@@ -414,3 +415,17 @@ async def test_a_worker_forwards_the_body_as_sent_once_its_owner_stops_propagati
     await settled(lambda: request.state is State.DISPATCHED)
 
     assert worker.priority_in_body(request) is None
+
+
+async def test_the_owner_counts_what_its_workers_token_producers_tokenized() -> None:
+    remote = await remote_stack(2, lambda: 5.0)
+    for worker, (tokenized, busy) in zip(remote.workers, ((3, 1), (5, 0)), strict=True):
+        worker.metrics = request_metrics()
+        worker.tokenizer = TokenizerStats(tokenized)
+        worker.tokenizer.fallbacks["busy"] += busy
+        worker.ship()
+        worker.tokenizer.tokenized += 1  # counted once: only the growth ships
+        worker.ship()
+    stats = remote.owner.tokenizer
+    await settled(lambda: stats.tokenized == 10)
+    assert stats.fallbacks == {"busy": 1}
