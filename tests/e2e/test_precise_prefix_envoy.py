@@ -29,6 +29,7 @@ from epp.demo.model_server import SimulatedServer
 from epp.demo.model_servers import serving_on
 from epp.demo.server_formats import token_ids
 from epp.demo.tokenizer_file import encoder
+from epp.serve.metrics.vocabulary import P
 from epp.sim.server_model import ServerParams
 from tests.support.dashboards import read_page, reference_queries, unmet
 from tests.support.envoy import running_envoy
@@ -245,6 +246,11 @@ async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(t
         assert served == [0, 3, 3], served
         received = await series(session, epp.metrics_url, RECEIVED)
         assert {dict(labels)["pod_identifier"] for labels in received} >= set(addresses[1:])
+        # Every request went through the token producer (with --workers, its workers').
+        tokenized = await series(session, epp.metrics_url, P + "token_producer_tokenized_total")
+        fallbacks = await series(session, epp.metrics_url, P + "token_producer_fallbacks_total")
+        assert sum(tokenized.values()) > 0
+        assert sum(tokenized.values()) + sum(fallbacks.values()) == sum(served)
 
 
 KV_CACHE_ALERTS = "llm-d_guides_epp_panels.yaml"
