@@ -235,14 +235,20 @@ HOMES = {"alpha": 1, "beta": 2}
 """Each prefix and the server it is stored on."""
 
 
+async def served_over_three_turns(pool, session, gateway) -> list[int]:
+    """Three turns of each prefix's conversation through the gateway; how
+    many requests each server admitted."""
+    before = [server.model.admitted_total for server in pool]
+    for turn in range(1, 4):
+        for prefix in HOMES:
+            await complete(session, gateway, prompt(prefix, turn))
+    return [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=Sample.name)
 async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(tmp_path, sample):
     async with stack(tmp_path, sample) as (pool, addresses, epp, gateway, session):
-        before = [server.model.admitted_total for server in pool]
-        for turn in range(1, 4):
-            for prefix in HOMES:
-                await complete(session, gateway, prompt(prefix, turn))
-        served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+        served = await served_over_three_turns(pool, session, gateway)
         assert served == [0, 3, 3], served
         received = await series(session, epp.metrics_url, RECEIVED)
         assert {dict(labels)["pod_identifier"] for labels in received} >= set(addresses[1:])
@@ -303,9 +309,5 @@ async def test_the_no_hit_lru_sample_serves_through_envoy_spreading_what_nothing
     # warns at load) and the no-hit-lru scorer spreads the requests.
     sample = Sample("sim-epp-no-hit-lru.yaml", 5)
     async with stack(tmp_path, sample) as (pool, _, _, gateway, session):
-        before = [server.model.admitted_total for server in pool]
-        for turn in range(1, 4):
-            for prefix in HOMES:
-                await complete(session, gateway, prompt(prefix, turn))
-        served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+        served = await served_over_three_turns(pool, session, gateway)
         assert served == [2, 2, 2], served

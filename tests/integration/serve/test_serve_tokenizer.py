@@ -208,24 +208,17 @@ async def test_the_local_backend_encodes_a_long_prompt_off_the_event_loop(tmp_pa
 async def test_the_local_backend_encodes_a_short_prompt_on_the_event_loop(tmp_path: Path) -> None:
     write_tokenizer(tmp_path)
     local = LocalTokenizer(str(tmp_path))
-    threads = set()
-    encode = local.encode_with_ends
-
-    def recording(
-        text: str, special: bool = True, release: bool = False
-    ) -> tuple[list[int], list[int]]:
-        threads.add(threading.get_ident())
-        return encode(text, special, release)
-
-    local.encode_with_ends = recording  # type: ignore[method-assign]
+    threads: set[int] = set()
+    recording_encodes(local, threads)
     tokens = await local.tokens(completion_request())
     await local.close()
     assert len(tokens) == 120
     assert threads == {threading.get_ident()}
 
 
-def recording_encodes(local: LocalTokenizer) -> list[str]:
-    """The texts `local` encodes from now on."""
+def recording_encodes(local: LocalTokenizer, threads: set[int] | None = None) -> list[str]:
+    """The texts `local` encodes from now on (and, into `threads`, the
+    threads it encodes them on)."""
     encoded: list[str] = []
     encode = local.encode_with_ends
 
@@ -233,6 +226,8 @@ def recording_encodes(local: LocalTokenizer) -> list[str]:
         text: str, special: bool = True, release: bool = False
     ) -> tuple[list[int], list[int]]:
         encoded.append(text)
+        if threads is not None:
+            threads.add(threading.get_ident())
         return encode(text, special, release)
 
     local.encode_with_ends = recording  # type: ignore[method-assign]
