@@ -7,7 +7,8 @@ The config is a template from config/envoy/ rendered with string.Template.
 Listener and admin ports default to 0, so Envoy binds free ports itself, and
 they are read back from the admin interface. Ready means admin /ready
 answers 200. On exit Envoy is terminated (killed after a grace period) and
-its work directory removed. A failure to start raises `PartFailed("envoy", ...)`
+its work directory removed; it also gets SIGTERM if this process dies
+without that. A failure to start raises `PartFailed("envoy", ...)`
 with the tail of Envoy's log.
 """
 
@@ -28,7 +29,7 @@ from string import Template
 import aiohttp
 
 from epp.api.address import parse_address
-from epp.demo.processes import PartFailed, log_tail
+from epp.demo.processes import PartFailed, log_tail, tied_to_parent
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "envoy"
 DEFAULT_TEMPLATE = CONFIG_DIR / "envoy.yaml"
@@ -128,7 +129,7 @@ async def running_envoy(
         **values,
     }
     config.write_text(render(template, **settings))
-    process = await asyncio.create_subprocess_exec(
+    argv = [
         binary,
         "--config-path",
         os.fspath(config),
@@ -141,6 +142,9 @@ async def running_envoy(
         "warning",
         "--log-path",
         os.fspath(workdir / "envoy.log"),
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *tied_to_parent(argv),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,

@@ -3,7 +3,8 @@
 A child announces it is up by writing a JSON ready file (the ports it bound).
 If it exits first, or does not announce in time, `PartFailed` names the part
 and carries the tail of its log. Stopping is SIGTERM, then SIGKILL after a
-grace period.
+grace period. Every child is tied to its parent (`tied_to_parent`): a
+parent killed with SIGKILL leaves no server behind.
 """
 
 from __future__ import annotations
@@ -34,6 +35,26 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return ""
     text = path.read_text(errors="replace").strip().splitlines()[-lines:]
     return "\n".join(text)
+
+
+# Linux keeps the parent-death signal across exec, so a launcher sets it and
+# then becomes the real program; the ppid check covers a parent that died first.
+_LIFELINE = """\
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0):
+    sys.exit("prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def tied_to_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when this process dies, however it
+    dies (Linux's PR_SET_PDEATHSIG); elsewhere `argv` as it is."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-S", "-c", _LIFELINE, str(os.getpid()), *argv]
 
 
 class Part(Protocol):
@@ -134,10 +155,7 @@ async def start_child(
     ready_file.unlink(missing_ok=True)
     with log_path.open("ab") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *argv,
-            ready_flag,
-            os.fspath(ready_file),
+            *tied_to_parent([sys.executable, *argv, ready_flag, os.fspath(ready_file)]),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,

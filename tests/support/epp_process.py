@@ -31,6 +31,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from epp.demo.processes import tied_to_parent
+
 LOOPBACK = "127.0.0.1"
 WORKERS = (
     (f"--workers={os.environ['EPP_TEST_WORKERS']}",) if os.environ.get("EPP_TEST_WORKERS") else ()
@@ -129,7 +131,7 @@ async def start_epp(
     ready = workdir / "ready.json"
     try:
         with (workdir / "epp.log").open("wb") as log:
-            process = await asyncio.create_subprocess_exec(
+            argv = [
                 sys.executable,
                 "-m",
                 module,
@@ -142,6 +144,9 @@ async def start_epp(
                 "--drain-timeout=0s",  # a test that drains gives its own window
                 *WORKERS,
                 *args,
+            ]
+            process = await asyncio.create_subprocess_exec(
+                *tied_to_parent(argv),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
