@@ -72,7 +72,16 @@ class EndpointMetrics(NamedTuple):
             and self.failing == other.failing
         )
 
+    def same_but_time(self, other: EndpointMetrics) -> bool:
+        """Equal in every field but `updated_at` (a read of a server that
+        neither moved nor stepped since `other`)."""
+        return (
+            self[:_UPDATED_AT] == other[:_UPDATED_AT]
+            and self[_UPDATED_AT + 1 :] == other[_UPDATED_AT + 1 :]
+        )
 
+
+_UPDATED_AT = EndpointMetrics._fields.index("updated_at")
 NO_METRICS = EndpointMetrics()
 
 

@@ -252,7 +252,7 @@ class Owner:
             if kind == wire.ARRIVE:
                 self._arrive(slot, message[1], message[2:])
                 continue
-            if kind == wire.METRICS or kind == wire.SCRAPE_FAILED:
+            if kind == wire.FRESH or kind == wire.METRICS or kind == wire.SCRAPE_FAILED:
                 if scrapes is not None and scrapes.apply(slot.index, message):
                     looks = True
                 continue

@@ -2,8 +2,8 @@
 pages, the core owner keeps the store (docs/operations/workers.md).
 
     owner: ScrapeShares --SCRAPE (a worker's share)--> worker: ScrapeShare
-           store <-- record_read / record_failure <-- METRICS, SCRAPE_FAILED
-                                                      (one per read worth telling)
+           store <-- record_read / record_failure <-- METRICS, FRESH, SCRAPE_FAILED
+                                                      (one per read)
 
 Each endpoint is read by one live worker, chosen by rendezvous hashing of
 (worker, address): an endpoint joining or leaving moves no other, and a
@@ -13,13 +13,16 @@ endpoint's last values age in the store as any unread endpoint's do, so
 the staleness policy judges them; a read from a worker that no longer reads
 that endpoint is dropped.
 
-A worker sends a read when its values differ from the last it sent, when
-it failed, or when the last one sent is `staleness / 2` old (so the owner's
-copy never turns stale while reads succeed, with an idle pool's reads mostly
-not sent). The owner writes it into the store as the in-process scraper does
-(`epp.datalayer.scraper.record_read`), so the core sees the same snapshots,
-and pokes the admission controller once per frame with a read or a new
-failure in it.
+Every read reaches the owner, as every read reaches the store in one
+process: a read whose values (latency counters included) equal the last
+one sent goes as its address and time alone (FRESH), any other in full
+(METRICS), a failure as its reason (SCRAPE_FAILED). A read of the same
+values is news too: the adaptive gate counts what was sent to an endpoint
+after its last read as pending there, so the read's time alone may free
+room it held back (`epp.datalayer.scraper`). The owner writes each into the
+store as the in-process scraper does (`epp.datalayer.scraper.record_read`),
+so the core sees the same snapshots at the same times, and pokes the
+admission controller once per frame with a read or a new failure in it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ class ScrapeSettings:
     engines: EngineLookup
     interval: float
     timeout: float
-    staleness: float
 
 
 def reader_of(address: str, workers: Sequence[int]) -> int:
@@ -94,12 +96,20 @@ class ScrapeShares:
         self._sent.pop(index, None)
 
     def apply(self, index: int, message: wire.Message) -> bool:
-        """A METRICS or SCRAPE_FAILED message from worker `index`; whether the
-        core should look again."""
+        """A FRESH, METRICS or SCRAPE_FAILED message from worker `index`;
+        whether the core should look again."""
         address = message[1]
         if self._readers.get(address) != index:
             return False
-        if message[0] == wire.METRICS:
+        kind = message[0]
+        if kind == wire.FRESH:
+            endpoint = self.store.get(address)
+            if endpoint is None or endpoint.metrics.updated_at is None:
+                return False
+            self.reads += 1
+            record_read(self.store, address, endpoint.metrics._replace(updated_at=message[2]))
+            return True
+        if kind == wire.METRICS:
             self.reads += 1
             metrics = wire.metrics_from_fields(message[2:])
             record_read(self.store, address, metrics)
@@ -110,22 +120,22 @@ class ScrapeShares:
 
 class ScrapeShare:
     """A worker's side: a `MetricsScraper` over the endpoints the owner
-    gave it, each read worth telling sent as a message."""
+    gave it, each read sent as a message (see the module docstring)."""
 
-    __slots__ = ("_keepalive", "_send", "_sent", "scraper", "store")
+    __slots__ = ("_send", "_sent", "scraper", "store")
 
     def __init__(self, settings: ScrapeSettings, send: Callable[[wire.Message], None]) -> None:
         self.store = EndpointStore()
         self._send = send
-        self._keepalive = settings.staleness / 2
         self._sent: dict[str, EndpointMetrics] = {}
+        """The values of the last METRICS sent per address (none after a failure)."""
         self.scraper = MetricsScraper(
             self.store,
             interval=settings.interval,
             timeout=settings.timeout,
             source=settings.source,
             engines=settings.engines,
-            on_read=self._read,
+            on_read=self.on_read,
         )
 
     def assign(self, share: list[list[object]]) -> None:
@@ -137,16 +147,15 @@ class ScrapeShare:
         for address in [a for a in self._sent if self.store.get(a) is None]:
             del self._sent[address]
 
-    def _read(self, address: str, metrics: EndpointMetrics | None, reason: str | None) -> None:
+    def on_read(self, address: str, metrics: EndpointMetrics | None, reason: str | None) -> None:
+        """One read of `address` (None: it failed for `reason`), told to the owner."""
         if metrics is None:
             self._sent.pop(address, None)
             self._send([wire.SCRAPE_FAILED, address, reason])
             return
         last = self._sent.get(address)
-        if (
-            last is None
-            or not last.same_values(metrics)
-            or metrics.updated_at - last.updated_at >= self._keepalive  # type: ignore[operator]
-        ):
-            self._sent[address] = metrics
-            self._send([wire.METRICS, address, *wire.metrics_fields(metrics)])
+        if last is not None and metrics.same_but_time(last):
+            self._send([wire.FRESH, address, metrics.updated_at])
+            return
+        self._sent[address] = metrics
+        self._send([wire.METRICS, address, *wire.metrics_fields(metrics)])

@@ -104,7 +104,6 @@ class EppServer(EppParts):
                 scraping[1],
                 options.refresh_metrics_interval,
                 SCRAPE_TIMEOUT,
-                self.config.scheduling.saturation.staleness,
             )
             shares = self.owner.scrapes = ScrapeShares(self.store)
             self.metrics.watch_scrapes(lambda: shares.failures_by_reason)

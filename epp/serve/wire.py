@@ -21,6 +21,8 @@ Worker -> owner (`rid` numbers a request on its worker's link):
                  something changed, and in answer to a PULL
     SERVING      the worker is ready for connections (its first message)
     METRICS      address + one read of its metrics page (`metrics_fields`)
+    FRESH        address, the read's time: a read of its page equal to the
+                 last METRICS sent for it apart from its time
     SCRAPE_FAILED address, the failure's reason (a read of its page failed)
     TRANSPORT    open connections, limit trips by name (cumulative for this
                  process), when either changed (looked at each second)
@@ -88,6 +90,7 @@ TRANSPORT = 18  # worker -> owner
 PULL = 19  # owner -> worker
 MODELS = 20  # owner -> worker
 TOKENIZED = 21  # worker -> owner
+FRESH = 22  # worker -> owner
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
