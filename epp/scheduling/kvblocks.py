@@ -114,12 +114,16 @@ class DigestMemo:
     a conversation's earlier turns) costs a dict lookup a block instead of
     a serialization and a digest (about 8x less). The key is the digest's
     whole input, so a hit is exact under any hash seed or algorithm. At most
-    `capacity` entries (about 800 bytes each); past it the memo starts over."""
+    `capacity` entries (about 800 bytes each, `--digest-memo-entries`); past
+    it the memo starts over (the prompts that repeat fill it again within a
+    few requests), counting what it let go in `dropped`."""
 
-    __slots__ = ("_digests", "capacity")
+    __slots__ = ("_digests", "capacity", "dropped")
 
-    def __init__(self, capacity: int = 50_000) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.dropped = 0
+        """Digests let go when the memo started over, since the start."""
         self._digests: dict[tuple[bytes, tuple[int, ...], Any], bytes] = {}
 
     def __len__(self) -> int:
@@ -131,7 +135,10 @@ class DigestMemo:
     def put(self, key: tuple[bytes, tuple[int, ...], Any], digest: bytes) -> None:
         digests = self._digests
         if len(digests) >= self.capacity:
+            self.dropped += len(digests)
             digests.clear()
+            if not self.capacity:
+                return
         digests[key] = digest
 
 

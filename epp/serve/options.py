@@ -38,6 +38,7 @@ from epp.serve.flags import (
     table_flags,
 )
 from epp.serve.reference_options import POOL_GROUP, ZAP_LEVELS, ReferenceOptions
+from epp.serve.token_store import DEFAULT_LIMITS, TokenCacheLimits
 from epp.transport.limits import TransportLimits
 
 MAX_WORKERS = 64
@@ -208,6 +209,37 @@ class ServeOptions(ReferenceOptions):
         ),
     )
 
+    token_store_blocks: int = option(
+        DEFAULT_LIMITS.store_blocks,
+        Flag(
+            _O,
+            "The local token-producer's prefix store: blocks of 256 characters' tokens kept "
+            "(about 710 bytes each: 210 MB at the default; the reference keeps 500,000 "
+            "blocks), the least recently used dropped past it. Per process under --workers.",
+            Kind.INT,
+        ),
+    )
+    digest_memo_entries: int = option(
+        DEFAULT_LIMITS.memo_digests,
+        Flag(
+            _O,
+            "Block digests the token producer remembers for the precise prefix cache "
+            "(about 800 bytes each: 40 MB at the default); past it it starts over. Per "
+            "process under --workers.",
+            Kind.INT,
+        ),
+    )
+    tokenizer_max_learning: int = option(
+        DEFAULT_LIMITS.max_learning,
+        Flag(
+            _O,
+            "Prompts the local token-producer encodes at once off their requests' path (the "
+            "rest of a prompt its prefix store covered less than 80%); past it a prompt is "
+            "routed on the store's tokens and its rest not learned. Per process.",
+            Kind.INT,
+        ),
+    )
+
     # -- ext_proc transport limits: one flag per field (`transport_flags`) -------------------
     transport: TransportLimits = field(default_factory=TransportLimits)
 
@@ -248,6 +280,11 @@ class ServeOptions(ReferenceOptions):
         if self.grpc_max_send_msg_size is not None:
             sizes["max_send_message_bytes"] = self.grpc_max_send_msg_size
         return dataclasses.replace(self.transport, **sizes)
+
+    def token_cache_limits(self) -> TokenCacheLimits:
+        return TokenCacheLimits(
+            self.token_store_blocks, self.digest_memo_entries, self.tokenizer_max_learning
+        )
 
     def problems(self) -> list[str]:
         """What makes these options unusable together (empty: usable)."""
@@ -290,6 +327,13 @@ class ServeOptions(ReferenceOptions):
             found.append("--decider-port in cluster mode needs --ha-enable-leader-election")
         if self.replicas < 1:
             found.append(f"--replicas {self.replicas}: at least 1")
+        for flag, value in (
+            ("--token-store-blocks", self.token_store_blocks),
+            ("--digest-memo-entries", self.digest_memo_entries),
+            ("--tokenizer-max-learning", self.tokenizer_max_learning),
+        ):
+            if value < 0:
+                found.append(f"{flag} {value}: at least 0")
         if not self.ha_lease_duration > self.ha_renew_deadline > self.ha_retry_period > 0:
             found.append(
                 "--ha-lease-duration, --ha-renew-deadline, --ha-retry-period: each shorter "

@@ -50,7 +50,7 @@ from epp.serve.admission import AdmissionController
 from epp.serve.metrics.recorder import OutcomeFields
 from epp.serve.metrics.shipping import Merge
 from epp.serve.scrapes import ScrapeShares
-from epp.serve.tokenizer import TokenizerStats
+from epp.serve.tokenizer import CacheUse, TokenizerStats
 from epp.serve.worker import WorkerSpec
 
 log = logging.getLogger("epp.serve.owner")
@@ -99,6 +99,11 @@ class WorkerSlot:
     """Its process's limit trips, as it last said."""
     trips_before: collections.Counter[str] = field(default_factory=collections.Counter)
     """The limit trips of its processes that died."""
+    caches: dict[str, list[int]] = field(default_factory=dict)
+    """Its process's token producer caches, [entries, capacity, dropped] by
+    name, as it last said (TOKENIZED)."""
+    dropped_before: collections.Counter[str] = field(default_factory=collections.Counter)
+    """What the caches of its processes that died dropped, by name."""
     pulled: int = -1
     """The last PULL its process answered."""
     answered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -150,7 +155,7 @@ class Owner:
         self.priority_in_body: Callable[[FlowRequest], int | None] | None = None
         """Set (`requestHandler.propagatePriority`): each dispatched
         request's forwarded body priority, sent with its DECISION."""
-        self.tokenizer = TokenizerStats()
+        self.tokenizer = TokenizerStats(caches=self._token_caches)
         """What the workers' token producers counted, summed (TOKENIZED)."""
         self.scrapes: ScrapeShares | None = None
         """Set before `start` when the workers read the model servers' metrics."""
@@ -259,6 +264,7 @@ class Owner:
             if kind == wire.TOKENIZED:
                 self.tokenizer.tokenized += message[1]
                 self.tokenizer.fallbacks.update(message[2])
+                slot.caches = message[3]
                 continue
             if kind == wire.TRANSPORT:
                 slot.open_connections, slot.trips = message[1], message[2]
@@ -357,11 +363,26 @@ class Owner:
         if request is not None:
             self._origin.pop(request, None)
 
+    def _token_caches(self) -> dict[str, CacheUse]:
+        """The workers' token producer caches, summed: each holds its own."""
+        total: dict[str, CacheUse] = {}
+        for slot in self.slots:
+            for name, dropped in slot.dropped_before.items():
+                total.setdefault(name, CacheUse(0, 0, 0)).dropped += dropped
+            for name, (entries, capacity, dropped) in slot.caches.items():
+                use = total.setdefault(name, CacheUse(0, 0, 0))
+                use.entries += entries
+                use.capacity += capacity
+                use.dropped += dropped
+        return total
+
     def _lost(self, slot: WorkerSlot) -> None:
         """The worker's link closed: what it held ends here, credits returned once."""
         slot.serving.clear()
         slot.trips_before.update(slot.trips)
         slot.trips, slot.open_connections = {}, 0
+        slot.dropped_before.update({name: use[2] for name, use in slot.caches.items()})
+        slot.caches = {}
         if self._series is not None:
             self._series.forget(slot.index)
         if self.scrapes is not None and not self._stopping:

@@ -21,11 +21,12 @@ from epp.scheduling.core import Core
 from epp.scheduling.kvblocks import DigestMemo
 from epp.serve.inputs import StartupError, fetched_as
 from epp.serve.metrics import PluginDurations
+from epp.serve.token_store import TokenCacheLimits
 
 if TYPE_CHECKING:
     from epp.datalayer.kvevents import KVEventsSubscribers
     from epp.scheduling.kvblocks import PreciseConfig
-    from epp.serve.tokenizer import TokenProducer
+    from epp.serve.tokenizer import Backend, TokenProducer
 
 SCRAPE_TIMEOUT = 1.0
 """Seconds a scrape of one endpoint (metrics or model list) may take."""
@@ -73,6 +74,7 @@ async def start_token_producer(
     stack: contextlib.AsyncExitStack,
     config: EppConfig,
     durations: PluginDurations,
+    limits: TokenCacheLimits,
     *,
     workers: bool,
     current: Callable[[], EppConfig],
@@ -83,10 +85,10 @@ async def start_token_producer(
     settings = config.tokenizer
     if settings is None:
         return None
-    from epp.serve.tokenizer import TokenizeError, TokenProducer, backend_for
+    from epp.serve.tokenizer import TokenizeError, backend_for
 
     try:
-        backend = backend_for(settings)
+        backend = backend_for(settings, limits)
     except TokenizeError as error:
         raise StartupError(f"token-producer: {error}") from None
     if backend is None:
@@ -95,13 +97,9 @@ async def start_token_producer(
         await backend.close()  # it loads here: the workers, which tokenize, will too
         return None
     tally = durations.family.tally(token_producer_key(config))
-    memo = DigestMemo()
-
-    def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
-        precise = current().scheduling.precise
-        return precise.keys_of(tokens, salt, memo) if precise is not None else None
-
-    producer = TokenProducer(settings, backend, tally.add, keys=keys)
+    producer = _token_producer(
+        settings, backend, tally.add, lambda: current().scheduling.precise, limits
+    )
     stack.push_async_callback(producer.close)
     return producer
 
@@ -121,6 +119,7 @@ def token_producer_key(config: EppConfig) -> tuple[str, str, str]:
 def worker_token_producer(
     settings: TokenizerSettings | None,
     precise: PreciseConfig | None,
+    limits: TokenCacheLimits,
     observe: Callable[[float], None] | None = None,
 ) -> TokenProducer | None:
     """A protocol worker's token producer (`--workers`): the owner checked at
@@ -129,14 +128,38 @@ def worker_token_producer(
     call's duration goes to `observe`."""
     if settings is None:
         return None
-    from epp.serve.tokenizer import TokenProducer, backend_for
+    from epp.serve.tokenizer import backend_for
 
-    backend = backend_for(settings)
+    backend = backend_for(settings, limits)
     if backend is None:
         return None
-    memo = DigestMemo()
+    return _token_producer(settings, backend, observe, lambda: precise, limits)
+
+
+def _token_producer(
+    settings: TokenizerSettings,
+    backend: Backend,
+    observe: Callable[[float], None] | None,
+    precise_now: Callable[[], PreciseConfig | None],
+    limits: TokenCacheLimits,
+) -> TokenProducer:
+    """A token producer on `backend` whose block keys are those of the
+    precise producer `precise_now` gives (none while it gives None), with
+    a digest memo of `limits.memo_digests`; its caches reported in its stats."""
+    from epp.serve.tokenizer import CacheUse, LocalTokenizer, TokenProducer
+
+    memo = DigestMemo(limits.memo_digests)
 
     def keys(tokens: Sequence[int], salt: str | None) -> tuple[int, ...] | None:
+        precise = precise_now()
         return precise.keys_of(tokens, salt, memo) if precise is not None else None
 
-    return TokenProducer(settings, backend, observe, keys=keys)
+    def caches() -> dict[str, CacheUse]:
+        found = {"digest-memo": CacheUse(len(memo), memo.capacity, memo.dropped)}
+        if isinstance(backend, LocalTokenizer):
+            found.update(backend.caches())
+        return found
+
+    producer = TokenProducer(settings, backend, observe, keys=keys)
+    producer.stats.caches = caches
+    return producer

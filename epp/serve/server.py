@@ -136,6 +136,7 @@ class EppServer(EppParts):
             stack,
             config,
             self.plugin_durations,
+            self.options.token_cache_limits(),
             workers=self.owner is not None,
             current=lambda: self.config,
         )

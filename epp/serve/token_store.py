@@ -18,7 +18,8 @@ store (`pkg/tokenization/prefixstore/lru_store.go`):
   backend encodes the rest after routing, from a few tokens back, splices
   the two where they agree (`epp.serve.tokenizer.LocalTokenizer`) and adds
   the prompt, so a conversation's next turn finds this one.
-- Bounded: at most `capacity` blocks, the least recently used leaving first.
+- Bounded: at most `capacity` blocks (`--token-store-blocks`), the least
+  recently used leaving first, counted in `evictions`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,26 @@ CAPACITY = 300_000
 """Blocks held: about 64 tokens a block of text, held as 4-byte ids with
 2-byte ends, 710 bytes a block with its entry (`bench/README.md`), so about
 210 MB (the reference holds 500,000 blocks of ids without their ends)."""
+MAX_LEARNING = 4
+"""Prompts encoded off their requests' path at once; past it a prompt is
+routed on the store's tokens and not learned."""
+DIGEST_MEMO_ENTRIES = 50_000
+"""Block digests the token producer remembers (`epp.scheduling.kvblocks.DigestMemo`,
+about 800 bytes each: 40 MB)."""
+
+
+@dataclass(slots=True, frozen=True)
+class TokenCacheLimits:
+    """What the token producer may hold, per process (each protocol worker
+    tokenizes with its own): the flags `--token-store-blocks`,
+    `--digest-memo-entries` and `--tokenizer-max-learning`."""
+
+    store_blocks: int = CAPACITY
+    memo_digests: int = DIGEST_MEMO_ENTRIES
+    max_learning: int = MAX_LEARNING
+
+
+DEFAULT_LIMITS = TokenCacheLimits()
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,11 +72,13 @@ class Found:
 
 
 class PrefixTokenStore:
-    __slots__ = ("_blocks", "block_chars", "capacity")
+    __slots__ = ("_blocks", "block_chars", "capacity", "evictions")
 
     def __init__(self, block_chars: int = BLOCK_CHARS, capacity: int = CAPACITY) -> None:
         self.block_chars = block_chars
         self.capacity = capacity
+        self.evictions = 0
+        """Blocks dropped for room, since the start."""
         self._blocks: OrderedDict[int, tuple[array[int], array[int]]] = OrderedDict()
         """A block's chained key -> the tokens that end inside it and where
         each ends past the block's start; the least recently used first."""
@@ -89,6 +112,7 @@ class PrefixTokenStore:
             start = stop
         while len(blocks) > self.capacity:
             blocks.popitem(last=False)
+            self.evictions += 1
 
     def find(self, text: str) -> Found | None:
         """The tokens of `text`'s longest run of leading blocks held (None:

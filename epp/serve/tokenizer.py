@@ -44,7 +44,14 @@ import orjson
 
 from epp.config.precise import TokenizerBackend, TokenizerSettings
 from epp.scheduling.request import InferenceRequest
-from epp.serve.token_store import MIN_OVERLAP, Found, PrefixTokenStore
+from epp.serve.token_store import (
+    DEFAULT_LIMITS,
+    MAX_LEARNING,
+    MIN_OVERLAP,
+    Found,
+    PrefixTokenStore,
+    TokenCacheLimits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +73,31 @@ class TokenizeError(Exception):
 
 
 @dataclass(slots=True)
+class CacheUse:
+    """One of the token producer's bounded caches: what it holds, its
+    limit, and what it dropped since the start, in its own unit. The caches:
+    `prefix-store`, the local backend's (blocks; dropped: evicted),
+    `digest-memo`, the block digests remembered for the precise prefix cache
+    (digests; dropped when it started over), and `learning`, the prompts
+    being encoded off their path (prompts; dropped: routed on the store's
+    tokens, not learned)."""
+
+    entries: int
+    capacity: int
+    dropped: int
+
+
+def no_caches() -> dict[str, CacheUse]:
+    return {}
+
+
+@dataclass(slots=True)
 class TokenizerStats:
     tokenized: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
     """Requests left with the estimate, by reason: timeout, error, busy."""
+    caches: Callable[[], dict[str, CacheUse]] = no_caches
+    """The caches' use now, by name (CACHES)."""
 
 
 class Backend(Protocol):
@@ -199,10 +227,6 @@ class PromptTokens(list[int]):
         self.whole = whole
 
 
-MAX_LEARNING = 4
-"""Prompts encoded off their requests' path at once; past it a prompt is
-routed on the store's tokens and not learned."""
-
 RESYNC_TOKENS = 8
 RESYNC_TRIES = 4
 """A prompt found in the prefix store is encoded again from RESYNC_TOKENS
@@ -221,6 +245,7 @@ class LocalTokenizer:
         workers: int = 2,
         inline_chars: int = INLINE_CHARS,
         store: PrefixTokenStore | None = None,
+        max_learning: int = MAX_LEARNING,
     ) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -236,6 +261,17 @@ class LocalTokenizer:
         self.store = store if store is not None else PrefixTokenStore()
         self._learning: set[asyncio.Task[None]] = set()
         """Prompts routed on the store's tokens whose rest is being encoded."""
+        self.max_learning = max_learning
+        self.unlearned = 0
+        """Prompts routed on the store's tokens and not learned, since the
+        start: `max_learning` others were being encoded."""
+
+    def caches(self) -> dict[str, CacheUse]:
+        store = self.store
+        return {
+            "prefix-store": CacheUse(len(store), store.capacity, store.evictions),
+            "learning": CacheUse(len(self._learning), self.max_learning, self.unlearned),
+        }
 
     def encode(self, text: str) -> list[int]:
         return self.encode_with_ends(text)[0]
@@ -268,13 +304,16 @@ class LocalTokenizer:
             tokens, ends = await self._encoded(text)
             self.store.add(text, tokens, ends)
             return tokens
-        if found.chars < MIN_OVERLAP * len(text) and len(self._learning) < MAX_LEARNING:
-            # The rest is encoded off the request's path, so that the next
-            # prompt beginning as this one (the conversation's next turn)
-            # finds it covered.
-            task = asyncio.get_running_loop().create_task(self._learn(text, found))
-            self._learning.add(task)
-            task.add_done_callback(self._learning.discard)
+        if found.chars < MIN_OVERLAP * len(text):
+            if len(self._learning) < self.max_learning:
+                # The rest is encoded off the request's path, so that the next
+                # prompt beginning as this one (the conversation's next turn)
+                # finds it covered.
+                task = asyncio.get_running_loop().create_task(self._learn(text, found))
+                self._learning.add(task)
+                task.add_done_callback(self._learning.discard)
+            else:
+                self.unlearned += 1
         tokens = found.tokens
         return PromptTokens(tokens, round(len(tokens) * len(text) / found.chars))
 
@@ -318,14 +357,20 @@ class LocalTokenizer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def backend_for(settings: TokenizerSettings) -> Backend | None:
+def backend_for(
+    settings: TokenizerSettings, limits: TokenCacheLimits = DEFAULT_LIMITS
+) -> Backend | None:
     """The backend the settings name (None for the estimate)."""
     if settings.backend is TokenizerBackend.VLLM:
         return VLLMRender(settings.url, settings.model_name)
     if settings.backend is TokenizerBackend.UDS:
         return UdsSidecar(settings.socket_file)
     if settings.backend is TokenizerBackend.LOCAL:
-        return LocalTokenizer(settings.model_dir)
+        return LocalTokenizer(
+            settings.model_dir,
+            store=PrefixTokenStore(capacity=limits.store_blocks),
+            max_learning=limits.max_learning,
+        )
     return None
 
 

@@ -27,8 +27,9 @@ Worker -> owner (`rid` numbers a request on its worker's link):
     TRANSPORT    open connections, limit trips by name (cumulative for this
                  process), when either changed (looked at each second)
     TOKENIZED    requests the token producer tokenized, and left with the
-                 estimate by reason, since the last TOKENIZED (sent before
-                 a SERIES, when any)
+                 estimate by reason, since the last TOKENIZED; its caches'
+                 [entries, capacity, dropped] by name (cumulative for this
+                 process); sent before a SERIES, when any changed
 
 Owner -> worker:
 

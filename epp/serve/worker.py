@@ -120,7 +120,7 @@ class RemoteAdmission:
         """The plugin calls timed here (the token producer's), shipped with `metrics`."""
         self.tokenizer: TokenizerStats | None = None
         """The token producer's counts here, their growth shipped with `metrics`."""
-        self._tokenized: tuple[int, Counter[str]] = (0, Counter())
+        self._tokenized: tuple[int, Counter[str], dict[str, list[int]]] = (0, Counter(), {})
         """The counts of `tokenizer` when last shipped."""
         """Where this worker records its requests' stream-side series (`ship`
         sends them to the owner); None: the owner records none of them."""
@@ -237,12 +237,20 @@ class RemoteAdmission:
         if self.metrics is None:
             return
         stats = self.tokenizer
-        if stats is not None and (stats.tokenized, stats.fallbacks) != self._tokenized:
-            tokenized, fallbacks = self._tokenized
-            self._send(
-                [wire.TOKENIZED, stats.tokenized - tokenized, dict(stats.fallbacks - fallbacks)]
-            )
-            self._tokenized = (stats.tokenized, Counter(stats.fallbacks))
+        if stats is not None:
+            caches = {
+                name: [use.entries, use.capacity, use.dropped]
+                for name, use in stats.caches().items()
+            }
+            if (stats.tokenized, stats.fallbacks, caches) != self._tokenized:
+                tokenized, fallbacks, _ = self._tokenized
+                self._send([
+                    wire.TOKENIZED,
+                    stats.tokenized - tokenized,
+                    dict(stats.fallbacks - fallbacks),
+                    caches,
+                ])  # fmt: skip
+                self._tokenized = (stats.tokenized, Counter(stats.fallbacks), caches)
         families = self.metrics.shipped_families()
         if self.durations is not None:
             families.append(self.durations.family)
@@ -457,7 +465,9 @@ async def run(spec: WorkerSpec) -> int:
         # looked up each time: a shipped family starts again from no series
         family.tally(key).add(seconds)  # type: ignore[arg-type]
 
-    producer = worker_token_producer(spec.tokenizer, spec.precise, observe if key else None)
+    producer = worker_token_producer(
+        spec.tokenizer, spec.precise, options.token_cache_limits(), observe if key else None
+    )
     if producer is not None:
         service.tokenize = producer.tokenize
         admission.tokenizer = producer.stats

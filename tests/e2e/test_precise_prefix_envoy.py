@@ -257,6 +257,12 @@ async def test_requests_sharing_a_prefix_go_to_the_server_whose_events_hold_it(t
         fallbacks = await series(session, epp.metrics_url, P + "token_producer_fallbacks_total")
         assert sum(tokenized.values()) > 0
         assert sum(tokenized.values()) + sum(fallbacks.values()) == sum(served)
+        # What its bounded caches hold (the workers' summed): the digests of the
+        # prompts' blocks, and with the local backend the prefix store's blocks.
+        held = await series(session, epp.metrics_url, P + "token_producer_cache_entries")
+        held = {dict(labels)["cache"]: value for labels, value in held.items()}
+        assert held["digest-memo"] > 0
+        assert (held.get("prefix-store", 0) > 0) is sample.local, held
 
 
 KV_CACHE_ALERTS = "llm-d_guides_epp_panels.yaml"

@@ -307,6 +307,16 @@ class TokenProducerCollector(Collector):
         yield from scraped(P + "token_producer_fallbacks_total", [
             ((reason,), stats.fallbacks[reason]) for reason in FALLBACK_REASONS
         ])  # fmt: skip
+        rows = sorted(stats.caches().items())
+        yield from scraped(P + "token_producer_cache_entries", [
+            ((name,), use.entries) for name, use in rows
+        ])  # fmt: skip
+        yield from scraped(P + "token_producer_cache_capacity", [
+            ((name,), use.capacity) for name, use in rows
+        ])  # fmt: skip
+        yield from scraped(P + "token_producer_cache_dropped_total", [
+            ((name,), use.dropped) for name, use in rows
+        ])  # fmt: skip
 
 
 WorkerCounts = Callable[[], Iterator[tuple[str, int, int, int]]]

@@ -171,4 +171,27 @@ PREFIX_CACHE: tuple[Spec, ...] = (
         "out, failed or was busy, by reason.",
         ("reason",),
     ),
+    Spec(
+        P + "token_producer_cache_entries",
+        G,
+        "What the token-producer's bounded caches hold, by cache: prefix-store (blocks of "
+        "prompt tokens), digest-memo (block digests), learning (prompts being encoded off "
+        "their path); summed over the protocol workers.",
+        ("cache",),
+    ),
+    Spec(
+        P + "token_producer_cache_capacity",
+        G,
+        "The limit of each of the token-producer's caches (--token-store-blocks, "
+        "--digest-memo-entries, --tokenizer-max-learning), summed over the protocol workers.",
+        ("cache",),
+    ),
+    Spec(
+        P + "token_producer_cache_dropped_total",
+        C,
+        "What the token-producer's caches let go at their limit, by cache: prefix-store "
+        "blocks evicted, digest-memo digests dropped when it started over, learning prompts "
+        "not learned.",
+        ("cache",),
+    ),
 )

@@ -25,12 +25,14 @@ from epp.scheduling.kvblocks import BlockHasher, PreciseConfig
 from epp.scheduling.request import InferenceRequest
 from epp.serve.tokenizer import (
     INLINE_TOKENS,
+    CacheUse,
     LocalTokenizer,
     TokenProducer,
     UdsSidecar,
     backend_for,
 )
 from epp.sim.server_model import ServerParams
+from tests.support.serving import serving
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 30}]}
 COMPLETION = {"model": "m", "prompt": "once upon a time " * 30}
@@ -276,6 +278,67 @@ async def test_a_prompt_partly_tokenized_before_is_routed_at_once_and_its_rest_e
     await local.close()
     assert found is not None and found.chars == len(second) // 256 * 256  # every block
     assert found.tokens == reference.encode(second).ids[: len(found.tokens)]
+
+
+async def test_past_its_learning_limit_a_prompt_is_routed_on_the_stores_tokens_unlearned(
+    tmp_path: Path,
+) -> None:
+    write_tokenizer(tmp_path)
+    local = LocalTokenizer(str(tmp_path), max_learning=0)
+    encoded = recording_encodes(local)
+    system = "once upon a time there was " * 60
+    await local.tokens(InferenceRequest("m", "m", prompt=system + "hello"))
+    routed = await local.tokens(InferenceRequest("m", "m", prompt=system + "hello there" * 80))
+    await local.learned()
+    await local.close()
+    assert len(encoded) == 1 and len(routed) > 300  # the second prompt's rest was not encoded
+    assert local.caches()["learning"] == CacheUse(0, 0, 1)
+
+
+CONFIG_LOCAL = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {{modelName: m, local: {{modelDir: "{folder}"}}}}
+- type: precise-prefix-cache-producer
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: max-score-picker}}, {{pluginRef: prefix-cache-scorer}}]
+"""
+
+
+async def test_the_token_producers_caches_at_their_limits_drop_and_say_so_on_the_metrics_page(
+    tmp_path: Path,
+) -> None:
+    write_tokenizer(tmp_path)
+    config = tmp_path / "epp.yaml"
+    config.write_text(CONFIG_LOCAL.format(folder=tmp_path))
+    async with serving(
+        config_file=str(config),
+        endpoints="127.0.0.1:8000",
+        token_store_blocks=3,
+        digest_memo_entries=10,
+    ) as server:
+        request = InferenceRequest("m", "m", prompt="once upon a time " * 100)  # 6 blocks
+        await server.token_producer.tokenize(request)
+        assert len(request.token_ids or ()) == 400  # 25 blocks of 16 tokens
+        text = server.metrics.exposition().decode()
+    family = "llm_d_epp_token_producer_cache_"
+    for line in (
+        'entries{cache="prefix-store"} 3.0',
+        'capacity{cache="prefix-store"} 3.0',
+        'dropped_total{cache="prefix-store"} 3.0',
+        'entries{cache="digest-memo"} 5.0',  # started over at the 11th of 25 and the 21st
+        'capacity{cache="digest-memo"} 10.0',
+        'dropped_total{cache="digest-memo"} 20.0',
+        'capacity{cache="learning"} 4.0',
+    ):
+        assert family + line in text, line
 
 
 async def test_a_conversations_turns_spliced_into_the_store_are_the_whole_prompts_tokens(

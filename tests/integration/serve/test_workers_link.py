@@ -31,7 +31,7 @@ from epp.serve.assembly import decided_then
 from epp.serve.metrics.recorder import RequestMetrics
 from epp.serve.metrics.shipping import take
 from epp.serve.owner import Owner, WorkerSlot
-from epp.serve.tokenizer import TokenizerStats
+from epp.serve.tokenizer import CacheUse, TokenizerStats
 from epp.serve.worker import RemoteAdmission
 from tests.support.series import shown
 
@@ -429,3 +429,18 @@ async def test_the_owner_counts_what_its_workers_token_producers_tokenized() -> 
     stats = remote.owner.tokenizer
     await settled(lambda: stats.tokenized == 10)
     assert stats.fallbacks == {"busy": 1}
+
+
+async def test_the_owner_sums_its_workers_token_caches_and_keeps_a_dead_ones_drops() -> None:
+    remote = await remote_stack(2, lambda: 5.0)
+    for worker, (entries, dropped) in zip(remote.workers, ((7, 2), (4, 0)), strict=True):
+        worker.metrics = request_metrics()
+        use = CacheUse(entries, 10, dropped)
+        worker.tokenizer = TokenizerStats(caches=lambda use=use: {"prefix-store": use})
+        worker.ship()
+    stats = remote.owner.tokenizer
+    await settled(lambda: stats.caches() == {"prefix-store": CacheUse(11, 20, 2)})
+
+    remote.worker_links[0].close()  # its process is gone, and its store with it
+
+    await settled(lambda: stats.caches() == {"prefix-store": CacheUse(4, 10, 2)})

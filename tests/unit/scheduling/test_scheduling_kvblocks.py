@@ -214,7 +214,7 @@ def test_block_keys_taken_from_the_digest_memo_are_the_ones_computed() -> None:
 
     hasher = BlockHasher(16, "42")
     tokens = list(range(500, 500 + 16 * 5))
-    memo = DigestMemo()
+    memo = DigestMemo(capacity=100)
     first = hasher.keys(tokens, memo=memo, cache_salt="s")
     assert len(memo) == 5
     assert (
@@ -228,9 +228,10 @@ def test_block_keys_taken_from_the_digest_memo_are_the_ones_computed() -> None:
     assert hasher.keys(tokens, memo=memo) == hasher.keys(tokens)  # another salt: other inputs
 
 
-def test_the_digest_memo_starts_over_past_its_capacity() -> None:
+def test_the_digest_memo_starts_over_past_its_capacity_counting_what_it_dropped() -> None:
     from epp.scheduling.kvblocks import DigestMemo
 
     memo = DigestMemo(capacity=4)
     BlockHasher(16).keys(list(range(16 * 6)), memo=memo)
     assert len(memo) == 2  # cleared at the fifth block, then blocks 5 and 6
+    assert memo.dropped == 4

@@ -51,7 +51,7 @@ def test_a_token_that_straddles_a_blocks_end_belongs_to_the_next_block():
     assert (found.tokens, found.ends) == (tokens[:2], [3, 6])
 
 
-def test_the_store_holds_at_most_its_capacity_the_least_recently_used_leaving():
+def test_the_store_holds_at_most_its_capacity_the_least_recently_used_leaving_counted():
     store = PrefixTokenStore(BLOCK, capacity=4)
     first, second = "a" * 2 * BLOCK, "b" * 2 * BLOCK
     store.add(first, *tokenized(first))
@@ -60,5 +60,6 @@ def test_the_store_holds_at_most_its_capacity_the_least_recently_used_leaving():
     third = "c" * 2 * BLOCK
     store.add(third, *tokenized(third))
     assert len(store) == 4
+    assert store.evictions == 2
     assert store.find(second) is None
     assert store.find(first) is not None and store.find(third) is not None
