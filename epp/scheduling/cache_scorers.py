@@ -76,6 +76,7 @@ class PrefixCacheScorer:
         "_index",
         "_last",
         "_pool",
+        "_scored",
         "_tuned",
         "_tuned_version",
         "block_chars",
@@ -119,6 +120,16 @@ class PrefixCacheScorer:
             (),
         )
         """The latest request scored, its matches and its hashes, for `picked`."""
+        self._scored: tuple[Mapping[str, int], float, float, float, Mapping[str, float]] = (
+            NO_MATCHES,
+            0.0,
+            0.0,
+            0.0,
+            NO_SCORES,
+        )
+        """The latest scores made: (from these matches, with this scale,
+        match-length weight and term per block, the scores). The index gives the same
+        matches again while they hold, so these scores hold too."""
 
     def geometry(self) -> tuple[int, int]:
         """(block characters, blocks per prompt) now."""
@@ -148,6 +159,7 @@ class PrefixCacheScorer:
         return cached[0] if cached is not None else self.block_chars
 
     def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
+        """The caller must not modify the scores: the latest are given again."""
         hashes = self.hashes(request)
         matched = self._index.matches(hashes) if hashes else None
         self._last = (request, matched or NO_MATCHES, hashes)
@@ -155,14 +167,29 @@ class PrefixCacheScorer:
             return NO_SCORES
         scale = 1.0 / self.prompt_blocks(request, hashes)
         weight = self.match_length_weight
+        per_block = 0.0
+        if weight != 0.0:
+            per_block = (
+                self.block_chars_of(request) / CHARS_PER_TOKEN / self.match_length_scale_tokens
+            )
+        scored = self._scored
+        if (
+            matched is scored[0]
+            and scale == scored[1]
+            and weight == scored[2]
+            and per_block == scored[3]
+        ):
+            return scored[4]
         if weight == 0.0:
-            return {address: count * scale for address, count in matched.items()}
-        # The reference's match-length term: (matched tokens / scale tokens)^2, capped at 1.
-        per_block = self.block_chars_of(request) / CHARS_PER_TOKEN / self.match_length_scale_tokens
-        return {
-            address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
-            for address, count in matched.items()
-        }
+            scores = {address: count * scale for address, count in matched.items()}
+        else:
+            # The reference's match-length term: (matched tokens / scale tokens)^2, capped at 1.
+            scores = {
+                address: weight * min(1.0, count * per_block) ** 2 + (1.0 - weight) * count * scale
+                for address, count in matched.items()
+            }
+        self._scored = (matched, scale, weight, per_block, scores)
+        return scores
 
     def prompt_blocks(self, request: InferenceRequest, hashes: Sequence[int]) -> int:
         """The blocks of the prompt a score is the share of."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from itertools import compress, islice, repeat
+from operator import eq
 from typing import Protocol
 
 from epp.scheduling.spec import BuildContext
@@ -58,10 +60,14 @@ class MaxScorePicker(_DrawingPicker):
     def pick(self, scores: Sequence[float]) -> int:
         best = max(scores)
         first = scores.index(best)
-        if scores.count(best) == 1:
+        count = scores.count(best)
+        if count == 1:
             return first
-        ties = [index for index in range(first, len(scores)) if scores[index] == best]
-        return ties[self._rng.randrange(len(ties))]
+        # The tie drawn among the `count` at the best score, in index order,
+        # found without a Python loop over the candidates.
+        tail = map(eq, islice(scores, first, None), repeat(best))
+        ties = compress(range(first, len(scores)), tail)
+        return next(islice(ties, self._rng.randrange(count), None))
 
 
 class WeightedRandomPicker(_DrawingPicker):

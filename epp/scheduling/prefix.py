@@ -35,6 +35,13 @@ into those holding the probed block and the rest, so matching costs
 O(log blocks) membership tests per holder and nothing for endpoints without
 the prefix.
 
+The answer for the latest chain matched is kept and given again while the
+same chain is asked for (the requests of one prompt, or of one long
+system prompt, match one after another): a record, an ageing or a removal
+changes one endpoint's blocks, so only that endpoint's match is worked out
+again, by the same search, and the answer is replaced by a patched copy
+(one handed out never changes under its holder).
+
 Blocks are kept as the keys of dicts (values None) rather than in sets: a
 dict holding only ints is not tracked by the garbage collector, whereas a
 set always is. With sets, every full collection walked each of the pool's
@@ -97,7 +104,7 @@ class PrefixIndex:
     Holder sets are immutable; an endpoint's set of itself alone is shared
     by every first block only it holds."""
 
-    __slots__ = ("_alone", "_generation", "_held", "_roots", "capacity")
+    __slots__ = ("_alone", "_chain", "_generation", "_held", "_matched", "_roots", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -107,6 +114,10 @@ class PrefixIndex:
         self._held: dict[str, Generations] = {}
         self._roots: dict[int, frozenset[str]] = {}
         self._alone: dict[str, frozenset[str]] = {}
+        self._chain: tuple[int, ...] = ()
+        """The latest chain matched (none yet: empty)."""
+        self._matched: dict[str, int] = {}
+        """`matches(_chain)` as the index is now: never modified once handed out."""
 
     def record(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
@@ -136,10 +147,21 @@ class PrefixIndex:
         for block in hashes:  # faster than update(dict.fromkeys(hashes))
             young[block] = None
         held.young_roots[root] = None
+        if self._chain:
+            self._rematch(endpoint, held)
 
     def matches(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first block: how many leading blocks
-        it holds (matching stops at the first block it misses)."""
+        it holds (matching stops at the first block it misses). The caller
+        must not modify the answer: the latest chain's is kept."""
+        if hashes == self._chain and hashes:
+            return self._matched
+        matched = self._match(hashes)
+        self._chain = tuple(hashes)  # the same tuple when given one
+        self._matched = matched
+        return matched
+
+    def _match(self, hashes: Sequence[int]) -> dict[str, int]:
         first = self._roots.get(hashes[0]) if hashes else None
         if not first:
             return {}
@@ -174,6 +196,36 @@ class PrefixIndex:
         if held is not None:
             self._drop_roots(endpoint, held.roots())
             del self._alone[endpoint]
+            if endpoint in self._matched:
+                matched = self._matched.copy()
+                del matched[endpoint]
+                self._matched = matched
+
+    def _rematch(self, endpoint: str, held: Generations) -> None:
+        """Keep the latest chain's answer exact now that `endpoint`'s blocks
+        changed: its match searched alone, as `_match` searches a group."""
+        chain = self._chain
+        count = 0
+        holders = self._roots.get(chain[0])
+        if holders is not None and endpoint in holders:
+            young, old = held.young, held.old
+            lo, hi = 0, len(chain) - 1
+            while lo < hi:
+                middle = (lo + hi + 1) // 2
+                block = chain[middle]
+                if block in young or block in old:
+                    lo = middle
+                else:
+                    hi = middle - 1
+            count = lo + 1
+        matched = self._matched
+        if matched.get(endpoint, 0) != count:
+            matched = matched.copy()
+            if count:
+                matched[endpoint] = count
+            else:
+                del matched[endpoint]
+            self._matched = matched
 
     def endpoints(self) -> set[str]:
         return set(self._held)

@@ -37,8 +37,10 @@ instead of one per endpoint.
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import repeat
 from types import MappingProxyType
 
@@ -368,12 +370,9 @@ class ProfileRunner:
         self._positions: dict[str, int] = {}
         self._addresses_of: Sequence[Endpoint] | None = None
         self._addresses_list: list[str] = []
-        self._kept: tuple[
-            Sequence[Endpoint], list[float], list[float], list[float], list[float], list[float]
-        ] = ((), [], [], [], [], [])
-        """The dense pair's sum over the scheduler's healthy candidates:
-        (candidates, first column as returned, its values then, second
-        column, its values, totals), see `total_scores`."""
+        self._kept = KeptTotals()
+        """The dense pair's totals, sparse columns added, over the latest
+        candidates chosen among (see `total_scores`)."""
         self._kept_pick = -1
         """The position in the kept candidates of the latest pick among them."""
         self._picker = context.build(profile.picker)
@@ -409,14 +408,14 @@ class ProfileRunner:
             return None
         picked = self._pick(self.total_scores(request, candidates))
         chosen = candidates[picked]
-        self._kept_pick = picked if candidates is self._kept[0] else -1
+        self._kept_pick = picked if candidates is self._kept.candidates else -1
         everyone = candidates
         if gate is not None and not gate.has_room(chosen.address, priority):
             candidates = with_room(candidates, gate, priority)
             if not candidates:
                 source.waiting_for = self.stage
                 return None
-            chosen = candidates[self._pick(self.total_scores(request, candidates))]
+            chosen = candidates[self._pick(self.total_scores(request, candidates, keep=False))]
             self._kept_pick = -1
         if self._picker.count > 1 and not request.fallbacks:
             request.fallbacks = self._fallbacks(request, everyone, chosen)
@@ -442,67 +441,85 @@ class ProfileRunner:
             # The scorers may have changed the chosen one's scores in place
             # (the queue scorer does): its kept total follows them.
             self._kept_pick = -1
-            candidates, first, first_then, second, second_then, totals = self._kept
-            if candidates[position] is chosen:
+            kept = self._kept
+            if kept.candidates[position] is chosen:
                 try:
-                    a = first[position]
-                    b = second[position]
+                    a = kept.first[position]
+                    b = kept.second[position]
                 except IndexError:  # a scorer reused its list for fewer candidates
                     return
                 w1, _, w2, _ = self._dense_pair  # type: ignore[misc]
-                first_then[position] = a
-                second_then[position] = b
-                totals[position] = w1 * a + w2 * b
+                kept.first_then[position] = a
+                kept.second_then[position] = b
+                kept.totals[position] = total_at(w1, a, w2, b, kept.columns, chosen.address)
 
     def total_scores(
-        self, request: InferenceRequest, candidates: Sequence[Endpoint]
+        self, request: InferenceRequest, candidates: Sequence[Endpoint], keep: bool = True
     ) -> list[float]:
-        """The weighted sum of every scorer's scores, one per candidate."""
+        """The weighted sum of every scorer's scores, one per candidate.
+
+        With a dense pair (the default profile's queue and KV-cache scorers)
+        the totals over the latest candidates are kept (unless not to
+        `keep`: the candidates with room, scored once when the choice had
+        none) and given again while the candidates are the same sequence,
+        both dense columns hold the same values and each sparse scorer gives
+        the same map (a map is never modified, so the same map holds the
+        same scores): between two scrapes the pool's candidates are one
+        list, a pick moves one queue score (followed in `learn`) and the
+        prefix index answers an unchanged prompt's match with the same map.
+        Equal values give equal totals, whichever scorer changed them and
+        how; a kept total is worked out by the same operations in the same
+        order (`total_at`)."""
         pair = self._dense_pair
-        totals: list[float] | None = None
-        if pair is not None:
-            w1, score1, w2, score2 = pair
-            first, second = score1(request, candidates), score2(request, candidates)
-        else:
+        if pair is None:
             columns = [score(request, candidates) for score in self._dense]
             totals = weighted_sum(columns, self._dense_weights, len(candidates))
-        for weight, sparse_scores in self._sparse:
-            scores = sparse_scores(request)
-            if not scores:  # no column to add (a prompt no endpoint holds)
-                continue
-            dense = len(scores) * DENSE_SHARE >= len(candidates)
+            size = len(candidates)
+            for weight, sparse_scores in self._sparse:
+                scores = sparse_scores(request)
+                if not scores:  # no column to add (a prompt no endpoint holds)
+                    continue
+                if len(scores) * DENSE_SHARE >= size:
+                    totals = with_column(totals, weight, scores, self._addresses(candidates))
+                else:
+                    add_named(totals, weight, scores, self._positions_by_address(candidates))
+            return totals
+        w1, score1, w2, score2 = pair
+        first, second = score1(request, candidates), score2(request, candidates)
+        maps = [sparse_scores(request) for _, sparse_scores in self._sparse]
+        kept = self._kept
+        if (
+            candidates is kept.candidates
+            and first == kept.first_then
+            and second == kept.second_then
+            and all(map(operator.is_, maps, kept.maps))
+        ):
+            return kept.totals.copy()
+        size = len(candidates)
+        columns = tuple(
+            (weight, scores, len(scores) * DENSE_SHARE >= size)
+            for (weight, _), scores in zip(self._sparse, maps)  # noqa: B905
+            if scores  # no column to add (a prompt no endpoint holds)
+        )
+        totals: list[float] | None = None
+        for weight, scores, dense in columns:
             if totals is None:
                 if dense:
                     # The default profile's shape: the pair and the column in one pass.
                     addresses = self._addresses(candidates)
                     totals = pair_with_column(w1, first, w2, second, weight, scores, addresses)
                     continue
-                totals = self._pair_sum(candidates, first, second)
+                totals = pair_sum(w1, first, w2, second)
             if dense:
                 totals = with_column(totals, weight, scores, self._addresses(candidates))
             else:
                 add_named(totals, weight, scores, self._positions_by_address(candidates))
         if totals is None:
-            totals = self._pair_sum(candidates, first, second)
-        return totals
-
-    def _pair_sum(
-        self, candidates: Sequence[Endpoint], first: list[float], second: list[float]
-    ) -> list[float]:
-        """`pair_sum` of the dense pair's columns over `candidates`.
-
-        Between two scrapes the healthy candidates are one list and their
-        columns change little (a pick moves one queue score): the sum of the
-        same values is kept, not summed again. Equal values give equal
-        totals, whichever scorer changed them and how (bench.instructions:
-        8 candidates summed cost about 9,300)."""
-        kept = self._kept
-        if candidates is kept[0] and first == kept[2] and second == kept[4]:
-            return kept[5].copy()
-        w1, _, w2, _ = self._dense_pair  # type: ignore[misc]
-        totals = pair_sum(w1, first, w2, second)
-        if candidates is self._source.healthy_now:
-            self._kept = (candidates, first, first.copy(), second, second.copy(), totals.copy())
+            totals = pair_sum(w1, first, w2, second)
+        if keep:
+            self._kept = KeptTotals(
+                candidates, first, first.copy(), second, second.copy(), maps, columns, totals.copy()
+            )
         return totals
 
     def _positions_by_address(self, candidates: Sequence[Endpoint]) -> dict[str, int]:
@@ -516,6 +533,47 @@ class ProfileRunner:
             self._addresses_list = [endpoint.address for endpoint in candidates]
             self._addresses_of = candidates
         return self._addresses_list
+
+
+@dataclass(slots=True)
+class KeptTotals:
+    """A profile's totals over one candidate sequence and what they were
+    summed from (see `ProfileRunner.total_scores`)."""
+
+    candidates: Sequence[Endpoint] = ()
+    first: list[float] = field(default_factory=list)
+    """The first dense column, as its scorer returned it (it may change it in place)."""
+    first_then: list[float] = field(default_factory=list)
+    """Its values the totals hold."""
+    second: list[float] = field(default_factory=list)
+    second_then: list[float] = field(default_factory=list)
+    maps: list[Mapping[str, float]] = field(default_factory=list)
+    """Each sparse scorer's map, in order (empty ones too)."""
+    columns: tuple[tuple[float, Mapping[str, float], bool], ...] = ()
+    """The sparse columns added: (weight, map, added as a whole column)."""
+    totals: list[float] = field(default_factory=list)
+
+
+def total_at(
+    w1: float,
+    a: float,
+    w2: float,
+    b: float,
+    columns: Sequence[tuple[float, Mapping[str, float], bool]],
+    address: str,
+) -> float:
+    """One candidate's total as `total_scores` sums it, to the last bit: its
+    dense pair's scores `a`, `b`, then each sparse column, whole (a 0 where
+    not named) or by name, in the same order."""
+    total = w1 * a + w2 * b
+    for weight, scores, dense in columns:
+        if dense:
+            total = total + weight * scores.get(address, 0.0)
+        else:
+            score = scores.get(address)
+            if score is not None:
+                total += weight * score
+    return total
 
 
 def pair_sum(w1: float, first: Sequence[float], w2: float, second: Sequence[float]) -> list[float]:

@@ -44,7 +44,10 @@ class SparseScorer(Scorer, Protocol):
     scores instead of summing a column of zeros."""
 
     def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
-        """Score by endpoint address; an endpoint not named scores 0."""
+        """Score by endpoint address; an endpoint not named scores 0. A map
+        once returned is never modified, by the scorer or the caller: the
+        same map returned again means the same scores (the scheduler keeps
+        the totals it summed from it)."""
         ...
 
 

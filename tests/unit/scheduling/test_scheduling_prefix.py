@@ -235,3 +235,50 @@ def test_matches_equal_the_plain_definition_as_endpoints_come_and_go(capacity, s
     for text in [text for _, text in steps if text is not None]:
         assert index.matches(chain(text)) == reference.matches(chain(text))
     assert index.endpoints() == set(reference.held)
+
+
+def test_the_same_chain_is_answered_with_the_same_matches_while_no_holder_changes():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2, 3))
+    first = index.matches((1, 2, 3))
+    index.record("e1", (1, 2))
+    assert index.matches((1, 2, 3)) is first
+
+
+def test_an_answer_handed_out_is_not_changed_by_a_later_record():
+    index = PrefixIndex(capacity=100)
+    index.record("e1", (1, 2, 3))
+    first = index.matches((1, 2, 3))
+    index.record("e2", (1, 2))
+    assert first == {"e1": 3}
+    assert index.matches((1, 2, 3)) == {"e1": 3, "e2": 2}
+
+
+steps_and_probes = st.lists(
+    st.tuples(
+        st.sampled_from("abcd"),
+        st.one_of(st.none(), st.text("xy", min_size=1, max_size=8)),
+        st.text("xy", min_size=1, max_size=8),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 24), steps=steps_and_probes)
+def test_matches_asked_between_records_and_removals_equal_the_plain_definition(capacity, steps):
+    # Each step asks for the probe, records (or removes), asks again, then
+    # asks for the step's own prompt: the answer kept for the latest chain
+    # must follow every change to its holders.
+    index, reference = PrefixIndex(capacity), ReferenceGenerations(capacity)
+    for endpoint, text, probe in steps:
+        index.matches(chain(probe))
+        if text is None:
+            index.remove_endpoint(endpoint)
+            reference.held.pop(endpoint, None)
+        else:
+            index.record(endpoint, chain(text))
+            reference.record(endpoint, chain(text))
+        assert index.matches(chain(probe)) == reference.matches(chain(probe))
+        if text is not None:
+            assert index.matches(chain(text)) == reference.matches(chain(text))

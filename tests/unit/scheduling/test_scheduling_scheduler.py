@@ -1,6 +1,6 @@
 import random
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.flowcontrol.gate import ConcurrencyGate
@@ -305,3 +305,53 @@ def test_a_pick_that_changes_another_endpoints_score_is_followed():
     placer = scheduler(pool, config=config)
     placed = [placer.place(flow_request(request_id=str(n))) for n in range(6)]
     assert placed == [f"10.0.0.{index}:8000" for index in (1, 2, 3, 4, 1, 2)]
+
+
+PROMPTS = (PROMPT, PROMPT + "and concise. " * 10, "Translate this text. " * 30, "hi")
+
+
+def rewrapped(pool: PoolSnapshot, version: int) -> PoolSnapshot:
+    """The same endpoints in a new snapshot: nothing kept for the old one's
+    candidates applies."""
+    return PoolSnapshot(endpoints=tuple(pool.endpoints), version=version, membership=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loads=st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from([0.0, 0.25, 0.5])), min_size=2, max_size=8
+    ),
+    stale=st.booleans(),
+    steps=st.lists(st.tuples(st.integers(0, len(PROMPTS) - 1), st.booleans()), max_size=60),
+)
+def test_totals_kept_between_picks_equal_totals_summed_afresh(loads, stale, steps):
+    # One scheduler keeps its totals, scores and matches across picks on an
+    # unchanged pool; the other sees the same endpoints in a new snapshot
+    # each time and asks its prefix index for another prompt between picks,
+    # so it sums everything afresh. Same totals to the last bit, same picks
+    # (ties drawn alike), also across a read that changes one endpoint.
+    updated = None if stale else NOW
+    endpoints = [
+        endpoint(index, waiting=waiting, kv_usage=kv, updated_at=updated)
+        for index, (waiting, kv) in enumerate(loads, start=1)
+    ]
+    kept_pool, fresh_pool = [pool_of(*endpoints)], [pool_of(*endpoints)]
+    kept = Scheduler(DEFAULT, lambda: kept_pool[0], lambda: NOW, random.Random(7))
+    fresh = Scheduler(DEFAULT, lambda: fresh_pool[0], lambda: NOW, random.Random(7))
+    other = InferenceRequest("m", "m", prompt="unrelated " * 40)
+    candidates: list[Endpoint] = []
+    for step, (prompt, read) in enumerate(steps, start=2):
+        if read:  # one endpoint read again: a new object in a new snapshot
+            position = step % len(endpoints)
+            endpoints[position] = endpoint(position + 1, waiting=step % 3, updated_at=updated)
+            kept_pool[0] = PoolSnapshot(endpoints=tuple(endpoints), version=step, membership=1)
+        fresh_pool[0] = rewrapped(kept_pool[0], 1000 + step)
+        fresh.scorers[2][1].matches(other)
+        request = flow_request(prompt=PROMPTS[prompt], request_id=str(step))
+        again = flow_request(prompt=PROMPTS[prompt], request_id=str(step))
+        if candidates and not read:  # the candidates of the latest pick, still the pool's
+            ours = kept.total_scores(request.payload, candidates)
+            theirs = fresh.total_scores(again.payload, list(candidates))
+            assert [total.hex() for total in ours] == [total.hex() for total in theirs]
+        assert kept.place(request) == fresh.place(again)
+        candidates = kept.healthy_now or kept.reachable_now()
