@@ -117,9 +117,10 @@ class LimitEstimator:
         self.burst = 0
         """Requests sent here within its current step: since the step end
         the EPP last heard of (a completion, a first token), or since the
-        first of them if a mean step (its histogram's) passed since; at a
-        sample, what it holds that the sample could not show. At most
-        `STEP_ARRIVALS` (`has_burst_room`)."""
+        first of them if a mean step (its histogram's) passed since, each
+        counted as an end only once fewer than `STEP_ARRIVALS` were left
+        pending (`end_step`); at a sample, what it holds that the sample
+        could not show. At most `STEP_ARRIVALS` (`has_burst_room`)."""
         self.burst_until = 0.0
         """When the step the burst was sent in ends, at the latest (its
         first request's dispatch plus a mean step)."""
@@ -390,9 +391,9 @@ limit there)."""
 STEP_ARRIVALS = 2
 """At most this many requests go to an endpoint within one of its steps (up
 to a completion or a first token there, which come at a step's end, or for
-a mean step). A server admits its queue at its step boundaries, so what is
-sent within one step waits for the next: this bounds the queue whatever
-the budget."""
+a mean step, each counted once fewer than this many are pending there). A
+server admits its queue at its step boundaries, so what is sent within one
+step waits for the next: this bounds the queue whatever the budget."""
 
 PREFILLING = 0.25
 """A server whose steps admitted requests at this share or more is not
@@ -450,7 +451,27 @@ def room(estimator: LimitEstimator) -> int:
 
 def has_burst_room(estimator: LimitEstimator, now: float) -> bool:
     """Whether the endpoint may be sent one more within its current step."""
-    return estimator.burst < STEP_ARRIVALS or now >= estimator.burst_until
+    return estimator.burst < STEP_ARRIVALS or step_passed(estimator, now)
+
+
+def step_passed(estimator: LimitEstimator, now: float) -> bool:
+    """Whether a mean step since the burst began ended its step. Only with
+    fewer than `STEP_ARRIVALS` pending: what the server was not yet seen
+    taking arrived within a step it cannot tell the end of (a prefill step
+    lasts longer than the mean), and shares the next one with whatever is
+    sent now."""
+    return now >= estimator.burst_until and estimator.pending < STEP_ARRIVALS
+
+
+def end_step(estimator: LimitEstimator) -> None:
+    """A step end was heard there (a completion, a first token): the next
+    requests start a new step's count, unless `STEP_ARRIVALS` or more of
+    what it was sent are still pending. The news took a path to come, so a
+    request sent just before it arrived after that step end; and one
+    waiting there for blocks or a slot was not taken at it: either shares
+    the next step with whatever is sent now."""
+    if estimator.pending < STEP_ARRIVALS:
+        estimator.burst = 0
 
 
 def fits(estimator: LimitEstimator, held: int, ceiling: float, now: float) -> bool:

@@ -12,9 +12,11 @@ from epp.flowcontrol.adaptive.estimator import (
     STEP_ARRIVALS,
     LimitEstimator,
     allowed,
+    end_step,
     fits,
     has_burst_room,
     room,
+    step_passed,
 )
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Observations, Observed
 from epp.flowcontrol.adaptive.latency import compare_to_pool
@@ -127,11 +129,11 @@ class AdaptiveGate:
             # rebuild): not pending, not part of a burst, and its completion
             # before the next sample no sign of a server too fast to see.
             if request.seq != ADOPTED_SEQ:
-                if not estimator.burst or now >= estimator.burst_until:
+                if not estimator.burst or step_passed(estimator, now):
                     # A step ended since the burst began (heard, or a mean
-                    # step passed): this one starts the next, which lasts a
-                    # mean step (with none measured yet, until a step end is
-                    # heard).
+                    # step passed with little pending): this one starts the
+                    # next, which lasts a mean step (with none measured yet,
+                    # until a step end is heard).
                     estimator.burst = 0
                     step = estimator.latency.mean_itl
                     estimator.burst_until = now + step if step > 0.0 else inf
@@ -152,7 +154,6 @@ class AdaptiveGate:
             count_out(self._in_flight, endpoint)
             estimator = self._estimators.get(endpoint)
             if estimator is not None:
-                estimator.burst = 0
                 estimator.done += 1
                 estimator.done_at.append(self._clock())
                 if request.seq > estimator.seen_seq:
@@ -161,6 +162,7 @@ class AdaptiveGate:
                     estimator.done_unseen += 1
                     if estimator.pending and not request.running:
                         estimator.pending -= 1
+                end_step(estimator)
             if self._no_room is not None or self._reopened is not None:
                 self._reopen(endpoint, estimator)
 
@@ -188,12 +190,12 @@ class AdaptiveGate:
         if estimator is None:
             return False
         burst = not has_burst_room(estimator, self._clock())
-        estimator.burst = 0
-        if not estimator.pending or request.seq <= estimator.seen_seq:
-            if not burst:
-                return False
-        else:
+        counted = estimator.pending and request.seq > estimator.seen_seq
+        if counted:
             estimator.pending -= 1
+        end_step(estimator)
+        if not counted and not burst:
+            return False
         self._changes += 1
         if self._no_room is not None or self._reopened is not None:
             self._reopen(endpoint, estimator)
