@@ -12,9 +12,12 @@ queued with nothing in flight. Each second's completions are counted; a
 second under `--floor` (150) requests after the first three is a stall
 second. The pause blocks this process's loop too (as the first
 reproduction did), so no request is sent while the stand-in is stopped.
+A wait shorter than a second shows in the latencies instead: those of the
+requests sent after the warm-up that did not overlap a pause.
 
 Prints one JSON object per run: completions per second, stall seconds,
-their stretches and the lowest second after the warm-up.
+their stretches, the lowest second after the warm-up, and of those
+latencies the median, p99, largest and how many took over 100 ms.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ async def one_run(args: argparse.Namespace) -> dict:
         url = url_of(gateway)
         done = 0
         stop = False
+        loop = asyncio.get_running_loop()
+        spans: list[tuple[float, float]] = []
+        pauses: list[tuple[float, float]] = []
         headers = {"content-type": "application/json"}
         connector = aiohttp.TCPConnector(limit=args.concurrency)
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -56,21 +62,26 @@ async def one_run(args: argparse.Namespace) -> dict:
             async def client() -> None:
                 nonlocal done
                 while not stop:
+                    sent = loop.time()
                     async with session.post(url, data=BODY, headers=headers) as response:
                         await response.read()
+                    spans.append((sent, loop.time()))
                     done += 1
 
             clients = [asyncio.create_task(client()) for _ in range(args.concurrency)]
             per_second = []
             last = 0
+            warm = loop.time() + WARM_UP_S
             for second in range(args.seconds):
                 await asyncio.sleep(1)
                 per_second.append(done - last)
                 last = done
                 if second % args.every == args.every // 2:
+                    paused = loop.time()
                     os.kill(model_server.process.pid, signal.SIGSTOP)
                     time.sleep(args.pause)
                     os.kill(model_server.process.pid, signal.SIGCONT)
+                    pauses.append((paused, loop.time()))
             stop = True
             for task in clients:
                 task.cancel()
@@ -78,12 +89,23 @@ async def one_run(args: argparse.Namespace) -> dict:
     measured = per_second[WARM_UP_S:]
     stalled = [n < args.floor for n in measured]
     stretches = sum(1 for i, s in enumerate(stalled) if s and (i == 0 or not stalled[i - 1]))
+    latencies = sorted(
+        end - sent
+        for sent, end in spans
+        if sent >= warm and not any(sent < until and end > start for start, until in pauses)
+    )
     return {
         "workers": args.workers,
         "per_second": per_second,
         "stall_seconds": sum(stalled),
         "stretches": stretches,
         "lowest": min(measured),
+        "latency_ms": {
+            "p50": round(latencies[len(latencies) // 2] * 1e3, 1),
+            "p99": round(latencies[int(len(latencies) * 0.99)] * 1e3, 1),
+            "max": round(latencies[-1] * 1e3, 1),
+            "over_100": sum(1 for latency in latencies if latency > 0.1),
+        },
     }
 
 

@@ -58,7 +58,7 @@ from epp.serve.metrics import (
 from epp.serve.options import ServeOptions
 from epp.serve.owner import Owner
 from epp.serve.producers import token_producer_key
-from epp.serve.replica import ReplicaAdmission
+from epp.serve.replica import Relay, ReplicaAdmission
 from epp.serve.replicas import endpoint_limit
 from epp.serve.scrapes import ScrapeSettings
 from epp.serve.views import PoolViews
@@ -171,6 +171,9 @@ class EppParts:
         self.metrics.watch_scheduling(self.config.scheduling.handler)
         self.core.watch_flows(self.metrics.on_flows_collected)
         on_outcome = at_end_of_turn(self.metrics.on_outcome)
+        forwards = options.decider is not None or (
+            options.cluster and options.decider_port is not None
+        )
         self.owner: Owner | None = None
         if options.workers:
             self.metrics.streams_here = False
@@ -179,7 +182,8 @@ class EppParts:
                 self._worker_spec,
                 self.priority_of,
                 self.metrics.merge(self.plugin_durations.family),  # the token producer's
-                outcomes=self.metrics,
+                # a forwarding replica records no outcome series: its decider does
+                outcomes=None if forwards else self.metrics,
             )
             self.metrics.gather = owner.gather
             on_outcome = decided_then(owner.decided, on_outcome)
@@ -195,7 +199,7 @@ class EppParts:
             )
             on_outcome = decided_then(self.decider.decided, on_outcome)
         self.replica: ReplicaAdmission | None = None
-        if options.decider is not None or (options.cluster and options.decider_port is not None):
+        if forwards:
             self.replica = ReplicaAdmission(
                 options.replica_id or socket.gethostname(),
                 options.decider or (lambda: lease_decider(self._mode)),
@@ -217,7 +221,9 @@ class EppParts:
         self.store.on_membership_change(self.admission.poke)
         if self.owner is not None:
             owner = self.owner
-            owner.admission = self.admission
+            owner.admission = (
+                self.admission if self.replica is None else Relay(self.replica, self.core, owner)
+            )
             self.core.on_evict = owner.evict
             self.health.on_change.append(owner.publish_health)
             self.store.on_membership_change(lambda: owner.publish_endpoints(self._addresses()))
@@ -229,9 +235,10 @@ class EppParts:
         if self.decider is not None:
             replicas = self.decider.owner
             replicas.admission = self.admission
+            owner = self.owner
             self.core.on_evict = lambda request: (
                 replicas.evict(request),
-                self.service.evict(request),
+                owner.evict(request) if owner is not None else self.service.evict(request),
             )
         self.settings = StreamSettings(
             max_body_bytes=options.max_body_bytes,
@@ -244,7 +251,7 @@ class EppParts:
             models=self.model_lists.answer if self.config.models is not None else None,
         )
         if self.owner is not None:
-            self.owner.priority_in_body = self.settings.priority_in_body
+            self.owner.priority_in_body = self._owner_priority_in_body()
         self.service = ExtProcService(
             self.replica or self.admission,
             self.priority_of,
@@ -253,11 +260,18 @@ class EppParts:
             screen=self.admission.screen if self.replica is None else None,
             on_response_processed=self.metrics.on_response_processed,
         )
-        if self.replica is not None:
+        if self.replica is not None and self.owner is None:
             self.replica.on_evict = self.service.evict
         linked = [side.stats for side in (self.replica, self.decider) if side is not None]
         if linked:
             self.metrics.watch_replicas(*linked)
+
+    def _owner_priority_in_body(self) -> Callable[[FlowRequest], int | None] | None:
+        """What the owner's DECISIONs carry as the forwarded body's priority:
+        in a forwarding replica, what the decider's gave."""
+        if self.replica is not None:
+            return self.replica.priority_in_body
+        return self.settings.priority_in_body
 
     def _addresses(self) -> list[str]:
         return [endpoint.address for endpoint in self.store.snapshot().endpoints]
@@ -338,7 +352,7 @@ class EppParts:
             )
             self.service.settings = self.settings
             if self.owner is not None:
-                self.owner.priority_in_body = self.settings.priority_in_body
+                self.owner.priority_in_body = self._owner_priority_in_body()
         self.config = new
         self.admission.reload(
             new.flow_control,

@@ -319,8 +319,6 @@ class ServeOptions(ReferenceOptions):
             found.append("--enable-cert-reload needs --cert-path")
         if self.decider is not None and self.decider_port is not None:
             found.append("--decider and --decider-port cannot both be set")
-        if (self.decider is not None or self.decider_port is not None) and self.workers:
-            found.append("--decider and --decider-port do not run with --workers yet")
         if self.cluster and self.decider is not None:
             found.append("--decider: in cluster mode the Lease names the decider")
         if self.cluster and self.decider_port is not None and not self.ha_enable_leader_election:

@@ -27,6 +27,11 @@ The workers record the stream side of the request metrics, and with
 carries (`RequestMetrics.outcome_fields`: the owner keeps only its queue
 gauges); their series are added to the owner's (`series`, asked for by
 `gather` when the page is read, and sent each second).
+
+In a forwarding replica (`epp.serve.replica`) the owner drives a `Relay`
+instead: the same calls go to the replica's stream to its decider, and the
+decisions come back through `decided` and `refused` when the decider (or
+degraded mode) makes them.
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.outcome import Outcome
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.scheduling.cache_scorers import PrefixCacheScorer
+from epp.scheduling.core import Core
 from epp.scheduling.scheduler import Scheduler
 from epp.serve import wire
-from epp.serve.admission import AdmissionController
 from epp.serve.metrics.recorder import OutcomeFields
 from epp.serve.metrics.shipping import Merge
 from epp.serve.scrapes import ScrapeShares
@@ -64,6 +70,32 @@ STOP_WAIT_S = 10.0
 PULL_TIMEOUT_S = 0.5
 """How long a read of the metrics page waits for the workers' series."""
 LISTEN_BACKLOG = 1024
+
+
+class Decides(Protocol):
+    """What the owner drives with its workers' messages: the in-process
+    `AdmissionController`, or in a forwarding replica the stream to its
+    decider (`epp.serve.replica.Relay`), which tells the owner of each
+    decision through `decided` and `refused`."""
+
+    @property
+    def core(self) -> Core: ...
+
+    def screen(self, request: FlowRequest) -> str | None: ...
+
+    def offer(self, request: FlowRequest) -> Outcome | None: ...
+
+    def complete(
+        self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
+    ) -> None: ...
+
+    def withdraw(self, request: FlowRequest) -> None: ...
+
+    def first_token(self, request: FlowRequest) -> None: ...
+
+    def prefill_done(self, request: FlowRequest) -> None: ...
+
+    def poke(self) -> None: ...
 
 
 class Outcomes(Protocol):
@@ -151,7 +183,7 @@ class Owner:
         series: Merge | None = None,
         outcomes: Outcomes | None = None,
     ) -> None:
-        self.admission: AdmissionController | None = None
+        self.admission: Decides | None = None
         self.priority_in_body: Callable[[FlowRequest], int | None] | None = None
         """Set (`requestHandler.propagatePriority`): each dispatched
         request's forwarded body priority, sent with its DECISION."""
@@ -208,6 +240,19 @@ class Owner:
         decision.append(fields)
         slot.link.send(decision)
         return True
+
+    def refused(self, request: FlowRequest, reason: str | None) -> None:
+        """Tell the request's worker it was denied for `reason` (an admitter's,
+        answered as a local denial), or with None that admission failed (500)."""
+        origin = self._origin.get(request)
+        if origin is None or origin[0].link is None:
+            return
+        slot, rid = origin
+        if reason is not None:
+            slot.link.send([wire.DENIED, rid, reason, request.priority])  # type: ignore[union-attr]
+            return
+        failed = [None, None, None, None, None, None, request.priority, None]
+        slot.link.send([wire.DECISION, rid, *failed])  # type: ignore[union-attr]
 
     def evict(self, request: FlowRequest) -> None:
         """`Core.on_evict`: the worker ends the stream and then completes it."""
@@ -325,7 +370,7 @@ class Owner:
                     await asyncio.wait_for(slot.answered.wait(), left)
                 slot.answered.clear()
 
-    def _publish_geometry(self, admission: AdmissionController) -> None:
+    def _publish_geometry(self, admission: Decides) -> None:
         """Tell the workers how the prefix scorer hashes prompts now, when that changed."""
         scheduler = admission.core.scheduler
         if scheduler is not self._scheduler:
@@ -349,13 +394,12 @@ class Owner:
         try:
             denial = admission.screen(request)
             if denial is not None:
-                slot.link.send([wire.DENIED, rid, denial, request.priority])
+                self.refused(request, denial)
                 return
             admission.offer(request)  # the decision goes out through `decided`
         except Exception:
             log.exception("admission failed for request %s", request.request_id)
-            failed = [None, None, None, None, None, None, request.priority, None]
-            slot.link.send([wire.DECISION, rid, *failed])
+            self.refused(request, None)
 
     def _forget(self, slot: WorkerSlot, rid: int) -> None:
         slot.recorded.pop(rid, None)

@@ -31,12 +31,14 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 
+from epp.extproc.server import AdmissionDenied
 from epp.flowcontrol.config import Fairness, FlowControlConfig
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import FlowRequest, State
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.serve import wire
 from epp.serve.replicas import (
     BEAT,
@@ -57,6 +59,10 @@ from epp.serve.replicas import (
     share,
 )
 from epp.serve.worker import RemoteAdmission
+
+if TYPE_CHECKING:
+    from epp.scheduling.core import Core
+    from epp.serve.owner import Owner
 
 log = logging.getLogger("epp.serve.replica")
 
@@ -137,9 +143,7 @@ class ReplicaAdmission(RemoteAdmission):
 
     def offer(self, request: FlowRequest) -> Outcome | None:
         if self._closing:
-            request.state = State.DROPPED
-            request.outcome = Outcome.REJECTED_SHUTTING_DOWN
-            return request.outcome
+            return self._shut_out(request)
         if self.joined:
             return super().offer(request)
         rid = next(self._rids)
@@ -153,6 +157,8 @@ class ReplicaAdmission(RemoteAdmission):
     # -- the stream to the decider -----------------------------------------------
 
     def start(self) -> None:
+        # Silent from now, not from when it was built (workers take seconds to start).
+        self._last_heard = self._clock()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._connect(), name="replica link"),
@@ -391,3 +397,54 @@ class ReplicaAdmission(RemoteAdmission):
 
     def on_lost(self) -> None:
         """A replica outlives its decider's streams (`_parted`)."""
+
+
+class Relay:
+    """What a forwarding replica's core owner drives under `--workers`
+    (`epp.serve.owner.Decides`): its workers' requests go to the decider
+    through the replica's `ReplicaAdmission`, as the in-process ext_proc
+    service's do, and each decision (or degraded mode's) back to the
+    request's worker (`Owner.decided`, `Owner.refused`). The decider screens
+    every request, so nothing is screened here; `core` is this process's
+    own (its prefix scorer's geometry, which the workers hash prompts with)."""
+
+    __slots__ = ("_owner", "core", "replica")
+
+    def __init__(self, replica: ReplicaAdmission, core: Core, owner: Owner) -> None:
+        self.replica = replica
+        self.core = core
+        self._owner = owner
+        replica.on_settled = self._settled
+        replica.on_evict = owner.evict
+
+    def screen(self, request: FlowRequest) -> str | None:
+        return None
+
+    def offer(self, request: FlowRequest) -> Outcome | None:
+        return self.replica.offer(request)  # its decision goes out through `_settled`
+
+    def complete(
+        self, request: FlowRequest, usage: Usage | None = None, itl: float | None = None
+    ) -> None:
+        self.replica.complete(request, usage, itl)
+
+    def withdraw(self, request: FlowRequest) -> None:
+        self.replica.withdraw(request)
+
+    def first_token(self, request: FlowRequest) -> None:
+        self.replica.first_token(request)
+
+    def prefill_done(self, request: FlowRequest) -> None:
+        self.replica.prefill_done(request)
+
+    def poke(self) -> None:
+        """The decider's core decides: a read here frees nothing."""
+
+    def _settled(self, request: FlowRequest, error: Exception | None) -> None:
+        owner = self._owner
+        if error is None:
+            owner.decided(request, time.monotonic())
+        else:
+            owner.refused(request, error.reason if isinstance(error, AdmissionDenied) else None)
+        # The worker answers one not dispatched: the decider forgets it now.
+        self.replica.done_undispatched(request)

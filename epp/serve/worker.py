@@ -129,6 +129,10 @@ class RemoteAdmission:
         self.owner_gone = asyncio.Event()
         self.on_scrape: Callable[[list[list[object]]], None] | None = None
         """Gets each SCRAPE message's share (`epp.serve.scrapes.ScrapeShare.assign`)."""
+        self.on_settled: Callable[[FlowRequest, Exception | None], None] | None = None
+        """When set, told of each request as it is decided (None), denied or
+        failed (the exception `wait` would raise), for a caller that does not
+        `wait` (a forwarding replica's core owner: `epp.serve.replica.Relay`)."""
         self._rids = count()
         self._requests: dict[int, FlowRequest] = {}
         self._rid_of: dict[FlowRequest, int] = {}
@@ -156,9 +160,7 @@ class RemoteAdmission:
 
     def offer(self, request: FlowRequest) -> Outcome | None:
         if self._gone or self.link is None:
-            request.state = State.DROPPED
-            request.outcome = Outcome.REJECTED_SHUTTING_DOWN
-            return request.outcome
+            return self._shut_out(request)
         geometry = self._geometry
         payload = request.payload
         if geometry is not None and payload.prefix_hashes is None:
@@ -217,8 +219,13 @@ class RemoteAdmission:
 
     def rejected(self, event: Rejected) -> None:
         """A local error reply: an undispatched request the owner knows ends there."""
-        request = event.request
-        if request is None or request.state is State.DISPATCHED:
+        if event.request is not None:
+            self.done_undispatched(event.request)
+
+    def done_undispatched(self, request: FlowRequest) -> None:
+        """Nothing more will come of `request` unless it was dispatched: the
+        owner forgets it (REJECTED)."""
+        if request.state is State.DISPATCHED:
             return
         rid = self._forget(request)
         if rid is not None:
@@ -352,6 +359,8 @@ class RemoteAdmission:
         future = self._waiters.pop(request, None)
         if future is not None and not future.done():
             future.set_result(outcome)
+        if self.on_settled is not None:
+            self.on_settled(request, None)
         metrics = self.metrics
         if metrics is not None:
             if record:
@@ -365,11 +374,22 @@ class RemoteAdmission:
         if request is None:
             return
         request.state = State.DROPPED
+        if self.on_settled is not None:
+            self.on_settled(request, error)
+            return
         future = self._waiters.pop(request, None)
         if future is None:
             self._early[request] = error
         elif not future.done():
             future.set_result(error)
+
+    def _shut_out(self, request: FlowRequest) -> Outcome:
+        """`request` arrived with nobody to decide it, and never will be."""
+        request.state = State.DROPPED
+        request.outcome = Outcome.REJECTED_SHUTTING_DOWN
+        if self.on_settled is not None:
+            self.on_settled(request, None)
+        return request.outcome
 
     def _complete(self, request: FlowRequest, fields: list[object]) -> None:
         if request.state is not State.DISPATCHED:

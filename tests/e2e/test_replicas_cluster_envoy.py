@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.epp_process import RunningEpp, refused_with_workers
+from tests.support.epp_process import RunningEpp
 from tests.support.kube import KubeEmulator
 from tests.support.replicas import (
     LEASE_S,
@@ -28,7 +28,7 @@ from tests.support.replicas import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.envoy, refused_with_workers("--decider/--decider-port")]
+pytestmark = pytest.mark.envoy
 
 
 def after(epps: list[RunningEpp], line: str, before: list[int]) -> bool:

@@ -17,7 +17,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.epp_process import refused_with_workers
 from tests.support.replicas import (
     LIMIT,
     Pool,
@@ -28,7 +27,7 @@ from tests.support.replicas import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.envoy, refused_with_workers("--decider/--decider-port")]
+pytestmark = pytest.mark.envoy
 
 
 def started(pool: Pool) -> list[str]:
@@ -38,10 +37,16 @@ def started(pool: Pool) -> list[str]:
     )]  # fmt: skip
 
 
+@pytest.mark.parametrize("args", [(), ("--workers=2",)], ids=["one-process", "workers"])
 async def test_replicas_serve_higher_bands_first_and_keep_every_endpoint_within_its_limit(
-    tmp_path: Path,
+    tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    async with replicated_pool(tmp_path) as (pool, _), aiohttp.ClientSession() as session:
+    # With workers, each replica's core owner forwards its workers' requests
+    # (the decider's own decides them), and the decisions come back through it.
+    async with (
+        replicated_pool(tmp_path, args=args) as (pool, _),
+        aiohttp.ClientSession() as session,
+    ):
         # 6 batch requests fill both endpoints (2 x 3), 6 more wait at the
         # decider; they end 0.15 s apart, so each freed place is one decision
         batch = [

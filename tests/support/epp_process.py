@@ -10,8 +10,7 @@ grace period). Its working directory (ready file, log) is a fresh
 `/tmp/epp-test-*` that `terminate()` removes, also when it never became
 ready; its log stays readable through `log()` afterwards.
 `EPP_TEST_WORKERS=N` in the environment runs every EPP with `--workers N`
-(the e2e suite against the core owner and its workers); a test of what
-`--workers` refuses at start by design is skipped then (`refused_with_workers`).
+(the e2e suite against the core owner and its workers).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from epp.demo.processes import tied_to_parent
 
@@ -37,14 +35,6 @@ LOOPBACK = "127.0.0.1"
 WORKERS = (
     (f"--workers={os.environ['EPP_TEST_WORKERS']}",) if os.environ.get("EPP_TEST_WORKERS") else ()
 )
-
-
-def refused_with_workers(what: str) -> pytest.MarkDecorator:
-    """Skips a test of `what` under `EPP_TEST_WORKERS`: `epp serve` refuses
-    it with `--workers` at start, as docs/operations/workers.md says."""
-    return pytest.mark.skipif(
-        bool(WORKERS), reason=f"{what} is refused with --workers (docs/operations/workers.md)"
-    )
 
 
 @dataclass(slots=True)

@@ -151,8 +151,6 @@ def test_flags_left_at_their_defaults_are_not_warned_about():
         (["--pool-group=inference.networking.x-k8s.io"], "only"),
         (["--zap-log-level=loud"], "--zap-log-level"),
         (["--enable-cert-reload"], "--cert-path"),
-        (["--workers=2", "--decider-port=9100"], "--workers"),  # docs/operations/workers.md
-        (["--workers=2", "--decider=127.0.0.1:9100"], "--workers"),
     ],
 )
 def test_options_that_cannot_work_together_are_named(argv, problem):
