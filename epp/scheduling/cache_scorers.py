@@ -165,6 +165,12 @@ class PrefixCacheScorer:
         self._last = (request, matched or NO_MATCHES, hashes)
         if not matched:
             return NO_SCORES
+        return self.scored(request, hashes, matched)
+
+    def scored(
+        self, request: InferenceRequest, hashes: Sequence[int], matched: Mapping[str, int]
+    ) -> dict[str, float]:
+        """The scores of endpoints holding `matched` leading blocks of the prompt."""
         scale = 1.0 / self.prompt_blocks(request, hashes)
         weight = self.match_length_weight
         per_block = 0.0
@@ -308,6 +314,20 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
         # the whole prompt cached, as with every token keyed.
         whole = min(self.max_blocks, request.input_tokens // self._config.hasher.block_size)
         return max(len(hashes), whole)
+
+    def sparse_scores(self, request: InferenceRequest) -> Mapping[str, float]:
+        scores = super().sparse_scores(request)
+        index: KVBlockIndex = self._index  # type: ignore[assignment]
+        if not index.former_keys():
+            return scores
+        _, matched, hashes = self._last
+        home = index.former_home(hashes, max(matched.values(), default=0))
+        if home is None:
+            return scores
+        # A session no server holds now goes back to the server that held it
+        # before it restarted, scored as deep as it held it (the metrics and
+        # the cached tokens stay what the servers hold).
+        return self.scored(request, hashes, {**matched, home[0]: home[1]})
 
     def share_index(self, other: PrefixCacheScorer) -> None:
         """The precise index is the core's, already shared."""

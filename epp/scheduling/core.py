@@ -258,9 +258,10 @@ class Core:
 
     def kv_endpoint_reset(self, address: str) -> None:
         """The endpoint at `address` restarted or lost events it cannot
-        replay: what the index knew of it is dropped."""
+        replay: it holds nothing now (what it held is kept as its former
+        keys, `KVBlockIndex.clear_endpoint`)."""
         if self.kv_index is not None:
-            self.kv_index.remove_endpoint(address)
+            self.kv_index.clear_endpoint(address)
 
     def poke(self, now: float) -> list[FlowRequest]:
         """Do what is due by `now` (TTL expiries, prefill deadlines, idle

@@ -28,6 +28,19 @@ at most `pods_per_key` endpoints). An endpoint that leaves the pool takes its
 keys with it (`remove_endpoint`). An endpoint that publishes nothing holds
 nothing, so it matches nothing.
 
+A restart (AllBlocksCleared, or the shell's subscriber seeing a new
+process: `clear_endpoint`) empties the endpoint, but what it held is kept as
+its former keys until it evicts again (its first BlockRemoved: it is full
+once more) or restarts again; they count against `size`, the oldest
+restart's dropped first. `former_home` finds the endpoint whose former keys
+hold a longer leading run of a prompt than any endpoint holds now: a
+session whose history was on the restarted server alone. The precise scorer
+sends it back there (scored as deep as it was held; the metrics still say
+nothing is cached there): that server is as good as any for the part no
+server holds, and idle, while sending its sessions to the servers holding
+their shared system prompt piles them there and leaves it empty
+(`bench/README.md`, `precise-chat-restarts`).
+
 With speculation on, `record` marks the blocks of a prompt just sent to an
 endpoint as held there for `speculative_ttl` seconds (the reference's
 `speculativeIndexing`), covering the time until the server's event arrives;
@@ -275,6 +288,8 @@ class KVBlockIndex:
 
     __slots__ = (
         "_clock",
+        "_former",
+        "_former_keys",
         "_guesses",
         "_held",
         "_holders",
@@ -304,6 +319,11 @@ class KVBlockIndex:
         self._holders: dict[int, dict[str, int]] = {}
         self._held: dict[str, dict[int, None]] = {}
         self._guesses: deque[tuple[float, str, tuple[int, ...]]] = deque()
+        self._former: dict[str, dict[int, None]] = {}
+        """What each endpoint held before it last restarted (`clear_endpoint`),
+        until it next evicts a block; the oldest restart first."""
+        self._former_keys = 0
+        """Keys in `_former`, over every endpoint: they count against `size`."""
         self.counters = IndexCounters()
         self._lookup_clock: Callable[[], float] | None = None
         self._on_lookup: Callable[[float], None] = _ignore
@@ -320,6 +340,10 @@ class KVBlockIndex:
 
     def endpoints(self) -> set[str]:
         return set(self._held)
+
+    def former_keys(self) -> int:
+        """Keys kept of what restarted endpoints held before (`former_home`)."""
+        return self._former_keys
 
     def held_by(self, endpoint: str) -> int:
         """How many keys `endpoint` holds."""
@@ -338,8 +362,7 @@ class KVBlockIndex:
             elif isinstance(event, BlockRemoved):
                 self.remove(endpoint, event.block_hashes, medium_bit(event.medium))
             else:
-                self.remove_endpoint(endpoint)
-                self._held[endpoint] = {}
+                self.clear_endpoint(endpoint)
 
     def store(self, endpoint: str, keys: Iterable[int], bit: int = GPU) -> None:
         holders_of = self._holders
@@ -363,11 +386,19 @@ class KVBlockIndex:
         self.trim()
 
     def trim(self) -> None:
-        """Evict the least recently stored keys past `size`."""
-        while len(self._holders) > self.size:
-            self._evict_oldest()
+        """Past `size` keys (the former ones counted), drop the oldest
+        restart's former keys, then evict the least recently stored keys."""
+        while len(self._holders) + self._former_keys > self.size:
+            if self._former:
+                self._drop_former(next(iter(self._former)))
+            else:
+                self._evict_oldest()
 
     def remove(self, endpoint: str, keys: Iterable[int], bit: int = GPU) -> None:
+        if endpoint in self._former:
+            # It evicts: it is full again, and what it held before its
+            # restart no longer says where a session is best sent.
+            self._drop_former(endpoint)
         self._clear(endpoint, keys, bit, True)
 
     def _clear(self, endpoint: str, keys: Iterable[int], bit: int, count: bool) -> None:
@@ -393,16 +424,62 @@ class KVBlockIndex:
                 del holders_of[key]
 
     def remove_endpoint(self, endpoint: str) -> None:
-        """Forget everything `endpoint` holds."""
+        """Forget everything `endpoint` holds and held (it left the pool)."""
+        self._drop_former(endpoint)
+        self._release(endpoint)
+
+    def clear_endpoint(self, endpoint: str) -> None:
+        """`endpoint` restarted (AllBlocksCleared, or its publisher's
+        sequence started again): it holds nothing; what it held becomes its
+        former keys (`former_home`)."""
+        self._drop_former(endpoint)
+        held = self._release(endpoint)
+        self._held[endpoint] = {}
+        if held:
+            self._former[endpoint] = held
+            self._former_keys += len(held)
+            self.trim()
+
+    def _release(self, endpoint: str) -> dict[int, None] | None:
+        """`endpoint` holds nothing any more; what it held."""
         held = self._held.pop(endpoint, None)
         if not held:
-            return
+            return held
         holders_of = self._holders
         for key in held:
             holders = holders_of[key]
             del holders[endpoint]
             if not holders:
                 del holders_of[key]
+        return held
+
+    def _drop_former(self, endpoint: str) -> None:
+        former = self._former.pop(endpoint, None)
+        if former is not None:
+            self._former_keys -= len(former)
+
+    def former_home(self, keys: Sequence[int], best: int) -> tuple[str, int] | None:
+        """The endpoint whose former keys (what it held before its restart)
+        hold a longer leading run of `keys` than `best`, the longest any
+        endpoint holds now, and that run's length (None: no such endpoint).
+        A session whose history no endpoint holds now is best sent back to
+        the server that lost it: that one is as good as any for the part
+        nothing holds, and sessions stay spread as they were."""
+        if not self._former or len(keys) <= best:
+            return None
+        beyond = keys[best]
+        found: tuple[str, int] | None = None
+        for endpoint, former in self._former.items():
+            if beyond not in former:
+                continue
+            depth = 0
+            for key in keys:
+                if key not in former:
+                    break
+                depth += 1
+            if depth > best and (found is None or depth > found[1]):
+                found = (endpoint, depth)
+        return found
 
     def _evict_oldest(self) -> None:
         key = next(iter(self._holders))

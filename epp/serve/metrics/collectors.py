@@ -265,6 +265,7 @@ class KVCacheCollector(Collector):
                 value = getattr(counters, attribute)
                 yield from scraped(f"{P}kv_cache_index_{noun}_total", [((), value)])
             yield from scraped(P + "kv_cache_index_blocks", [((), len(index))])
+            yield from scraped(P + "kv_cache_index_former_blocks", [((), index.former_keys())])
             yield from scraped(P + "kv_cache_index_capacity_blocks", [((), index.size)])
             yield from scraped(
                 P + "kv_cache_index_removals_unknown_total", [((), counters.removed_unknown)]

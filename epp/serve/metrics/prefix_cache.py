@@ -54,6 +54,13 @@ PREFIX_CACHE: tuple[Spec, ...] = (
         "Block keys the precise index holds (some endpoint reported storing each).",
     ),
     Spec(
+        P + "kv_cache_index_former_blocks",
+        G,
+        "Block keys kept of what restarted endpoints held before their restart, until each "
+        "evicts again (a session no endpoint holds now goes back there); counted against "
+        "the capacity.",
+    ),
+    Spec(
         P + "kv_cache_index_capacity_blocks",
         G,
         "The precise index's limit in block keys (inMemoryConfig.size); past it the least "

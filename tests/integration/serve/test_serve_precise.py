@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epp.demo.kv_publisher import KVEventPublisher, stored
+from epp.demo.kv_publisher import KVEventPublisher, cleared, stored
 from epp.scheduling.endpoint import Endpoint
 from epp.scheduling.kvblocks import BlockHasher
 from epp.scheduling.request import InferenceRequest
@@ -60,3 +60,12 @@ async def test_serve_places_by_the_blocks_a_server_published(tmp_path: Path) -> 
             assert "llm_d_epp_kv_cache_events_active_subscribers 2.0" in text
             assert 'llm_d_epp_kv_cache_events_applied_total{type="BlockStored"} 1.0' in text
             assert "llm_d_epp_kv_cache_index_lookup_requests_total 4.0" in text
+            assert "llm_d_epp_kv_cache_index_former_blocks 0.0" in text
+
+            await publisher.publish([cleared()])  # the server restarted
+            await eventually(lambda: index.held_by("127.0.0.2:8000") == 0)
+            text = server.metrics.exposition().decode()
+            assert "llm_d_epp_kv_cache_index_former_blocks 4.0" in text
+            longer = [*TOKENS, *range(16)]  # a session's next turn goes back there
+            chosen = server.core.scheduler.choose(InferenceRequest("m", "m", token_ids=longer))
+            assert isinstance(chosen, Endpoint) and chosen.address == "127.0.0.2:8000"

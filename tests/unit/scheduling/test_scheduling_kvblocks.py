@@ -17,6 +17,7 @@ from epp.scheduling.kvblocks import (
     BlockStored,
     HashAlgorithm,
     KVBlockIndex,
+    KVEvent,
 )
 
 VLLM_EVENT = json.loads(
@@ -127,6 +128,47 @@ def test_all_blocks_cleared_drops_only_that_endpoints_blocks() -> None:
     assert index.held_by("a") == 0
 
 
+def test_a_restarted_endpoint_is_the_former_home_of_what_it_alone_held_deeper() -> None:
+    index = KVBlockIndex()
+    index.apply("a", [BlockStored((1, 2, 3, 4))])
+    index.apply("b", [BlockStored((1, 2))])
+    index.apply("a", [AllBlocksCleared()])
+    assert index.matches((1, 2, 3, 4, 5)) == {"b": 2}  # what the servers hold
+    assert index.former_keys() == 4
+    assert index.former_home((1, 2, 3, 4, 5), 2) == ("a", 4)
+    assert index.former_home((1, 2), 2) is None  # b holds all of it
+    assert index.former_home((1, 9, 3), 1) is None  # a held only 1 of its leading run
+
+
+def test_a_restarted_endpoint_that_evicts_again_is_nobodys_former_home() -> None:
+    index = KVBlockIndex()
+    index.apply("a", [BlockStored((1, 2, 3))])
+    index.apply("a", [AllBlocksCleared()])
+    index.apply("a", [BlockStored((7, 8))])
+    assert index.former_home((1, 2, 3), 0) == ("a", 3)
+    index.apply("a", [BlockRemoved((7,))])  # it is full again
+    assert index.former_home((1, 2, 3), 0) is None
+    assert index.former_keys() == 0
+
+
+def test_a_departed_endpoint_takes_what_it_held_before_its_restart_with_it() -> None:
+    index = KVBlockIndex()
+    index.apply("a", [BlockStored((1, 2)), AllBlocksCleared()])
+    index.remove_endpoint("a")
+    assert index.former_home((1, 2), 0) is None
+    assert index.former_keys() == 0
+
+
+def test_former_keys_count_against_the_size_the_oldest_restart_dropped_first() -> None:
+    index = KVBlockIndex(size=5)
+    index.apply("a", [BlockStored((1, 2)), AllBlocksCleared()])
+    index.apply("b", [BlockStored((3, 4)), AllBlocksCleared()])
+    index.apply("c", [BlockStored((5, 6))])
+    assert index.former_keys() == 2 and index.former_home((1,), 0) is None
+    assert index.former_home((3, 4), 0) == ("b", 2)
+    assert index.counters.evictions == 0
+
+
 def test_a_departed_endpoint_takes_its_blocks_with_it() -> None:
     index = KVBlockIndex()
     index.apply("a", [BlockStored((1, 2))])
@@ -181,9 +223,12 @@ def test_the_index_stays_within_its_size_and_consistent(
 ) -> None:
     index = KVBlockIndex(size=size, pods_per_key=2)
     for endpoint, stored, keys in operations:
-        event = BlockStored(tuple(keys)) if stored else BlockRemoved(tuple(keys))
+        if keys == [0]:
+            event: KVEvent = AllBlocksCleared()
+        else:
+            event = BlockStored(tuple(keys)) if stored else BlockRemoved(tuple(keys))
         index.apply(endpoint, [event])
-        assert len(index) <= size
+        assert len(index) + index.former_keys() <= size
     for key in range(21):
         holders = {e for e in "abc" if index.holds(e, key)}
         assert len(holders) <= 2

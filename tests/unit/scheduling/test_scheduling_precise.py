@@ -159,14 +159,31 @@ def test_a_request_without_tokens_matches_nothing() -> None:
     assert scorer.matches(InferenceRequest("m", "m", prompt="x" * 4000)) == {}
 
 
-def test_after_all_blocks_cleared_the_endpoint_no_longer_attracts_the_prompt() -> None:
+def test_after_all_blocks_cleared_the_endpoint_no_longer_attracts_what_another_holds_as_deep() -> (
+    None
+):
     pool = Pool(endpoint(1), endpoint(2))
     core = core_for(precise_config(), pool)
     core.kv_events("10.0.0.2:8000", [BlockStored(keys(TOKENS))])
-    core.kv_events("10.0.0.1:8000", [BlockStored(keys(TOKENS)[:3])])
+    core.kv_events("10.0.0.1:8000", [BlockStored(keys(TOKENS)[:6])])
     assert choose(core, TOKENS) == "10.0.0.2:8000"
     core.kv_events("10.0.0.2:8000", [AllBlocksCleared()])
-    assert choose(core, TOKENS) == "10.0.0.1:8000"
+    assert choose(core, TOKENS[:96]) == "10.0.0.1:8000"  # its 6 blocks, held as deep there
+
+
+def test_a_session_no_endpoint_holds_now_goes_back_to_the_one_that_held_it_before_its_restart() -> (
+    None
+):
+    pool = Pool(endpoint(1), endpoint(2))
+    core = core_for(precise_config(), pool)
+    core.kv_events("10.0.0.2:8000", [BlockStored(keys(TOKENS))])
+    core.kv_events("10.0.0.1:8000", [BlockStored(keys(TOKENS)[:3])])  # a shared system prompt
+    core.kv_events("10.0.0.2:8000", [AllBlocksCleared()])
+    request = InferenceRequest("m", "m", token_ids=[*TOKENS, *range(16)])  # the next turn
+    chosen = core.scheduler.choose(request)
+    assert isinstance(chosen, Endpoint) and chosen.address == "10.0.0.2:8000"
+    assert request.prefix_match is not None and request.prefix_match.matched == 0
+    assert choose(core, TOKENS[:48]) == "10.0.0.1:8000"  # the system prompt alone: held there
 
 
 def test_an_endpoint_that_leaves_the_pool_takes_its_blocks_with_it() -> None:
