@@ -36,3 +36,11 @@ def test_without_evictions_or_hidden_history_both_indexes_route_alike():
     assert precise["prefix_cache_hit_rate"] == pytest.approx(
         approximate["prefix_cache_hit_rate"], abs=0.01
     )
+
+
+@pytest.mark.parametrize("name", ["precise-restarts", "precise-chat-restarts"])
+def test_across_restarts_precise_routing_hits_as_much_and_its_p90_is_lower(name):
+    policies = policies_of(name)
+    precise, approximate = policies["precise"], policies["epp"]
+    assert precise["prefix_cache_hit_rate"] >= approximate["prefix_cache_hit_rate"]
+    assert precise["ttft_p90_s"] < approximate["ttft_p90_s"]
