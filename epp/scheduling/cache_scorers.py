@@ -151,6 +151,7 @@ class PrefixCacheScorer:
             return cached[2]
         hashes = block_hashes(request.prompt, request.target_model, block_chars, max_blocks)
         request.prefix_hashes = (block_chars, max_blocks, hashes)
+        request.prefix_own_from = None  # it was of the hashes replaced
         return hashes
 
     def block_chars_of(self, request: InferenceRequest) -> int:
@@ -262,7 +263,7 @@ class PrefixCacheScorer:
         if self._pool is not None:
             blocks = endpoint.metrics.num_gpu_blocks
             capacity = blocks if blocks is not None and blocks > 0 else None
-        self._index.record(endpoint.address, hashes, capacity)
+        self._index.record(endpoint.address, hashes, capacity, request.prefix_own_from)
 
     def forget(self, address: str) -> None:
         self._index.remove_endpoint(address)

@@ -42,6 +42,14 @@ changes one endpoint's blocks, so only that endpoint's match is worked out
 again, by the same search, and the answer is replaced by a patched copy
 (one handed out never changes under its holder).
 
+A caller that knows part of a prompt is its own (the simulator, whose
+synthetic blocks after a tenant's shared prefix are unique to the request)
+says from which block on (`record`'s `own_from`). No other prompt can match
+those blocks, so storing them would only fill the generation: they are
+counted toward it instead (`young_own`), which rotates the generations
+exactly when storing them would have, and matches none the same
+(`bench.instructions`: a 16-block insert is about 12,000 instructions).
+
 Blocks are kept as the keys of dicts (values None) rather than in sets: a
 dict holding only ints is not tracked by the garbage collector, whereas a
 set always is. With sets, every full collection walked each of the pool's
@@ -76,21 +84,42 @@ def block_hashes(prompt: str, model: str, block_chars: int, max_blocks: int) -> 
 
 class Generations:
     """The blocks one endpoint holds, young and old, and of each generation
-    the blocks recorded as a chain's first block, all as dict keys."""
+    the blocks recorded as a chain's first block, all as dict keys; and of
+    each generation the count of prompts' own blocks, held but not stored."""
 
-    __slots__ = ("old", "old_roots", "young", "young_roots")
+    __slots__ = (
+        "old",
+        "old_own",
+        "old_own_last",
+        "old_roots",
+        "own_last",
+        "young",
+        "young_again",
+        "young_own",
+        "young_roots",
+    )
 
     def __init__(self) -> None:
         self.young: dict[int, None] = {}
         self.old: dict[int, None] = {}
         self.young_roots: dict[int, None] = {}
         self.old_roots: dict[int, None] = {}
+        self.young_own = 0
+        self.old_own = 0
+        self.own_last: Sequence[int] | None = None
+        """The prompt whose own blocks the young generation counted last:
+        recorded again, they are there already (as stored blocks would be)."""
+        self.old_own_last: Sequence[int] | None = None
+        """The same of the old generation: recorded again, they are in both."""
+        self.young_again = 0
+        """Own blocks the young generation counts that the old one does too."""
 
     def __contains__(self, block: int) -> bool:
         return block in self.young or block in self.old
 
     def __len__(self) -> int:
-        return len(self.young.keys() | self.old.keys())
+        own = self.young_own + self.old_own - self.young_again
+        return len(self.young.keys() | self.old.keys()) + own
 
     def roots(self) -> set[int]:
         return self.young_roots.keys() | self.old_roots.keys()
@@ -119,25 +148,48 @@ class PrefixIndex:
         self._matched: dict[str, int] = {}
         """`matches(_chain)` as the index is now: never modified once handed out."""
 
-    def record(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
+    def record(
+        self,
+        endpoint: str,
+        hashes: Sequence[int],
+        capacity: int | None = None,
+        own_from: int | None = None,
+    ) -> None:
         """`endpoint` was sent a prompt with these chained block hashes (in
         prompt order); `capacity`, when given, is the endpoint's own (its KV
-        cache's blocks) instead of the index's."""
+        cache's blocks) instead of the index's; `own_from`, when given, the
+        position from which the blocks are the prompt's own (counted, not
+        stored: see the module docstring)."""
         held = self._held.get(endpoint)
         if held is None:
             held = self._held[endpoint] = Generations()
             self._alone[endpoint] = frozenset((endpoint,))
         if not hashes:
             return
-        young = held.young
         generation = self._generation
         if capacity is not None:  # not max(): it parses keywords per call (bench.instructions)
             generation = capacity // 2
             if generation < 1:
                 generation = 1
-        if len(young) + len(hashes) > generation and young:
+        young_size = len(held.young) + held.young_own
+        turned = young_size + len(hashes) > generation and young_size
+        if turned:
             self._forget_old(endpoint, held)
-            young = held.young
+        if own_from is not None:
+            if hashes is not held.own_last:
+                # A prompt is recorded again only at once (each profile that
+                # placed it on this endpoint), so only the last can repeat.
+                own = len(hashes) - own_from
+                held.young_own += own
+                held.own_last = hashes
+                if hashes is held.old_own_last:
+                    held.young_again = own
+            if not own_from:  # no other prompt begins with its first block either
+                if turned and self._chain:
+                    self._rematch(endpoint, held)
+                return
+            hashes = hashes[:own_from]
+        young = held.young
         root = hashes[0]
         holders = self._roots.get(root)
         if holders is None:
@@ -244,8 +296,13 @@ class PrefixIndex:
         self._drop_roots(endpoint, held.old_roots.keys() - held.young_roots.keys())
         held.old = held.young
         held.old_roots = held.young_roots
+        held.old_own = held.young_own
         held.young = {}
         held.young_roots = {}
+        held.young_own = 0
+        held.old_own_last = held.own_last
+        held.own_last = None
+        held.young_again = 0
 
     def _drop_roots(self, endpoint: str, roots: Iterable[int]) -> None:
         """`endpoint` no longer holds these first blocks."""

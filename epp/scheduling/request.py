@@ -65,6 +65,9 @@ class InferenceRequest:
     (block_chars, max_blocks, hashes), so a request placed twice is hashed once.
     A caller that models prompts at block level (the simulator) fills it
     instead of `prompt`; the hashes must be chained as `prefix` describes.
+    Such a caller may also know that the blocks from `prefix_own_from` on
+    are the prompt's own (no other prompt has them: the index then counts
+    them without storing them); None when any block may be another's.
 
     `token_ids` are the prompt's tokens as the model server will see them,
     when a token producer tokenized it (None otherwise: the precise prefix
@@ -99,3 +102,4 @@ class InferenceRequest:
     chat: bool = False
     kv_block_keys: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
     prefix_match: PrefixMatch | None = None
+    prefix_own_from: int | None = field(default=None, repr=False, compare=False)

@@ -124,20 +124,25 @@ class PromptBlocks:
             for t in scenario.tenants
         ]
 
-    def of(self, request: SimRequest) -> tuple[int, int, Sequence[int]]:
+    def of(self, request: SimRequest) -> tuple[tuple[int, int, Sequence[int]], int | None]:
         """The (block_chars, max_blocks, hashes) cache entry for `request`
         (a prompt with no shared prefix gets its blocks as a `range`, which
-        costs nothing to build: `bench.simulator`)."""
+        costs nothing to build: `bench.simulator`), and the position from
+        which its blocks are its own (None: it has none)."""
         max_blocks = self.max_blocks
         count = request.prompt_tokens * CHARS_PER_TOKEN // self.block_chars
         if count > max_blocks:  # not min(): it parses keywords per call (bench.instructions)
             count = max_blocks
         shared = self._prefixes[request.tenant]
-        if len(shared) >= count:
-            return (self.block_chars, max_blocks, shared[:count])
-        first = -1 - request.request_id * (max_blocks + 1) - len(shared)
-        unique = range(first, first - (count - len(shared)), -1)
-        return (self.block_chars, max_blocks, shared + tuple(unique) if shared else unique)
+        own_from = len(shared)
+        if own_from >= count:
+            return (self.block_chars, max_blocks, shared[:count]), None
+        first = -1 - request.request_id * (max_blocks + 1) - own_from
+        unique = range(first, first - (count - own_from), -1)
+        return (
+            (self.block_chars, max_blocks, shared + tuple(unique) if shared else unique),
+            own_from,
+        )
 
 
 class EppPolicy:
@@ -178,7 +183,6 @@ class EppPolicy:
         self._blocks = PromptBlocks(
             scenario, scheduling.prefix_block_chars, scheduling.prefix_max_blocks
         )
-        self._prompt_blocks = self._content_blocks if sim.content_keys else self._blocks.of
         precise = scheduling.precise
         self._precise = (
             (precise.hasher.block_size, precise.max_blocks)
@@ -194,6 +198,10 @@ class EppPolicy:
         tenant = request.tenant
         prompt_tokens = request.prompt_tokens
         precise = self._precise
+        if self.sim.content_keys:
+            blocks, own_from = self._content_blocks(request), None
+        else:
+            blocks, own_from = self._blocks.of(request)
         payload = SimInference(
             self._model,
             self._target[tenant],
@@ -201,9 +209,7 @@ class EppPolicy:
             self._stream[tenant],
             request.output_tokens,
             None,
-            self._blocks.of(request)
-            if not self.sim.content_keys
-            else self._content_blocks(request),
+            blocks,
             prompt_tokens,
             False,  # multimodal
             None,  # routing
@@ -218,6 +224,7 @@ class EppPolicy:
             False,  # chat
             self.sim.keys_of(request, *precise) if precise is not None else None,
             UNMEASURED,  # prefix match: no prefix metrics here (bench.instructions)
+            own_from,
             request,
         )
         # All positional: calling a class with a keyword builds a dict.

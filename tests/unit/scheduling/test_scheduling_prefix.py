@@ -282,3 +282,34 @@ def test_matches_asked_between_records_and_removals_equal_the_plain_definition(c
         assert index.matches(chain(probe)) == reference.matches(chain(probe))
         if text is not None:
             assert index.matches(chain(text)) == reference.matches(chain(text))
+
+
+own_recordings = st.lists(
+    st.tuples(
+        st.sampled_from("abcd"),
+        st.text("xy", max_size=6),
+        st.integers(0, 6),
+        st.booleans(),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 24), steps=own_recordings)
+def test_a_prompts_own_blocks_count_toward_its_generation_as_stored_ones_do(capacity, steps):
+    # Every prompt is matched as it is placed, before it is recorded: its own
+    # blocks are never asked for again, and the shared ones match as stored.
+    index, reference = PrefixIndex(capacity), ReferenceGenerations(capacity)
+    for number, (endpoint, text, own, twice) in enumerate(steps):
+        # Own blocks: negative, unique to this prompt (as the simulator's).
+        hashes = chain(text) + tuple(-1 - number * 10 - i for i in range(own))
+        if not hashes:  # a scorer records none (and the reference would turn)
+            continue
+        assert index.matches(hashes) == reference.matches(hashes)
+        for _ in range(2 if twice else 1):  # two profiles placing it on one endpoint
+            index.record(endpoint, hashes, own_from=len(text) if own else None)
+            reference.record(endpoint, hashes)
+        assert index.size(endpoint) == len(reference.blocks(endpoint))
+    for _, text, _, _ in steps:
+        assert index.matches(chain(text)) == reference.matches(chain(text))

@@ -35,7 +35,7 @@ def request(number, tenant, prompt_tokens):
 
 
 def hashes(blocks, number, tenant, prompt_tokens):
-    return blocks.of(request(number, tenant, prompt_tokens))[2]
+    return blocks.of(request(number, tenant, prompt_tokens))[0][2]
 
 
 def test_a_prompt_has_as_many_blocks_as_its_text_would():
@@ -65,3 +65,10 @@ def test_blocks_after_the_shared_prefix_belong_to_one_request():
 def test_unique_blocks_cannot_equal_a_text_hash():
     blocks = PromptBlocks(scenario(), BLOCK_CHARS, MAX_BLOCKS)
     assert max(hashes(blocks, 0, 1, 300)) < 0
+
+
+def test_the_blocks_after_the_shared_prefix_are_declared_the_prompts_own():
+    blocks = PromptBlocks(scenario(), BLOCK_CHARS, MAX_BLOCKS)
+    assert blocks.of(request(1, 0, 300))[1] == 6
+    assert blocks.of(request(2, 1, 300))[1] == 0
+    assert blocks.of(request(3, 0, 100))[1] is None  # all inside the shared prefix
