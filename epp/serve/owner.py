@@ -421,7 +421,11 @@ class Owner:
         return total
 
     def _lost(self, slot: WorkerSlot) -> None:
-        """The worker's link closed: what it held ends here, credits returned once."""
+        """The worker's link closed: what it held ends here, credits returned
+        once. Not when the owner stops: a worker then still serves its
+        streams for up to its final flush, so what they run still holds
+        its credits (a forwarding replica's decider, which decides on, counts
+        them when the replica's stream ends)."""
         slot.serving.clear()
         slot.trips_before.update(slot.trips)
         slot.trips, slot.open_connections = {}, 0
@@ -436,6 +440,8 @@ class Owner:
         held = list(slot.requests.items())
         for rid, _request in held:
             self._forget(slot, rid)
+        if self._stopping:
+            return
         if admission is not None:
             for _, request in held:
                 admission.withdraw(request)

@@ -295,6 +295,23 @@ async def test_a_dead_workers_requests_leave_the_queue_and_return_their_credits_
     assert remote.owner.slots[0].requests == {}
 
 
+async def test_a_stopping_owner_hands_back_no_credit_its_workers_still_serve() -> None:
+    # Its workers serve their streams on for their final flush: in a
+    # forwarding replica, a credit handed back now would be given out again
+    # by the decider while the request still runs.
+    remote = await remote_stack(1, lambda: 5.0)
+    (worker,) = remote.workers
+    held = [make_request(n, "a", "", "p", 5.0) for n in range(2)]
+    for request in held:
+        worker.offer(request)
+    await settled(lambda: remote.core.in_flight == 2)
+
+    await remote.owner.stop()
+    await settled(lambda: remote.owner.slots[0].link.closed)  # type: ignore[union-attr]
+
+    assert remote.core.in_flight == 2
+
+
 async def test_when_the_owner_is_gone_waiting_and_new_requests_end_shutting_down() -> None:
     remote = await remote_stack(1, lambda: 5.0)
     (worker,) = remote.workers
