@@ -5,7 +5,7 @@ rebuilt from cold (`bench.rebuilt_decider`: the same `epp serve` with
 `Decider.seed` refused, so the new decider starts from the adaptive gate's
 `initial` limits). docs/operations/replicas.md.
 
-    python3 -m bench.soft_state [--runs 3] [--json]
+    python3 -m bench.soft_state [--runs 3] [--cluster]
 
 Three replicas on loopback in file mode (a decider and two forwarding
 replicas, each forwarding replica behind its own Envoy), the shipped
@@ -14,6 +14,16 @@ model servers that batch 16 (`epp.demo.model_server`, so each limit has a
 true value to learn). `bench/scenarios/decider-change.yaml` plays through
 the two forwarding replicas' Envoys. At `--kill-at` s the decider gets
 SIGKILL and is started again on its port `--down-s` later.
+
+With `--cluster`, the three replicas run in cluster mode against the
+emulated API server (`tests.support.kube`), with the e2e tests' Lease of
+2 s (`tests.support.replicas.LEASE_S`): the first holds the Lease and
+decides, the load goes through the other two, and the holder gets SIGKILL
+and is started again `--down-s` later (a pod's restart); one of the other
+two takes the Lease when it expires, starting from the limits its own
+replica was told (carried) or from `initial` (rebuilt: every replica runs
+`bench.rebuilt_decider`). "The new decider serves" is when the Lease names
+its new holder.
 
 Sampled every `SAMPLE_S`: the decider's learned limit per endpoint
 (`llm_d_epp_flow_control_endpoint_limit`), and each server's waiting
@@ -56,7 +66,11 @@ from epp.sim.scenario_file import load_scenario
 from epp.sim.workload import workload
 from tests.support.envoy import running_envoy
 from tests.support.epp_process import RunningEpp, objectives_yaml, start_epp
+from tests.support.kube import KubeEmulator, objective, pod
+from tests.support.kube import pool as pool_object
 from tests.support.metrics_page import MetricsPage
+from tests.support.replicas import cluster_replica_args, lease_holder, transitions
+from tests.support.waiting import eventually
 
 SCENARIO = Path(__file__).parent / "scenarios/decider-change.yaml"
 CONFIG = Path(__file__).parent.parent / "config/epp/default.yaml"
@@ -91,17 +105,19 @@ async def page(session: aiohttp.ClientSession, url: str) -> MetricsPage | None:
 
 async def sample(
     session: aiohttp.ClientSession,
-    decider: list[RunningEpp],
+    decider: list[RunningEpp | None],
     servers: Sequence[str],
     origin: float,
     timeline: Timeline,
     stop: asyncio.Event,
 ) -> None:
-    """Every `SAMPLE_S` until `stop`: `decider[0]`'s limits, the servers' queues."""
+    """Every `SAMPLE_S` until `stop`: `decider[0]`'s limits (none while
+    there is none), the servers' queues."""
     while not stop.is_set():
         now = time.monotonic() - origin
+        current = decider[0]
         pages = await asyncio.gather(
-            page(session, decider[0].metrics_url),
+            page(session, current.metrics_url) if current is not None else nothing(),
             *(page(session, f"http://{server}/metrics") for server in servers),
         )
         limits = pages[0].by_label("endpoint", LIMIT) if pages[0] is not None else {}
@@ -111,6 +127,10 @@ async def sample(
         timeline.held.append((now, [p.total(WAITING) + p.total(RUNNING) for p in servers_now]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), SAMPLE_S)
+
+
+async def nothing() -> None:
+    return None
 
 
 def settled_at(
@@ -183,32 +203,129 @@ def epp_args(workdir: Path, endpoints: str) -> list[str]:
     ]
 
 
+class FileReplicas:
+    """A decider and two forwarding replicas in file mode; the decider is
+    killed and started again on its port."""
+
+    def __init__(self, workdir: Path, servers: Sequence[str], mode: str) -> None:
+        self.mode = mode
+        base = epp_args(workdir, ",".join(servers))
+        self.base = base
+        self.decider_args = (*base, "--replica-id=decider")
+        self.epps: list[RunningEpp] = []
+
+    async def start(self) -> None:
+        self.epps.append(await start_epp(*self.decider_args, "--decider-port=0"))
+        port = self.epps[0].ports["decider"]
+        for index in (1, 2):
+            self.epps.append(
+                await start_epp(
+                    *self.base, f"--decider=127.0.0.1:{port}", f"--replica-id=replica-{index}"
+                )
+            )
+
+    async def restart(self, current: list[RunningEpp | None], down_s: float) -> None:
+        """Start the killed decider again after `down_s`; back once it serves."""
+        port = self.epps[0].ports["decider"]
+        await asyncio.sleep(down_s)
+        fresh = await start_epp(
+            *self.decider_args, f"--decider-port={port}", module=MODULES[self.mode]
+        )
+        self.epps.append(fresh)
+        current[0] = fresh
+
+    async def stop(self) -> None:
+        pass
+
+
+class ClusterReplicas:
+    """Three replicas in cluster mode (see the module docstring); the Lease
+    holder is killed, started again as a replica, and another one decides."""
+
+    def __init__(self, workdir: Path, kube: KubeEmulator, mode: str) -> None:
+        self.workdir = workdir
+        self.kube = kube
+        self.mode = mode
+        self.epps: list[RunningEpp] = []
+        self.names = ("epp-a", "epp-b", "epp-c")
+        self.restarting: asyncio.Future[None] | None = None
+
+    async def _start(self, name: str) -> RunningEpp:
+        args, env = cluster_replica_args(self.workdir, self.kube, name, CONFIG)
+        return await start_epp(*args, env=env, module=MODULES[self.mode])
+
+    async def start(self) -> None:
+        for name in self.names:
+            self.epps.append(await self._start(name))
+            if name == "epp-a":
+                await eventually(lambda: lease_holder(self.kube) == "epp-a", 20.0)
+        for epp in self.epps:
+            await eventually(lambda e=epp: "joined the decider" in e.log(), 20.0)
+
+    async def restart(self, current: list[RunningEpp | None], down_s: float) -> None:
+        """Start the killed holder again after `down_s` (a pod's restart), in
+        the background; back once the Lease names a new holder (the new
+        decider), whichever it is."""
+        current[0] = None
+        held = transitions(self.kube)
+
+        async def again() -> None:
+            await asyncio.sleep(down_s)
+            self.epps.append(await self._start("epp-a"))
+
+        self.restarting = asyncio.ensure_future(again())
+        await eventually(lambda: transitions(self.kube) > held, 60.0)
+        holder = lease_holder(self.kube)
+        if holder == "epp-a":
+            await self.restarting
+            current[0] = self.epps[-1]
+        else:
+            current[0] = self.epps[self.names.index(holder or "")]
+
+    async def stop(self) -> None:
+        if self.restarting is not None:
+            await self.restarting
+
+
+def cluster_pool(kube: KubeEmulator, servers: Sequence[str], objectives: dict[str, int]) -> None:
+    """The pool in the emulated API server: one pod on loopback, a target port per server."""
+    ports = tuple(int(server.rsplit(":", 1)[1]) for server in servers)
+    kube.apply(pool_object("e2e-pool", selector={"app": "vllm"}, ports=ports))
+    kube.apply(pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
+    for name, priority in objectives.items():
+        kube.apply(objective(name, priority, pools=("e2e-pool",)))
+
+
 async def one_run(
-    mode: str, kill_at: float, down_s: float, window_s: float, timelines: Path | None = None
+    mode: str,
+    kill_at: float,
+    down_s: float,
+    window_s: float,
+    timelines: Path | None = None,
+    cluster: bool = False,
 ) -> dict:
     scenario = load_scenario(SCENARIO)
     params = asdict(scenario.pool.groups[0].params)
     premium = next(i for i, t in enumerate(scenario.tenants) if t.objective == "premium")
+    priorities = {o.name: o.priority for o in scenario.objectives}
     with tempfile.TemporaryDirectory(prefix="soft-state-") as directory:
         workdir = Path(directory)
-        (workdir / "objectives.yaml").write_text(
-            objectives_yaml("e2e-pool", **{o.name: o.priority for o in scenario.objectives})
-        )
+        (workdir / "objectives.yaml").write_text(objectives_yaml("e2e-pool", **priorities))
         count = scenario.pool.groups[0].servers
-        async with model_servers(workdir, count, params) as servers:
-            endpoints = ",".join(servers)
-            base = epp_args(workdir, endpoints)
-            decider_args = (*base, "--replica-id=decider")
-            epps: list[RunningEpp] = []
+        async with (
+            model_servers(workdir, count, params) as servers,
+            KubeEmulator() as kube,
+        ):
+            if cluster:
+                cluster_pool(kube, servers, priorities)
+            replicas = (
+                ClusterReplicas(workdir, kube, mode)
+                if cluster
+                else FileReplicas(workdir, servers, mode)
+            )
+            epps = replicas.epps
             try:
-                epps.append(await start_epp(*decider_args, "--decider-port=0"))
-                port = epps[0].ports["decider"]
-                for index in (1, 2):
-                    epps.append(
-                        await start_epp(
-                            *base, f"--decider=127.0.0.1:{port}", f"--replica-id=replica-{index}"
-                        )
-                    )
+                await replicas.start()
                 async with contextlib.AsyncExitStack() as stack:
                     urls = []
                     for epp in epps[1:]:
@@ -222,7 +339,7 @@ async def one_run(
                     stop = asyncio.Event()
                     origin = time.monotonic()
                     load = asyncio.ensure_future(generator.run())
-                    current = [epps[0]]
+                    current: list[RunningEpp | None] = [epps[0]]
                     sampler = asyncio.ensure_future(
                         sample(session, current, servers, origin, timeline, stop)
                     )
@@ -231,17 +348,13 @@ async def one_run(
                     killed = time.monotonic() - origin
                     epps[0].process.send_signal(signal.SIGKILL)
                     await epps[0].process.wait()
-                    await asyncio.sleep(down_s)
-                    fresh = await start_epp(
-                        *decider_args, f"--decider-port={port}", module=MODULES[mode]
-                    )
-                    epps.append(fresh)
-                    current[0] = fresh
+                    await replicas.restart(current, down_s)
                     restarted = time.monotonic() - origin
                     requests = await load
                     stop.set()
                     await sampler
-                    log = fresh.log()
+                    await replicas.stop()
+                    log = current[0].log() if current[0] is not None else ""
                     if timelines is not None:
                         (timelines / f"{mode}-{int(time.time())}.log").write_text(log)
             finally:
@@ -264,6 +377,7 @@ async def one_run(
     first = next((seen for t, seen in timeline.limits if t >= restarted and seen), {})
     return {
         "mode": mode,
+        "cluster": cluster,
         "seeded": "learned limits of epoch" in log,
         "killed_s": round(killed, 2),
         "restarted_after_s": round(restarted - killed, 2),
@@ -339,11 +453,12 @@ async def run(
     down_s: float,
     window_s: float,
     timelines: Path | None,
+    cluster: bool = False,
 ) -> dict:
     results = []
     for n in range(runs):
         for mode in modes:
-            result = await one_run(mode, kill_at, down_s, window_s, timelines)
+            result = await one_run(mode, kill_at, down_s, window_s, timelines, cluster)
             result["run"] = n
             results.append(result)
             print(json.dumps(result), flush=True)
@@ -358,9 +473,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down-s", type=float, default=0.5)
     parser.add_argument("--window-s", type=float, default=15.0)
     parser.add_argument("--timelines", type=Path, help="write each run's samples here (JSON)")
+    parser.add_argument("--cluster", action="store_true", help="cluster mode: the Lease holder")
     args = parser.parse_args(argv)
     report = asyncio.run(
-        run(args.runs, args.modes, args.kill_at, args.down_s, args.window_s, args.timelines)
+        run(
+            args.runs,
+            args.modes,
+            args.kill_at,
+            args.down_s,
+            args.window_s,
+            args.timelines,
+            args.cluster,
+        )
     )
     print(json.dumps(report["summary"], indent=2))
     return 0

@@ -194,11 +194,14 @@ async def replicated_pool(
                 await epp.terminate()
 
 
-def cluster_replica_args(workdir: Path, kube: KubeEmulator, name: str) -> tuple[list[str], dict]:
-    """The flags and environment of cluster-mode replica `name` (its pod name too)."""
+def cluster_replica_args(
+    workdir: Path, kube: KubeEmulator, name: str, config: Path | None = None
+) -> tuple[list[str], dict]:
+    """The flags and environment of cluster-mode replica `name` (its pod name
+    too); its configuration `config`, by default `workdir`'s config.yaml."""
     duration, renew, retry = LEASE_S
     args = [
-        f"--config-file={workdir / 'config.yaml'}",
+        f"--config-file={config or workdir / 'config.yaml'}",
         "--pool-name=e2e-pool",
         "--ha-enable-leader-election",
         "--metrics-endpoint-auth=false",
@@ -217,11 +220,22 @@ def cluster_replica_args(workdir: Path, kube: KubeEmulator, name: str) -> tuple[
     return args, env
 
 
-def lease_holder(kube: KubeEmulator) -> str | None:
-    lease = kube.objects.get(
+def lease(kube: KubeEmulator) -> dict | None:
+    """The pool's Lease in `kube` (None: not created yet)."""
+    return kube.objects.get(
         (("coordination.k8s.io", "leases"), "default", lease_name("default", "e2e-pool"))
     )
-    return lease["spec"].get("holderIdentity") if lease else None
+
+
+def lease_holder(kube: KubeEmulator) -> str | None:
+    found = lease(kube)
+    return found["spec"].get("holderIdentity") if found else None
+
+
+def transitions(kube: KubeEmulator) -> int:
+    """The Lease's `leaseTransitions`: one more at every new holder."""
+    found = lease(kube)
+    return int(found["spec"].get("leaseTransitions") or 0) if found else 0
 
 
 @contextlib.asynccontextmanager
