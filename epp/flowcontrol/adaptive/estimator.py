@@ -5,7 +5,7 @@ band below the top applies with them (`fits`)."""
 from __future__ import annotations
 
 from collections import deque
-from math import ceil, exp
+from math import ceil, exp, inf
 
 from epp.flowcontrol.adaptive.inputs import AdaptiveLimits, Sample
 from epp.flowcontrol.adaptive.latency import LatencySignal
@@ -120,7 +120,9 @@ class LimitEstimator:
         first of them if a mean step (its histogram's) passed since, each
         counted as an end only once fewer than `STEP_ARRIVALS` were left
         pending (`end_step`); at a sample, what it holds that the sample
-        could not show. At most `STEP_ARRIVALS` (`has_burst_room`)."""
+        could not show (what was on its way at the read, in a step a mean
+        step from the read ends). At most `STEP_ARRIVALS`
+        (`has_burst_room`)."""
         self.burst_until = 0.0
         """When the step the burst was sent in ends, at the latest (its
         first request's dispatch plus a mean step)."""
@@ -279,6 +281,11 @@ class LimitEstimator:
         self.running = running
         self.latency.observe(sample, now)
         step = self.latency.mean_itl
+        if on_path > unseen:
+            # Sent before the read, not there at it: they arrive in the step
+            # after the read, which a mean step from it ends (the burst they
+            # were sent in may have ended long before).
+            self.burst_until = now + step if step > 0.0 else inf
         if last is not None and step > 0.0:
             elapsed = now - last
             share = took * step / elapsed

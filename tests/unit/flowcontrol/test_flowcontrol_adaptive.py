@@ -738,6 +738,29 @@ def test_a_sample_ends_no_step_for_what_it_could_not_show():
     assert not gate.has_room(A, 0)
 
 
+def test_a_request_on_its_way_at_the_read_shares_the_step_after_it_with_the_next():
+    pool, gate = settled_gate(64, 0)
+    histogram = Histogram()
+    pool.publish(1.3, a=(0, 0, *histogram.run(0.05, 0.02)))
+    gate.has_room(A, 0)
+    for _ in range(4):
+        dispatch(gate, A)
+    pool.publish(1.35, a=(4, 0, *histogram.run(0.05, 0.02)))
+    gate.has_room(A, 0)
+    pool.now = 1.36
+    for _ in range(3):
+        dispatch(gate, A)  # seen running at the next read
+    pool.now = 1.37
+    dispatch(gate, A)  # not there yet at the read, more than a step later
+    pool.publish(1.41, read=1.4, a=(7, 0, *histogram.run(0.05, 0.02)))
+    assert gate.has_room(A, 0)
+    assert gate._estimators[A].pending == 1
+    dispatch(gate, A)
+    # The one on its way arrives within the step after the read, as this one
+    # does: the step that ended before the read was not theirs.
+    assert not gate.has_room(A, 0)
+
+
 def test_an_endpoint_whose_requests_finish_between_samples_gets_the_fixed_limit():
     pool = Pool(A)
     gate = gate_with_bands(pool, 0)
