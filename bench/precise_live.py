@@ -19,6 +19,13 @@ and the precise EPP's token producer loads the same tokenizer.json
 (`local.modelDir`), tokenizing in process; with `render` the servers keep
 their simulated tokenizer and the token producer asks the first server's
 render endpoint (`vllm.url`).
+
+Conversations and restarts (`precise-chat-restarts.yaml` live): with
+`--turns N` each arrival starts a conversation of N turns, each turn's
+prompt the previous one's, a stand-in reply and a new tail, sent THINK_S
+after the previous turn's answer; `--restart-every S` restarts one server
+in place every S seconds, in turn (its cache lost, published as
+AllBlocksCleared); `--kv-blocks` sizes the servers' caches.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import statistics
@@ -55,57 +63,101 @@ TAIL_TOKENS = (50, 300)
 PARAMS = ServerParams(
     max_num_seqs=16, prefill_ms_per_token=0.2, decode_ms_per_token=12, kv_blocks=500, block_size=16
 )
+POLICIES = ("precise", "approximate", "round-robin")
+THINK_S = 3.0
+REPLY_TOKENS = 20
 
 
 def servers(
-    events_port: int, tokenizer: Path | None
+    events_port: int, tokenizer: Path | None, kv_blocks: int
 ) -> contextlib.AbstractAsyncContextManager[list[SimulatedServer]]:
     publishing = KVEventsPublishing(events_port, None)
     tokenize = encoder(tokenizer) if tokenizer is not None else None
-    pool = [SimulatedServer(PARAMS, MODEL, kv_events=publishing, tokenizer=tokenize) for _ in HOSTS]
+    params = dataclasses.replace(PARAMS, kv_blocks=kv_blocks)
+    pool = [SimulatedServer(params, MODEL, kv_events=publishing, tokenizer=tokenize) for _ in HOSTS]
     return serving_on(pool, HOSTS)
 
 
-def workload(seconds: float, rate: float, seed: int) -> list[tuple[float, str]]:
+def workload(
+    seconds: float, rate: float, seed: int, turns: int = 1
+) -> list[tuple[float, list[str]]]:
+    """Each arrival's time and its turns' prompts."""
     rng = random.Random(seed)
     prefixes = [f"<system prompt {g:02d}|" * (PREFIX_TOKENS * 4 // 19 + 1) for g in range(GROUPS)]
     prefixes = [p[: PREFIX_TOKENS * 4] for p in prefixes]
+
+    def text(tokens: int) -> str:
+        return "".join(rng.choice("abcdefghijklmnop ") for _ in range(tokens * 4))
+
     arrivals, at = [], rng.expovariate(rate)
     while at < seconds:
-        tail = rng.randint(*TAIL_TOKENS) * 4
-        text = prefixes[rng.randrange(GROUPS)] + "".join(
-            rng.choice("abcdefghijklmnop ") for _ in range(tail)
-        )
-        arrivals.append((at, text))
+        tail = rng.randint(*TAIL_TOKENS)  # drawn first: the one-turn load as it always was
+        prompts = [prefixes[rng.randrange(GROUPS)] + text(tail)]
+        for _ in range(turns - 1):
+            reply, tail = text(REPLY_TOKENS), text(rng.randint(*TAIL_TOKENS))
+            prompts.append(f"{prompts[-1]} <reply> {reply} <user> {tail}")
+        arrivals.append((at, prompts))
         at += rng.expovariate(rate)
     return arrivals
 
 
-async def drive(urls: list[str], arrivals: list[tuple[float, str]]) -> list[float]:
-    """Send each arrival at its time (round-robin over `urls`); each one's TTFT."""
+async def drive(urls: list[str], arrivals: list[tuple[float, list[str]]]) -> list[float]:
+    """Start each conversation at its time (its turns in order, THINK_S
+    apart; requests round-robin over `urls`); each request's TTFT."""
     ttfts: list[float] = []
+    sent = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
 
-        async def one(index: int, text: str) -> None:
-            body = {"model": MODEL, "prompt": text, "max_tokens": 20, "stream": True}
-            sent = time.perf_counter()
-            async with session.post(urls[index % len(urls)], json=body) as response:
-                first = None
-                async for _ in response.content.iter_any():
-                    if first is None:
-                        first = time.perf_counter() - sent
-                if response.status == 200 and first is not None:
-                    ttfts.append(first)
+        async def one(text: str) -> None:
+            nonlocal sent
+            url = urls[sent % len(urls)]
+            sent += 1
+            body = {"model": MODEL, "prompt": text, "max_tokens": REPLY_TOKENS, "stream": True}
+            started = time.perf_counter()
+            first = None
+            try:
+                async with session.post(url, json=body) as response:
+                    async for _ in response.content.iter_any():
+                        if first is None:
+                            first = time.perf_counter() - started
+                    ok = response.status == 200
+            except aiohttp.ClientError:  # its server restarted under it: not completed
+                return
+            if ok and first is not None:
+                ttfts.append(first)
+
+        async def conversation(prompts: list[str]) -> None:
+            for turn, text in enumerate(prompts):
+                if turn:
+                    await asyncio.sleep(THINK_S)
+                await one(text)
 
         start = time.perf_counter()
         tasks = []
-        for index, (at, text) in enumerate(arrivals):
+        for at, prompts in arrivals:
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(index, text)))
+            tasks.append(asyncio.create_task(conversation(prompts)))
         await asyncio.gather(*tasks)
     return ttfts
+
+
+async def restarting(pool: list[SimulatedServer], every: float) -> None:
+    """Restart one server in place every `every` seconds, in turn."""
+    for turn in range(1, 1 << 30):
+        await asyncio.sleep(every)
+        pool[turn % len(pool)].restart()
+
+
+@contextlib.asynccontextmanager
+async def restarts(pool: list[SimulatedServer], every: float | None):
+    task = asyncio.create_task(restarting(pool, every)) if every else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
 
 
 def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[str, Any]:
@@ -123,14 +175,21 @@ def summary(pool: list[SimulatedServer], ttfts: list[float], sent: int) -> dict[
 
 
 async def run(
-    policy: str, arrivals: list[tuple[float, str]], tokenizer: Path | None
+    policy: str,
+    arrivals: list[tuple[float, list[str]]],
+    tokenizer: Path | None,
+    kv_blocks: int = PARAMS.kv_blocks,
+    restart_every: float | None = None,
 ) -> dict[str, Any]:
     events_port = port_free_on_every(HOSTS)
-    async with servers(events_port, tokenizer) as pool:
+    sent = sum(len(prompts) for _, prompts in arrivals)
+    async with servers(events_port, tokenizer, kv_blocks) as pool:
         addresses = [f"{host}:{server.port}" for host, server in zip(HOSTS, pool, strict=True)]
         if policy == "round-robin":
             urls = [f"http://{address}/v1/completions" for address in addresses]
-            return summary(pool, await drive(urls, arrivals), len(arrivals))
+            async with restarts(pool, restart_every):
+                ttfts = await drive(urls, arrivals)
+            return summary(pool, ttfts, sent)
         with tempfile.TemporaryDirectory() as folder:
             config = (
                 deployed_config(
@@ -149,7 +208,9 @@ async def run(
                 running_envoy(epp_port=epp.ports["grpc"]) as envoy,
             ):
                 url = f"http://127.0.0.1:{envoy.listen_port}/v1/completions"
-                result = summary(pool, await drive([url], arrivals), len(arrivals))
+                async with restarts(pool, restart_every):
+                    ttfts = await drive([url], arrivals)
+                result = summary(pool, ttfts, sent)
                 async with (
                     aiohttp.ClientSession() as session,
                     session.get(epp.metrics_url) as response,
@@ -176,14 +237,22 @@ def token_producer_seconds(page: str) -> dict[str, float]:
 
 
 async def main_async(
-    seconds: float, rate: float, seed: int, local: bool
+    seconds: float,
+    rate: float,
+    seed: int,
+    local: bool,
+    turns: int = 1,
+    kv_blocks: int = PARAMS.kv_blocks,
+    restart_every: float | None = None,
+    policies: tuple[str, ...] = POLICIES,
 ) -> dict[str, dict[str, Any]]:
-    arrivals = workload(seconds, rate, seed)
+    arrivals = workload(seconds, rate, seed, turns)
     with tempfile.TemporaryDirectory() as folder:
-        tokenizer = train(Path(folder), [text for _, text in arrivals]) if local else None
+        corpus = [prompts[-1] for _, prompts in arrivals]
+        tokenizer = train(Path(folder), corpus) if local else None
         return {
-            policy: await run(policy, arrivals, tokenizer)
-            for policy in ("precise", "approximate", "round-robin")
+            policy: await run(policy, arrivals, tokenizer, kv_blocks, restart_every)
+            for policy in policies
         }
 
 
@@ -193,10 +262,23 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--tokenizer", choices=("local", "render"), default="local")
+    parser.add_argument("--turns", type=int, default=1, help="turns per conversation")
+    parser.add_argument("--kv-blocks", type=int, default=PARAMS.kv_blocks)
+    parser.add_argument("--restart-every", type=float, default=None, metavar="S")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="of " + ", ".join(POLICIES))
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     results = asyncio.run(
-        main_async(options.seconds, options.rate, options.seed, options.tokenizer == "local")
+        main_async(
+            options.seconds,
+            options.rate,
+            options.seed,
+            options.tokenizer == "local",
+            options.turns,
+            options.kv_blocks,
+            options.restart_every,
+            tuple(options.policies.split(",")),
+        )
     )
     if options.json:
         print(json.dumps(results, indent=2))
