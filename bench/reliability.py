@@ -30,7 +30,9 @@ Cases:
   its RSS after a warm-up must grow less than 10%.
 - `decider_kill`, `replica_partition`, `rolling_restart`: three replicas of
   one pool under load, their decider killed, one cut off from it, each
-  restarted in turn (`bench.reliability_replicas`).
+  restarted in turn (`bench.reliability_replicas`); `decider_kill_cluster`,
+  `rolling_restart_cluster` the same in cluster mode, where the Lease holder
+  decides.
 """
 
 from __future__ import annotations
@@ -472,6 +474,18 @@ async def rolling_restart(workdir: Path) -> CaseResult:
     return await case(workdir)
 
 
+async def decider_kill_cluster(workdir: Path) -> CaseResult:
+    from bench.reliability_replicas import decider_kill_cluster as case
+
+    return await case(workdir)
+
+
+async def rolling_restart_cluster(workdir: Path) -> CaseResult:
+    from bench.reliability_replicas import rolling_restart_cluster as case
+
+    return await case(workdir)
+
+
 CASES = {
     "server_killed": server_killed,
     "disconnect_while_queued": disconnect_while_queued,
@@ -481,6 +495,8 @@ CASES = {
     "decider_kill": decider_kill,
     "replica_partition": replica_partition,
     "rolling_restart": rolling_restart,
+    "decider_kill_cluster": decider_kill_cluster,
+    "rolling_restart_cluster": rolling_restart_cluster,
 }
 
 

@@ -19,6 +19,24 @@ when none does.
   one once the restarted one has joined. Its own Envoy fails closed while it
   is down (5xx, answered); the other replicas' requests must all be 200;
   0 lost; no endpoint above its limit.
+
+In cluster mode (`tests.support.replicas.clustered_pool`: three replicas
+against the emulated API server, a Lease of 2 s, `LEASE_S`), where the
+Lease holder decides and every replica forwards to it:
+
+- `decider_kill_cluster`: load through the two replicas that do not hold
+  the Lease; the holder gets SIGKILL and is started again `down_s` later,
+  as a pod restarts. Must be: 0 lost, 0 non-200, a new holder deciding and
+  both survivors rejoined within the lease duration plus 1 s, no endpoint
+  above its limit.
+- `rolling_restart_cluster`: load through all three; each replica, the
+  holder last, gets SIGTERM (a 1 s drain; the holder releases the Lease at
+  its start) and is started again on its ext_proc port. As
+  `rolling_restart`: the other replicas' requests must all be 200.
+
+A partition is not among them: a replica reaches its decider at the
+address the Lease names, so a relay cannot be put on one replica's path;
+the link itself is the file mode's (`replica_partition`).
 """
 
 from __future__ import annotations
@@ -35,8 +53,19 @@ from pathlib import Path
 import aiohttp
 
 from bench.reliability import CaseResult
-from tests.support.epp_process import RunningEpp
-from tests.support.replicas import LIMIT, Pool, replicated_pool, start_decider, start_replica
+from tests.support.epp_process import RunningEpp, start_epp
+from tests.support.kube import KubeEmulator
+from tests.support.replicas import (
+    LEASE_S,
+    LIMIT,
+    Pool,
+    cluster_replica_args,
+    clustered_pool,
+    replicated_pool,
+    start_decider,
+    start_replica,
+    transitions,
+)
 
 CLIENTS = 8
 HOLD_S = 0.05
@@ -208,19 +237,111 @@ async def rolling_restart(workdir: Path, settle_s: float = 1.0) -> CaseResult:
         stop.set()
         await traffic
         tally(result, sent, [pool.decider, *pool.replicas])
+        restarting_statuses(result, sent, windows)
+        result.details.update(peak_per_endpoint=pool.peaks(), limit=LIMIT)
+    result.wall_s = time.monotonic() - started
+    return result
 
-        def restarting(s: Sent) -> bool:
-            return any(s.via == i and b <= s.end and s.start <= e for i, b, e in windows)
 
+def restarting_statuses(
+    result: CaseResult, sent: list[Sent], windows: list[tuple[int, float, float]]
+) -> None:
+    """The statuses through each EPP's Envoy while it restarted (`windows`:
+    its index, from, to) and elsewhere, and how long each restart took."""
+
+    def restarting(s: Sent) -> bool:
+        return any(s.via == i and b <= s.end and s.start <= e for i, b, e in windows)
+
+    result.details.update(
+        not_200_through_the_restarting=sum(1 for s in sent if restarting(s) and s.status != 200),
+        not_200_elsewhere=sum(1 for s in sent if not restarting(s) and s.status != 200),
+        statuses=dict(Counter(s.status for s in sent)),
+        restart_s=[round(e - b, 2) for _, b, e in windows],
+    )
+
+
+CLUSTER_NAMES = ("epp-a", "epp-b", "epp-c")
+"""The cluster-mode replicas' names, the first the Lease holder at the start."""
+
+
+async def start_cluster_replica(
+    pool: Pool, kube: KubeEmulator, name: str, *args: str
+) -> RunningEpp:
+    flags, env = cluster_replica_args(pool.workdir, kube, name)
+    return await start_epp(*flags, *args, env=env)
+
+
+async def decider_kill_cluster(
+    workdir: Path, seconds: float = 7.0, down_s: float = 2.0
+) -> CaseResult:
+    result = CaseResult("decider_kill_cluster")
+    started = time.monotonic()
+    async with KubeEmulator() as kube, clustered_pool(workdir, kube) as pool:
+        sent: list[Sent] = []
+        traffic = asyncio.ensure_future(load(pool, [1, 2], sent, seconds))
+        await asyncio.sleep(1.5)
+        joins = [r.log().count("joined the decider") for r in pool.replicas]
+        held = transitions(kube)
+        killed = time.monotonic()
+        pool.decider.process.send_signal(signal.SIGKILL)
+        await pool.decider.process.wait()
+
+        async def restarted() -> None:
+            await asyncio.sleep(down_s)  # a pod's restart, while the others take over
+            pool.later.append(await start_cluster_replica(pool, kube, CLUSTER_NAMES[0]))
+
+        restart = asyncio.ensure_future(restarted())
+        while transitions(kube) == held and time.monotonic() - killed < 30.0:
+            await asyncio.sleep(0.01)
+        new_holder_s = time.monotonic() - killed
+        rejoined = [
+            await until_logged(r, "joined the decider", n, 10.0)
+            for r, n in zip(pool.replicas, joins, strict=True)
+        ]
+        rejoined_s = time.monotonic() - killed
+        await restart
+        await traffic
+        tally(result, sent, pool.replicas)
         result.details.update(
-            not_200_through_the_restarting=sum(
-                1 for s in sent if restarting(s) and s.status != 200
-            ),
-            not_200_elsewhere=sum(1 for s in sent if not restarting(s) and s.status != 200),
-            statuses=dict(Counter(s.status for s in sent)),
-            restart_s=[round(e - b, 2) for _, b, e in windows],
+            not_200=sum(1 for s in sent if s.status not in (None, 200)),
+            longest_gap_ms=round(longest_gap(sent, killed - 0.5, killed + LEASE_S[0]) * 1000),
+            new_holder_after_s=round(new_holder_s, 2),
+            rejoined_after_s=round(rejoined_s, 2) if all(r is not None for r in rejoined) else None,
+            lease_s=LEASE_S[0],
             peak_per_endpoint=pool.peaks(),
             limit=LIMIT,
         )
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+async def rolling_restart_cluster(workdir: Path, settle_s: float = 1.0) -> CaseResult:
+    result = CaseResult("rolling_restart_cluster")
+    started = time.monotonic()
+    async with KubeEmulator() as kube, clustered_pool(workdir, kube) as pool:
+        epps = [pool.decider, *pool.replicas]
+        sent: list[Sent] = []
+        stop = asyncio.Event()
+        traffic = asyncio.ensure_future(load(pool, [0, 1, 2], sent, stop=stop))
+        windows: list[tuple[int, float, float]] = []
+        await asyncio.sleep(settle_s)
+        for index in (1, 2, 0):
+            begin = time.monotonic()
+            joins = {id(e): e.log().count("joined the decider") for e in epps}
+            old = epps[index]
+            await old.terminate()
+            fresh = epps[index] = await start_cluster_replica(
+                pool, kube, CLUSTER_NAMES[index], f"--grpc-port={old.ports['grpc']}", DRAIN
+            )
+            pool.later.append(fresh)
+            for epp in epps if index == 0 else [fresh]:
+                await until_logged(epp, "joined the decider", joins.get(id(epp), 0), 10.0)
+            windows.append((index, begin, time.monotonic()))
+            await asyncio.sleep(settle_s)
+        stop.set()
+        await traffic
+        tally(result, sent, epps)
+        restarting_statuses(result, sent, windows)
+        result.details.update(peak_per_endpoint=pool.peaks(), limit=LIMIT)
     result.wall_s = time.monotonic() - started
     return result
