@@ -47,6 +47,7 @@ import json
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,27 +221,45 @@ async def rolling_restart(workdir: Path, settle_s: float = 1.0) -> CaseResult:
     result = CaseResult("rolling_restart")
     started = time.monotonic()
     async with replicated_pool(workdir, args=(DRAIN,)) as (pool, _):
-        sent: list[Sent] = []
-        stop = asyncio.Event()
-        traffic = asyncio.ensure_future(load(pool, [0, 1, 2], sent, stop=stop))
-        windows: list[tuple[int, float, float]] = []
-        await asyncio.sleep(settle_s)
-        for index in (1, 2, 0):
-            begin = time.monotonic()
-            joins = {id(r): r.log().count("joined the decider") for r in pool.replicas}
-            fresh = await restart(pool, index)
-            for replica in pool.replicas if index == 0 else [fresh]:
-                before = joins.get(id(replica), 0)
-                await until_logged(replica, "joined the decider", before, 10.0)
-            windows.append((index, begin, time.monotonic()))
-            await asyncio.sleep(settle_s)
-        stop.set()
-        await traffic
-        tally(result, sent, [pool.decider, *pool.replicas])
-        restarting_statuses(result, sent, windows)
-        result.details.update(peak_per_endpoint=pool.peaks(), limit=LIMIT)
+        await rolling(
+            result,
+            pool,
+            lambda index: restart(pool, index),
+            lambda: pool.replicas,  # the decider joins none
+            settle_s,
+        )
     result.wall_s = time.monotonic() - started
     return result
+
+
+async def rolling(
+    result: CaseResult,
+    pool: Pool,
+    restart_one: Callable[[int], Awaitable[RunningEpp]],
+    joining: Callable[[], list[RunningEpp]],
+    settle_s: float,
+) -> None:
+    """Load through all three; EPP 1, 2, then 0 restarted by `restart_one`,
+    the next once the restarted one (after 0: every one of `joining`) has
+    joined the decider."""
+    sent: list[Sent] = []
+    stop = asyncio.Event()
+    traffic = asyncio.ensure_future(load(pool, [0, 1, 2], sent, stop=stop))
+    windows: list[tuple[int, float, float]] = []
+    await asyncio.sleep(settle_s)
+    for index in (1, 2, 0):
+        begin = time.monotonic()
+        joins = {id(epp): epp.log().count("joined the decider") for epp in joining()}
+        fresh = await restart_one(index)
+        for epp in joining() if index == 0 else [fresh]:
+            await until_logged(epp, "joined the decider", joins.get(id(epp), 0), 10.0)
+        windows.append((index, begin, time.monotonic()))
+        await asyncio.sleep(settle_s)
+    stop.set()
+    await traffic
+    tally(result, sent, [pool.decider, *pool.replicas])
+    restarting_statuses(result, sent, windows)
+    result.details.update(peak_per_endpoint=pool.peaks(), limit=LIMIT)
 
 
 def restarting_statuses(
@@ -319,29 +338,20 @@ async def rolling_restart_cluster(workdir: Path, settle_s: float = 1.0) -> CaseR
     result = CaseResult("rolling_restart_cluster")
     started = time.monotonic()
     async with KubeEmulator() as kube, clustered_pool(workdir, kube) as pool:
-        epps = [pool.decider, *pool.replicas]
-        sent: list[Sent] = []
-        stop = asyncio.Event()
-        traffic = asyncio.ensure_future(load(pool, [0, 1, 2], sent, stop=stop))
-        windows: list[tuple[int, float, float]] = []
-        await asyncio.sleep(settle_s)
-        for index in (1, 2, 0):
-            begin = time.monotonic()
-            joins = {id(e): e.log().count("joined the decider") for e in epps}
-            old = epps[index]
+
+        async def restart_one(index: int) -> RunningEpp:
+            old = pool.decider if index == 0 else pool.replicas[index - 1]
             await old.terminate()
-            fresh = epps[index] = await start_cluster_replica(
+            fresh = await start_cluster_replica(
                 pool, kube, CLUSTER_NAMES[index], f"--grpc-port={old.ports['grpc']}", DRAIN
             )
+            if index == 0:
+                pool.decider = fresh  # the first started, not the holder any more
+            else:
+                pool.replicas[index - 1] = fresh
             pool.later.append(fresh)
-            for epp in epps if index == 0 else [fresh]:
-                await until_logged(epp, "joined the decider", joins.get(id(epp), 0), 10.0)
-            windows.append((index, begin, time.monotonic()))
-            await asyncio.sleep(settle_s)
-        stop.set()
-        await traffic
-        tally(result, sent, epps)
-        restarting_statuses(result, sent, windows)
-        result.details.update(peak_per_endpoint=pool.peaks(), limit=LIMIT)
+            return fresh
+
+        await rolling(result, pool, restart_one, lambda: [pool.decider, *pool.replicas], settle_s)
     result.wall_s = time.monotonic() - started
     return result

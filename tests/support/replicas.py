@@ -248,6 +248,7 @@ async def clustered_pool(tmp_path: Path, kube: KubeEmulator) -> AsyncIterator[Po
         kube.apply(objective("batch", -1, pools=("e2e-pool",)))
         kube.apply(objective("chat", 10, pools=("e2e-pool",)))
         epps: list[RunningEpp] = []
+        pool: Pool | None = None
         try:
             for name in ("epp-a", "epp-b", "epp-c"):
                 args, env = cluster_replica_args(tmp_path, kube, name)
@@ -263,9 +264,10 @@ async def clustered_pool(tmp_path: Path, kube: KubeEmulator) -> AsyncIterator[Po
                         running_envoy(epp_port=epp.ports["grpc"])
                     )
                     urls.append(f"http://127.0.0.1:{envoy.listen_port}/v1/completions")
-                yield Pool([one, two], epps[0], epps[1:], urls, tmp_path, "")
+                pool = Pool([one, two], epps[0], epps[1:], urls, tmp_path, "")
+                yield pool
         finally:
-            for epp in epps:
+            for epp in (*epps, *(pool.later if pool else ())):
                 await epp.terminate()
 
 
