@@ -186,6 +186,16 @@ def test_a_session_no_endpoint_holds_now_goes_back_to_the_one_that_held_it_befor
     assert choose(core, TOKENS[:48]) == "10.0.0.1:8000"  # the system prompt alone: held there
 
 
+def test_a_server_whose_publisher_restarted_is_the_former_home_of_its_sessions() -> None:
+    pool = Pool(endpoint(1), endpoint(2))
+    core = core_for(precise_config(), pool)
+    core.kv_events("10.0.0.2:8000", [BlockStored(keys(TOKENS))])
+    core.kv_events("10.0.0.1:8000", [BlockStored(keys(TOKENS)[:2])])
+    core.kv_endpoint_reset("10.0.0.2:8000")  # its subscriber saw a new process
+    assert core.kv_index is not None and core.kv_index.held_by("10.0.0.2:8000") == 0
+    assert choose(core, [*TOKENS, *range(16)]) == "10.0.0.2:8000"
+
+
 def test_an_endpoint_that_leaves_the_pool_takes_its_blocks_with_it() -> None:
     pool = Pool(endpoint(1), endpoint(2))
     core = core_for(precise_config(), pool)
