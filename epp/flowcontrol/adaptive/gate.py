@@ -50,6 +50,7 @@ class AdaptiveGate:
         "_changes",
         "_clock",
         "_estimators",
+        "_found_sizes",
         "_idle",
         "_idle_key",
         "_in_flight",
@@ -93,6 +94,9 @@ class AdaptiveGate:
         self._all_slowed = False
         """Whether every endpoint compared slowed down (the top band then
         takes a slowed one too)."""
+        self._found_sizes: set[int] = set()
+        """The limits at which endpoints of the pool were found full (at
+        the last snapshot): a top-band request takes no probe slot at one."""
         self._idle_key: tuple[int | None, int] | None = None
         self._idle = False
         self._no_room: tuple[object, int, float] | None = None
@@ -315,10 +319,16 @@ class AdaptiveGate:
             return False
         if estimator.probing:
             # One beyond the limit, to see whether the server runs it. A
-            # top-band request takes it only while the size is unknown and
-            # the server took everything it was sent; else it would wait at
-            # a full server.
-            if in_flight >= (limit if estimator.found or estimator.queue else limit + 1):
+            # top-band request takes it only while the size is unknown, the
+            # server took everything it was sent, and no endpoint of the pool
+            # was found full at this size (one like it is full here too); else
+            # it would wait at a full server for a completion, where the EPP
+            # gives it the first slot the pool frees.
+            if in_flight >= (
+                limit
+                if estimator.found or estimator.queue or estimator.limit in self._found_sizes
+                else limit + 1
+            ):
                 return False
         elif in_flight >= allowed(limit, ceiling):
             return False
@@ -467,5 +477,6 @@ class AdaptiveGate:
             for address in [a for a in estimators if a not in present]:
                 del estimators[address]
                 blocked.discard(address)
+        self._found_sizes = {e.limit for e in estimators.values() if e.found}
         compare_to_pool(estimators.values(), now)
         self._all_slowed = all(estimator.slowed for estimator in estimators.values())

@@ -525,6 +525,38 @@ def test_a_top_band_request_prefers_an_endpoint_with_nothing_pending():
     assert gate.has_room(B, 10)
 
 
+def searching_at(size: int) -> tuple[Pool, AdaptiveGate]:
+    """A gate whose endpoint A was found full at 8 and whose B, still
+    searching, runs all `size` it holds with no queue."""
+    pool = Pool(A, B)
+    gate = gate_with_bands(pool, 10, 0)
+    for at, state in ((0.05, (8, 0)), (0.1, (8, 1)), (1.2, (8, 1)), (1.25, (0, 0))):
+        gate.blocked.add(A)
+        pool.publish(at, a=state)
+        gate.has_room(A, 0)
+    for _ in range(size):
+        dispatch(gate, B)
+    pool.publish(1.3, a=(0, 0), b=(size, 0))
+    gate.has_room(B, 0)
+    assert gate._estimators[A].found and gate.limit_of(B) == size
+    assert gate._estimators[B].probing and not gate._estimators[B].found
+    return pool, gate
+
+
+def test_a_top_band_request_takes_no_probe_slot_at_a_size_found_full_elsewhere():
+    _, gate = searching_at(8)
+    # One like it is full at 8: the top-band request would wait there for a
+    # completion, where the EPP gives it the first slot the pool frees.
+    assert not gate.has_room(B, 10)
+    assert gate.has_room(B, 0)  # the bands below still search
+
+
+def test_a_top_band_request_takes_the_probe_slot_below_or_past_sizes_found_full():
+    for size in (7, 9):
+        _, gate = searching_at(size)
+        assert gate.has_room(B, 10)
+
+
 def test_endpoints_of_known_size_probe_in_turn_a_quarter_of_the_pool_at_a_time():
     # Four endpoints found full together: were all four to probe at once,
     # the bands below the top would fill every endpoint's headroom.
