@@ -317,3 +317,32 @@ async def test_the_no_hit_lru_sample_serves_through_envoy_spreading_what_nothing
     async with stack(tmp_path, sample) as (pool, _, _, gateway, session):
         served = await served_over_three_turns(pool, session, gateway)
         assert served == [2, 2, 2], served
+
+
+async def test_after_a_server_restarts_in_place_its_sessions_go_back_to_it(tmp_path):
+    # The restarted server holds nothing; another holds the first part of
+    # alpha's prompt: the next turn still goes back to the server that held
+    # all of it before the restart (the index's former blocks).
+    sample = SAMPLES[1]
+    async with stack(tmp_path, sample) as (pool, addresses, epp, gateway, session):
+
+        async def received_from_first() -> float:
+            received = await series(session, epp.metrics_url, RECEIVED)
+            return sum(v for k, v in received.items() if dict(k)["pod_identifier"] == addresses[0])
+
+        seen = await received_from_first()
+        await complete(session, f"http://{addresses[0]}/v1/completions", "alpha " * 64)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await received_from_first() <= seen:
+            assert loop.time() < deadline, "the first part's events never reached the index"
+            await asyncio.sleep(0.05)
+        pool[HOMES["alpha"]].restart()
+        former = "llm_d_epp_kv_cache_index_former_blocks"
+        while not (await series(session, epp.metrics_url, former)).get((), 0):
+            assert loop.time() < deadline + 10, "the restart never reached the index"
+            await asyncio.sleep(0.05)
+        before = [server.model.admitted_total for server in pool]
+        await complete(session, gateway, prompt("alpha", 1))
+        served = [server.model.admitted_total - n for server, n in zip(pool, before, strict=True)]
+        assert served == [0, 1, 0], served
