@@ -36,11 +36,12 @@ O(log blocks) membership tests per holder and nothing for endpoints without
 the prefix.
 
 The answer for the latest chain matched is kept and given again while the
-same chain is asked for (the requests of one prompt, or of one long
-system prompt, match one after another): a record, an ageing or a removal
-changes one endpoint's blocks, so only that endpoint's match is worked out
-again, by the same search, and the answer is replaced by a patched copy
-(one handed out never changes under its holder).
+same chain is asked for (the requests of one prompt match one after
+another) and no holder's match can have changed: recording that chain on
+an endpoint that held all of it changes nothing; any other record or a
+holder's removal drops the answer (one handed out is never modified), so
+an index whose prompts all differ (the simulator's) pays a comparison per
+record, not a second search.
 
 A caller that knows part of a prompt is its own (the simulator, whose
 synthetic blocks after a tenant's shared prefix are unique to the request)
@@ -185,9 +186,10 @@ class PrefixIndex:
                 if hashes is held.old_own_last:
                     held.young_again = own
             if not own_from:  # no other prompt begins with its first block either
-                if turned and self._chain:
-                    self._rematch(endpoint, held)
+                if turned:
+                    self._chain = ()
                 return
+            self._chain = ()
             hashes = hashes[:own_from]
         young = held.young
         root = hashes[0]
@@ -199,8 +201,14 @@ class PrefixIndex:
         for block in hashes:  # faster than update(dict.fromkeys(hashes))
             young[block] = None
         held.young_roots[root] = None
-        if self._chain:
-            self._rematch(endpoint, held)
+        chain = self._chain
+        if chain and not (
+            (hashes is chain or hashes == chain) and self._matched.get(endpoint) == len(chain)
+        ):
+            # The endpoint's match may have changed: asked again, the chain
+            # is matched afresh. Recording the chain matched last on an
+            # endpoint that held all of it changes nothing.
+            self._chain = ()
 
     def matches(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each endpoint holding the first block: how many leading blocks
@@ -249,35 +257,7 @@ class PrefixIndex:
             self._drop_roots(endpoint, held.roots())
             del self._alone[endpoint]
             if endpoint in self._matched:
-                matched = self._matched.copy()
-                del matched[endpoint]
-                self._matched = matched
-
-    def _rematch(self, endpoint: str, held: Generations) -> None:
-        """Keep the latest chain's answer exact now that `endpoint`'s blocks
-        changed: its match searched alone, as `_match` searches a group."""
-        chain = self._chain
-        count = 0
-        holders = self._roots.get(chain[0])
-        if holders is not None and endpoint in holders:
-            young, old = held.young, held.old
-            lo, hi = 0, len(chain) - 1
-            while lo < hi:
-                middle = (lo + hi + 1) // 2
-                block = chain[middle]
-                if block in young or block in old:
-                    lo = middle
-                else:
-                    hi = middle - 1
-            count = lo + 1
-        matched = self._matched
-        if matched.get(endpoint, 0) != count:
-            matched = matched.copy()
-            if count:
-                matched[endpoint] = count
-            else:
-                del matched[endpoint]
-            self._matched = matched
+                self._chain = ()
 
     def endpoints(self) -> set[str]:
         return set(self._held)

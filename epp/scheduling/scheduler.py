@@ -303,6 +303,7 @@ class ProfileRunner:
         "_picker",
         "_positions",
         "_positions_of",
+        "_seen",
         "_source",
         "_sparse",
         "credits",
@@ -375,6 +376,8 @@ class ProfileRunner:
         candidates chosen among (see `total_scores`)."""
         self._kept_pick = -1
         """The position in the kept candidates of the latest pick among them."""
+        self._seen: Sequence[Endpoint] | None = None
+        """The candidates of the latest sum not kept."""
         self._picker = context.build(profile.picker)
         self._pick = timed("Picker", profile.picker, self._picker.pick)
 
@@ -451,6 +454,8 @@ class ProfileRunner:
                 w1, _, w2, _ = self._dense_pair  # type: ignore[misc]
                 kept.first_then[position] = a
                 kept.second_then[position] = b
+                if kept.pair is not None:
+                    kept.pair[position] = w1 * a + w2 * b
                 kept.totals[position] = total_at(w1, a, w2, b, kept.columns, chosen.address)
 
     def total_scores(
@@ -459,9 +464,10 @@ class ProfileRunner:
         """The weighted sum of every scorer's scores, one per candidate.
 
         With a dense pair (the default profile's queue and KV-cache scorers)
-        the totals over the latest candidates are kept (unless not to
-        `keep`: the candidates with room, scored once when the choice had
-        none) and given again while the candidates are the same sequence,
+        the totals over the latest candidates are kept (from the second sum
+        over the same sequence on, and unless not to `keep`: the candidates
+        with room, scored once when the choice had none) and given again
+        while the candidates are the same sequence,
         both dense columns hold the same values and each sparse scorer gives
         the same map (a map is never modified, so the same map holds the
         same scores): between two scrapes the pool's candidates are one
@@ -488,38 +494,65 @@ class ProfileRunner:
         first, second = score1(request, candidates), score2(request, candidates)
         maps = [sparse_scores(request) for _, sparse_scores in self._sparse]
         kept = self._kept
-        if (
-            candidates is kept.candidates
-            and first == kept.first_then
-            and second == kept.second_then
-            and all(map(operator.is_, maps, kept.maps))
-        ):
-            return kept.totals.copy()
+        held = candidates is kept.candidates and first == kept.first_then
+        held = held and second == kept.second_then
+        if held:
+            if all(map(operator.is_, maps, kept.maps)):
+                return kept.totals.copy()
+            # Another prompt over the same columns: its sparse columns are
+            # added to the kept pair's sum (the fused pass's totals, to the
+            # last bit: `pair_with_column`).
+            if kept.pair is None:
+                kept.pair = pair_sum(w1, first, w2, second)
         size = len(candidates)
-        columns = tuple(
-            (weight, scores, len(scores) * DENSE_SHARE >= size)
-            for (weight, _), scores in zip(self._sparse, maps)  # noqa: B905
-            if scores  # no column to add (a prompt no endpoint holds)
-        )
+        columns: list[tuple[float, Mapping[str, float], bool]] = []
         totals: list[float] | None = None
-        for weight, scores, dense in columns:
+        summed: list[float] | None = None  # the pair's sum alone, when worked out apart
+        for (weight, _), scores in zip(self._sparse, maps):  # noqa: B905
+            if not scores:  # no column to add (a prompt no endpoint holds)
+                continue
+            dense = len(scores) * DENSE_SHARE >= size
+            columns.append((weight, scores, dense))
             if totals is None:
-                if dense:
+                if held:
+                    totals = kept.pair if dense else kept.pair.copy()  # type: ignore[union-attr]
+                elif dense:
                     # The default profile's shape: the pair and the column in one pass.
                     addresses = self._addresses(candidates)
                     totals = pair_with_column(w1, first, w2, second, weight, scores, addresses)
                     continue
-                totals = pair_sum(w1, first, w2, second)
+                else:
+                    totals = pair_sum(w1, first, w2, second)
+                    summed = totals.copy()
             if dense:
                 totals = with_column(totals, weight, scores, self._addresses(candidates))
             else:
                 add_named(totals, weight, scores, self._positions_by_address(candidates))
         if totals is None:
-            totals = pair_sum(w1, first, w2, second)
-        if keep:
-            self._kept = KeptTotals(
-                candidates, first, first.copy(), second, second.copy(), maps, columns, totals.copy()
-            )
+            if held:
+                totals = kept.pair.copy()  # type: ignore[union-attr]
+            else:
+                totals = pair_sum(w1, first, w2, second)
+                summed = totals.copy()
+        if held:
+            kept.maps, kept.columns, kept.totals = maps, columns, totals.copy()
+        elif keep:
+            if candidates is kept.candidates or candidates is self._seen:
+                self._kept = KeptTotals(
+                    candidates,
+                    first,
+                    first.copy(),
+                    second,
+                    second.copy(),
+                    summed,
+                    maps,
+                    columns,
+                    totals.copy(),
+                )
+            else:
+                # Kept from the second sum over the same candidates on: a pool
+                # whose candidates change at every pick is not charged the copies.
+                self._seen = candidates
         return totals
 
     def _positions_by_address(self, candidates: Sequence[Endpoint]) -> dict[str, int]:
@@ -547,9 +580,11 @@ class KeptTotals:
     """Its values the totals hold."""
     second: list[float] = field(default_factory=list)
     second_then: list[float] = field(default_factory=list)
+    pair: list[float] | None = None
+    """The dense pair's sum alone (None until another prompt needs it)."""
     maps: list[Mapping[str, float]] = field(default_factory=list)
     """Each sparse scorer's map, in order (empty ones too)."""
-    columns: tuple[tuple[float, Mapping[str, float], bool], ...] = ()
+    columns: list[tuple[float, Mapping[str, float], bool]] = field(default_factory=list)
     """The sparse columns added: (weight, map, added as a whole column)."""
     totals: list[float] = field(default_factory=list)
 

