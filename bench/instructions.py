@@ -6,7 +6,11 @@ instruction count of a deterministic simulation does not. This runs
 `valgrind --tool=cachegrind --cache-sim=no`, twice: once stopped just before
 the simulation (imports, scenario, workload), once through the simulation
 of policy P (default `epp`), and prints the difference divided by the
-requests simulated (about N).
+requests simulated (about N). Each child collects its garbage (the
+simulation's objects hold each other: only the collector frees them) and
+ends with `os._exit`, skipping the interpreter's finalization, whose module
+teardown and last collection moved the figure by up to 8,000 a request
+between trees a few slots apart (bench/README.md, session 17).
 
 It does so twice (`--path both`, the default): with the simulated gateway
 path off (`pool.path_ms: 0`, the servers talk to the EPP directly:
@@ -33,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = """
-import sys, json
+import sys, json, os
 sys.path.insert(0, {tree!r})
 from epp.sim.runner import simulate
 try:
@@ -55,9 +59,12 @@ if {path!r} == "on" and not hasattr(scenario.pool, "request_path"):
     print("no-path")
     raise SystemExit
 arrivals = workload(scenario)
-print(len(arrivals))
+print(len(arrivals), flush=True)
 if {run!r}:
     simulate(scenario, arrivals, {policy!r})
+import gc
+gc.collect()
+os._exit(0)
 """
 
 TOTAL = re.compile(r"I\s+refs:\s+([\d,]+)")

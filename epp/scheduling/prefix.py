@@ -216,15 +216,19 @@ class PrefixIndex:
         must not modify the answer: the latest chain's is kept."""
         if hashes == self._chain and hashes:
             return self._matched
-        matched = self._match(hashes)
+        first = self._roots.get(hashes[0]) if hashes else None
+        if not first:
+            # Nothing to keep (asked again, it is this one lookup), and the
+            # kept chain's answer stays: a chain of the simulator's own
+            # blocks is never asked again, and copying it costs.
+            return {}
+        matched = self._match(hashes, first)
         self._chain = tuple(hashes)  # the same tuple when given one
         self._matched = matched
         return matched
 
-    def _match(self, hashes: Sequence[int]) -> dict[str, int]:
-        first = self._roots.get(hashes[0]) if hashes else None
-        if not first:
-            return {}
+    def _match(self, hashes: Sequence[int], first: frozenset[str]) -> dict[str, int]:
+        """`matches` worked out, given the holders of the first block."""
         held = self._held
         matched: dict[str, int] = {}
         # (group, lo, hi): every endpoint of group holds block lo, none beyond hi.
