@@ -12,7 +12,7 @@ import pytest
 
 from epp.extproc.server import AdmissionDenied
 from epp.flowcontrol.outcome import Outcome
-from epp.flowcontrol.request import State, Usage
+from epp.flowcontrol.request import FlowRequest, State, Usage
 from epp.serve import wire
 from epp.serve.owner import Owner
 from epp.serve.replica import Relay, ReplicaAdmission
@@ -39,24 +39,35 @@ async def relayed(port: int) -> tuple[RemoteAdmission, ReplicaAdmission, Owner]:
     return worker, replica, owner
 
 
-def arrived(decider: ScriptedDecider, request_id: str) -> int | None:
-    """The rid the replica gave `request_id` at the decider (None: not arrived)."""
-    return next(
-        (m[1] for m in decider.received if m[0] == wire.ARRIVE and m[2] == request_id), None
-    )
-
-
-async def test_a_workers_request_is_decided_by_the_decider_and_completes_there() -> None:
+async def joined() -> tuple[ScriptedDecider, RemoteAdmission, ReplicaAdmission]:
+    """A scripted decider, and a worker whose owner's replica it joined."""
     decider = ScriptedDecider()
     port = free_port()
     await decider.start(port)
     worker, replica, _ = await relayed(port)
     decider.say(1, [JOINED])
     await eventually(lambda: replica.joined)
-    request = make_request(1, "a", "", "prompt", 5.0)
+    return decider, worker, replica
+
+
+async def offered(decider: ScriptedDecider, worker: RemoteAdmission, request: FlowRequest) -> int:
+    """`request` offered at `worker`; the rid it arrived at the decider with."""
     worker.offer(request)
-    await eventually(lambda: arrived(decider, "r1") is not None)
-    rid = arrived(decider, "r1")
+
+    def rid() -> int | None:
+        return next(
+            (m[1] for m in decider.received if m[0] == wire.ARRIVE and m[2] == request.request_id),
+            None,
+        )
+
+    await eventually(lambda: rid() is not None)
+    return rid()  # type: ignore[return-value]
+
+
+async def test_a_workers_request_is_decided_by_the_decider_and_completes_there() -> None:
+    decider, worker, replica = await joined()
+    request = make_request(1, "a", "", "prompt", 5.0)
+    rid = await offered(decider, worker, request)
     dispatched = [Outcome.DISPATCHED.value, ENDPOINT, ENDPOINT, (), None, None, 0, None]
     decider.say(1, [wire.DECISION, rid, *dispatched])
     assert await asyncio.wait_for(worker.wait(request), 2.0) is Outcome.DISPATCHED
@@ -68,16 +79,9 @@ async def test_a_workers_request_is_decided_by_the_decider_and_completes_there()
 
 
 async def test_a_request_the_decider_denies_is_denied_at_its_worker_and_forgotten() -> None:
-    decider = ScriptedDecider()
-    port = free_port()
-    await decider.start(port)
-    worker, replica, _ = await relayed(port)
-    decider.say(1, [JOINED])
-    await eventually(lambda: replica.joined)
+    decider, worker, replica = await joined()
     request = make_request(1, "a", "", "prompt", 5.0)
-    worker.offer(request)
-    await eventually(lambda: arrived(decider, "r1") is not None)
-    rid = arrived(decider, "r1")
+    rid = await offered(decider, worker, request)
     decider.say(1, [wire.DENIED, rid, "admitter said no", 0])
     with pytest.raises(AdmissionDenied, match="admitter said no"):
         await asyncio.wait_for(worker.wait(request), 2.0)
