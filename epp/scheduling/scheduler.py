@@ -59,6 +59,9 @@ from epp.scheduling.scorers import Scorer, SparseScorer, StatelessScorer
 from epp.scheduling.spec import BuildContext, PluginTimer
 from epp.scheduling.stages import DECODE, PREFILL, PrefillCredits
 
+NO_MAP: Mapping[str, float] = MappingProxyType({})
+"""What no sparse scorer returns: the maps kept before any sum."""
+
 DENSE_SHARE = 4
 """A sparse scorer naming at least 1 in `DENSE_SHARE` candidates is added as a
 whole column rather than name by name."""
@@ -371,7 +374,7 @@ class ProfileRunner:
         self._positions: dict[str, int] = {}
         self._addresses_of: Sequence[Endpoint] | None = None
         self._addresses_list: list[str] = []
-        self._kept = KeptTotals()
+        self._kept = KeptTotals(maps=[NO_MAP] * len(self._sparse))
         """The dense pair's totals, sparse columns added, over the latest
         candidates chosen among (see `total_scores`)."""
         self._kept_pick = -1
@@ -456,7 +459,13 @@ class ProfileRunner:
                 kept.second_then[position] = b
                 if kept.pair is not None:
                     kept.pair[position] = w1 * a + w2 * b
-                kept.totals[position] = total_at(w1, a, w2, b, kept.columns, chosen.address)
+                columns = kept.columns
+                if len(columns) == 1 and columns[0][2]:  # `total_at` of one whole column
+                    weight, scores, _ = columns[0]
+                    total = w1 * a + w2 * b + weight * scores.get(chosen.address, 0.0)
+                else:
+                    total = total_at(w1, a, w2, b, columns, chosen.address)
+                kept.totals[position] = total
 
     def total_scores(
         self, request: InferenceRequest, candidates: Sequence[Endpoint], keep: bool = True
@@ -492,12 +501,18 @@ class ProfileRunner:
             return totals
         w1, score1, w2, score2 = pair
         first, second = score1(request, candidates), score2(request, candidates)
-        maps = [sparse_scores(request) for _, sparse_scores in self._sparse]
+        sparse = self._sparse
+        if len(sparse) == 1:  # the default profile's (no comprehension's frame)
+            maps = [sparse[0][1](request)]
+            same = maps[0] is self._kept.maps[0]
+        else:
+            maps = [sparse_scores(request) for _, sparse_scores in sparse]
+            same = all(map(operator.is_, maps, self._kept.maps))
         kept = self._kept
         held = candidates is kept.candidates and first == kept.first_then
         held = held and second == kept.second_then
         if held:
-            if all(map(operator.is_, maps, kept.maps)):
+            if same:
                 return kept.totals.copy()
             # Another prompt over the same columns: its sparse columns are
             # added to the kept pair's sum (the fused pass's totals, to the

@@ -316,7 +316,7 @@ def rewrapped(pool: PoolSnapshot, version: int) -> PoolSnapshot:
     return PoolSnapshot(endpoints=tuple(pool.endpoints), version=version, membership=1)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     loads=st.lists(
         st.tuples(st.integers(0, 3), st.sampled_from([0.0, 0.25, 0.5])), min_size=2, max_size=8
