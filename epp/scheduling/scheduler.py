@@ -460,7 +460,8 @@ class ProfileRunner:
                 if kept.pair is not None:
                     kept.pair[position] = w1 * a + w2 * b
                 columns = kept.columns
-                if len(columns) == 1 and columns[0][2]:  # `total_at` of one whole column
+                # `total_at` of one whole column, written out: the default profile's (bench.owner)
+                if len(columns) == 1 and columns[0][2]:
                     weight, scores, _ = columns[0]
                     total = w1 * a + w2 * b + weight * scores.get(chosen.address, 0.0)
                 else:

@@ -97,7 +97,7 @@ class TokenizerStats:
     fallbacks: Counter[str] = field(default_factory=Counter)
     """Requests left with the estimate, by reason: timeout, error, busy."""
     caches: Callable[[], dict[str, CacheUse]] = no_caches
-    """The caches' use now, by name (CACHES)."""
+    """The caches' use now, by name (the names `CacheUse` lists)."""
 
 
 class Backend(Protocol):

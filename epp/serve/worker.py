@@ -116,14 +116,14 @@ class RemoteAdmission:
     ) -> None:
         self.link = link
         self.metrics = metrics
+        """Where this worker records its requests' stream-side series (`ship`
+        sends them to the owner); None: the owner records none of them."""
         self.durations = durations
         """The plugin calls timed here (the token producer's), shipped with `metrics`."""
         self.tokenizer: TokenizerStats | None = None
         """The token producer's counts here, their growth shipped with `metrics`."""
         self._tokenized: tuple[int, Counter[str], dict[str, list[int]]] = (0, Counter(), {})
         """The counts of `tokenizer` when last shipped."""
-        """Where this worker records its requests' stream-side series (`ship`
-        sends them to the owner); None: the owner records none of them."""
         self.on_evict: Callable[[FlowRequest], None] | None = None
         self.health: Health | None = None
         self.owner_gone = asyncio.Event()
